@@ -1,0 +1,100 @@
+"""Log-probs (and entropy) of lm_head(hidden) without materializing the [N, V] logits.
+
+logits_c = hidden_c @ weight.T is formed one chunk of rows at a time, fed to the log-prob kernel and
+dropped; backward recomputes each chunk's logits, gets d_logits_c from the kernel and accumulates
+grad_hidden_c = d_logits_c @ weight and grad_weight += d_logits_c.T @ hidden_c. Peak extra memory is one
+[chunk, V] block in the hidden dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyrl.ops import reference
+from pyrl.ops._dispatch import FLOAT_KIND, check_positive, check_tensor, choose_backend
+from pyrl.ops.logprobs import check_labels, implementation
+
+
+def default_chunk_size(n: int, vocab: int, hidden: int) -> int:
+    """Rows per chunk so that a chunk of logits is about the size of the hidden states (Liger's rule)."""
+    chunks = max(1, -(-vocab // max(1, hidden)))
+    return max(1, min(n, 1 << max(0, (-(-n // chunks) - 1).bit_length())))
+
+
+class FusedLinearLogProbsFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, return_entropy, chunk_size, backend):
+        ctx.set_materialize_grads(False)
+        impl = implementation(backend)
+        inv_t = 1.0 / temperature
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if return_entropy else None
+        for start in range(0, n, chunk_size):
+            end = min(n, start + chunk_size)
+            logits = hidden[start:end] @ weight.t()
+            lp, ls, ent = impl.forward(logits, labels[start:end], inv_t, return_entropy)
+            logp[start:end], lse[start:end] = lp, ls
+            if return_entropy:
+                entropy[start:end] = ent
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
+        ctx.impl, ctx.inv_t, ctx.chunk_size = impl, inv_t, chunk_size
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        if grad_logp is None and grad_entropy is None:
+            return (None,) * 7
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        as_f32 = lambda g: None if g is None else g.to(torch.float32).contiguous()  # noqa: E731
+        grad_logp, grad_entropy = as_f32(grad_logp), as_f32(grad_entropy)
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            end = min(hidden.shape[0], start + ctx.chunk_size)
+            logits = hidden[start:end] @ weight.t()
+            grad_logits = ctx.impl.backward(
+                logits, labels[start:end], ctx.inv_t, lse[start:end],
+                None if entropy is None else entropy[start:end],
+                None if grad_logp is None else grad_logp[start:end],
+                None if grad_entropy is None else grad_entropy[start:end],
+            )
+            if need_h:
+                grad_hidden[start:end] = grad_logits @ weight
+            if need_w:
+                grad_weight += (grad_logits.t() @ hidden[start:end]).float()
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
+
+
+def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=None, return_entropy=False):
+    """logprobs_from_logits(hidden @ weight.T, labels, temperature) for hidden [N, H], weight [V, H],
+    labels [N], computed chunk by chunk; differentiable wrt hidden and weight."""
+    check_tensor("hidden", hidden)
+    check_tensor("weight", weight)
+    if hidden.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"hidden/weight: expected [N, H] and [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"weight: hidden size {weight.shape[1]} does not match hidden's {hidden.shape[1]}")
+    if hidden.dtype != weight.dtype or hidden.dtype not in FLOAT_KIND:
+        raise TypeError(f"hidden/weight: need one dtype among float32/bfloat16/float16, got {hidden.dtype} and {weight.dtype}")
+    if hidden.device != weight.device:
+        raise ValueError(f"weight: on {weight.device}, but hidden is on {hidden.device}")
+    if weight.shape[0] == 0:
+        raise ValueError("weight: the vocabulary (dim 0) is empty")
+    check_labels(labels, hidden.shape[:1], weight.shape[0], hidden.device)
+    temperature = check_positive("temperature", temperature)
+    n = hidden.shape[0]
+    if chunk_size is None:
+        chunk_size = default_chunk_size(n, weight.shape[0], weight.shape[1])
+    elif not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size: must be a positive int, got {chunk_size!r}")
+    backend = choose_backend(hidden)
+    if backend == "torch":
+        out = reference.fused_linear_logprobs(hidden, weight, labels, temperature, return_entropy)
+        return tuple(t.float() for t in out) if return_entropy else out.float()
+    logp, entropy = FusedLinearLogProbsFunction.apply(
+        hidden, weight, labels.to(torch.int64).contiguous(), temperature, bool(return_entropy), max(1, chunk_size), backend
+    )
+    return (logp, entropy) if return_entropy else logp

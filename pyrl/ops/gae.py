@@ -1,0 +1,97 @@
+"""Generalized advantage estimation, verl's compute_gae_advantage_return, as one fused scan.
+
+Backwards over t, per sequence, with nextV = lastA = 0 at the end:
+    delta_t = r_t + gamma * nextV - V_t
+    A'_t    = delta_t + gamma * lam * lastA
+    nextV   = m_t * V_t + (1 - m_t) * nextV        (masked positions carry the later values, so
+    lastA   = m_t * A'_t + (1 - m_t) * lastA        multi-turn observation tokens are skipped)
+    A_t = lastA,  returns_t = A_t + V_t
+then advantages = masked_whiten(A, m) over the whole batch (mean/unbiased var over unmasked tokens,
+applied to every position), unless whiten=False. No gradient: outputs are detached, as in verl.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pyrl.ops import reference
+from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous, maybe_buffer
+from pyrl.ops.masked import masked_whiten
+
+
+def _check_scalar(name, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value}")
+    return value
+
+
+def _gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam, whiten, backend):
+    rewards, values = float32_contiguous(rewards), float32_contiguous(values)
+    mask = None if mask is None else float32_contiguous(mask)
+    if backend == "cpp":
+        from pyrl import _C
+
+        advantages, returns = torch.empty_like(rewards), torch.empty_like(rewards)
+        _C.gae(as_buffer(rewards), as_buffer(values), maybe_buffer(mask), maybe_buffer(cu_seqlens), n_seqs, seq_len,
+               gamma, lam, as_buffer(advantages), as_buffer(returns))
+        if whiten:
+            _C.masked_whiten_(as_buffer(advantages), maybe_buffer(mask))
+        return advantages, returns
+    from pyrl.kernels import gae as triton_gae
+
+    advantages, returns = triton_gae.gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam)
+    if whiten:
+        advantages = masked_whiten(advantages, torch.ones_like(advantages) if mask is None else mask)
+    return advantages, returns
+
+
+def compute_gae(rewards, values, mask, gamma=1.0, lam=1.0, whiten=True):
+    """(advantages, returns) for padded [B, T] rewards/values/mask, float32; verl's numbers."""
+    check_tensor("rewards", rewards)
+    check_tensor("values", values)
+    check_tensor("mask", mask, floating=False)
+    check_same_shape("rewards", rewards, values=values, mask=mask)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards: expected [batch, tokens], got shape {tuple(rewards.shape)}")
+    gamma, lam = _check_scalar("gamma", gamma), _check_scalar("lam", lam)
+    backend = choose_backend(rewards)
+    if backend == "torch":
+        adv, ret = reference.compute_gae(rewards, values, mask, gamma, lam, whiten)
+        return adv.float(), ret.float()
+    b, t = rewards.shape
+    return _gae(rewards, values, mask, None, b, t, gamma, lam, whiten, backend)
+
+
+def compute_gae_packed(rewards, values, cu_seqlens, gamma=1.0, lam=1.0, mask=None, whiten=True):
+    """(advantages, returns) for packed [N] rewards/values with sequence i at
+    [cu_seqlens[i], cu_seqlens[i+1]); mask [N] optional (multi-turn observation tokens), float32."""
+    check_tensor("rewards", rewards)
+    check_tensor("values", values)
+    check_same_shape("rewards", rewards, values=values)
+    if mask is not None:
+        check_tensor("mask", mask, floating=False)
+        check_same_shape("rewards", rewards, mask=mask)
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards: expected packed [tokens], got shape {tuple(rewards.shape)}")
+    check_tensor("cu_seqlens", cu_seqlens, floating=False)
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(f"cu_seqlens: expected a 1-D integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    cu = cu_seqlens.to(device=rewards.device, dtype=torch.int64).contiguous()
+    bounds = cu.cpu() if cu.is_cuda else cu
+    if bounds[0] != 0 or bounds[-1] != rewards.numel() or bool((bounds[1:] < bounds[:-1]).any()):
+        raise ValueError(
+            f"cu_seqlens: must start at 0, be non-decreasing and end at the number of tokens ({rewards.numel()}), "
+            f"got {bounds.tolist()[:8]}{'...' if bounds.numel() > 8 else ''}"
+        )
+    gamma, lam = _check_scalar("gamma", gamma), _check_scalar("lam", lam)
+    backend = choose_backend(rewards)
+    if backend == "torch":
+        adv, ret = reference.compute_gae_packed(rewards, values, cu, gamma, lam, mask, whiten)
+        return adv.float(), ret.float()
+    return _gae(rewards, values, mask, cu, cu.numel() - 1, 0, gamma, lam, whiten, backend)

@@ -1,0 +1,106 @@
+"""Clipped policy-gradient losses (verl's policy-loss registry) with metrics.
+
+Let delta = clamp(logp - old_logp, -20, 20), ratio = exp(delta), A = advantages.
+  vanilla: l1 = -A ratio, l2 = -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high), l = max(l1, l2);
+           dual clip for A < 0: l = min(l, -A clip_ratio_c).
+           pg_clipfrac = mean[l2 > l1], pg_clipfrac_lower = mean[(max(l1, l2) > -A c) and A < 0]
+  cispo:   l = -sg(clip(ratio, 1 - low, 1 + high)) A logp; pg_clipfrac = mean[clip(ratio) != ratio]
+  gpg:     l = -A logp (no ratio, metrics 0)
+  gspo:    sequence ratio s_i = exp(sg(mean_t delta_i) + logp - sg(logp)) (capped at exp(10)), clipped as
+           vanilla without dual clip; always aggregated seq-mean-token-mean
+ppo_kl = mean(-delta). Means over unmasked tokens; the loss is agg_loss(l, mask, loss_agg_mode).
+
+vanilla/cispo/gpg run one fused kernel that writes the per-token loss, its derivative and the metric sums;
+gspo (sequence-level) is composed from torch ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyrl.ops import reference
+from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous
+from pyrl.ops.masked import agg_loss
+
+POLICY_LOSS_MODES = {"vanilla": 0, "cispo": 1, "gpg": 2, "gspo": None}
+
+
+def per_token_policy_loss(backend, code, logp, old_logp, advantages, mask, clip_low, clip_high, clip_c):
+    """(loss [N], d loss / d logp [N], sums (clipped, clipped_lower, -delta, mask)) on flat float32 inputs."""
+    if backend == "cpp":
+        from pyrl import _C
+
+        loss, dloss = torch.empty_like(logp), torch.empty_like(logp)
+        sums = _C.policy_loss_forward(code, as_buffer(logp), as_buffer(old_logp), as_buffer(advantages),
+                                      as_buffer(mask), clip_low, clip_high, clip_c, as_buffer(loss), as_buffer(dloss))
+        return loss, dloss, torch.tensor(sums, dtype=torch.float64)
+    from pyrl.kernels import policy_loss as triton_policy_loss
+
+    return triton_policy_loss.policy_loss_forward(code, logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
+
+
+class PerTokenLossFunction(torch.autograd.Function):
+    """A per-token loss matrix (computed by a fused kernel) whose backward is grad * its saved derivative."""
+
+    @staticmethod
+    def forward(ctx, logp, loss, dloss):
+        ctx.save_for_backward(dloss)
+        return loss.view(logp.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (dloss,) = ctx.saved_tensors
+        return grad * dloss.view(grad.shape), None, None
+
+
+def ppo_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    loss_mode="vanilla",
+):
+    """(loss, metrics) with metrics {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} as 0-dim float32 tensors.
+    Differentiable wrt log_prob (and wrt the other inputs too, through the torch formulation, when they
+    require grad)."""
+    check_tensor("log_prob", log_prob)
+    check_tensor("old_log_prob", old_log_prob)
+    check_tensor("advantages", advantages)
+    check_tensor("response_mask", response_mask, floating=False)
+    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask)
+    if loss_mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"loss_mode: unknown {loss_mode!r}, expected one of {', '.join(POLICY_LOSS_MODES)}")
+    for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
+        if not isinstance(value, (int, float)) or not 0 <= value < (1 if name == "clip_ratio_low" else float("inf")):
+            raise ValueError(f"{name}: must be a number in [0, {'1' if name == 'clip_ratio_low' else 'inf'}), got {value!r}")
+    if loss_mode == "vanilla" and not (isinstance(clip_ratio_c, (int, float)) and clip_ratio_c > 1):
+        raise ValueError(f"clip_ratio_c: the dual-clip bound must be > 1, got {clip_ratio_c!r}")
+    agg_loss(log_prob.new_zeros((1, 1)), log_prob.new_ones((1, 1)), loss_agg_mode)  # validates the mode early
+    backend = choose_backend(log_prob)
+    others_need_grad = any(t.requires_grad for t in (old_log_prob, advantages))
+    if backend == "torch" or loss_mode == "gspo" or others_need_grad:
+        loss, metrics = reference.ppo_policy_loss(
+            log_prob, old_log_prob, advantages, response_mask.to(log_prob.dtype) if response_mask.dtype == torch.bool else response_mask,
+            clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_mode,
+        )
+        return loss.float(), {k: v.detach().float() for k, v in metrics.items()}
+    mask = float32_contiguous(response_mask)
+    loss_flat, dloss, sums = per_token_policy_loss(
+        backend, POLICY_LOSS_MODES[loss_mode], float32_contiguous(log_prob).view(-1), float32_contiguous(old_log_prob).view(-1),
+        float32_contiguous(advantages).view(-1), mask.view(-1), float(clip_ratio_low), float(clip_ratio_high), float(clip_ratio_c),
+    )
+    loss_mat = PerTokenLossFunction.apply(log_prob, loss_flat, dloss)
+    denom = sums[3] + 1e-8
+    zero = torch.zeros((), dtype=torch.float32, device=log_prob.device)
+    if loss_mode == "gpg":
+        metrics = {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
+    else:
+        stats = (sums[:3] / denom).to(device=log_prob.device, dtype=torch.float32)
+        metrics = {"pg_clipfrac": stats[0], "pg_clipfrac_lower": stats[1], "ppo_kl": stats[2]}
+    return agg_loss(loss_mat, mask, loss_agg_mode).float(), metrics
+
+
