@@ -82,5 +82,5 @@ def kl_penalty(logp, ref_logp, kind="low_var_kl"):
     code, straight_through = parse_kind(kind)
     backend = choose_backend(logp)
     if backend == "torch":
-        return reference.kl_penalty(logp, ref_logp, kind).float()
+        return reference.kl_penalty(logp.float(), ref_logp.float(), kind)
     return KLPenaltyFunction.apply(logp, ref_logp, code, straight_through, backend)

@@ -84,7 +84,7 @@ def ppo_policy_loss(
     others_need_grad = any(t.requires_grad for t in (old_log_prob, advantages))
     if backend == "torch" or loss_mode == "gspo" or others_need_grad:
         loss, metrics = reference.ppo_policy_loss(
-            log_prob, old_log_prob, advantages, response_mask.to(log_prob.dtype) if response_mask.dtype == torch.bool else response_mask,
+            log_prob.float(), old_log_prob.float(), advantages.float(), response_mask.float(),
             clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_mode,
         )
         return loss.float(), {k: v.detach().float() for k, v in metrics.items()}

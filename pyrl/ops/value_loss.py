@@ -29,8 +29,9 @@ def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, 
     agg_loss(values.new_zeros((1, 1)), values.new_ones((1, 1)), loss_agg_mode)  # validates the mode early
     backend = choose_backend(values)
     if backend == "torch" or old_values.requires_grad or returns.requires_grad:
-        mask = response_mask.to(values.dtype) if response_mask.dtype == torch.bool else response_mask
-        loss, clipfrac = reference.value_loss(values, old_values, returns, mask, cliprange_value, loss_agg_mode)
+        loss, clipfrac = reference.value_loss(
+            values.float(), old_values.float(), returns.float(), response_mask.float(), cliprange_value, loss_agg_mode
+        )
         return loss.float(), clipfrac.detach().float()
     flat = lambda t: float32_contiguous(t).view(-1)  # noqa: E731
     v, ov, r, m = flat(values), flat(old_values), flat(returns), flat(response_mask)
