@@ -1,0 +1,236 @@
+// Native tests of the pyrl C++ core against double-precision references and hand-computed cases.
+// Run by ctest (also under ASan + UBSan). Prints "N passed, M failed".
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pyrl/ops.h"
+
+using namespace pyrl;
+
+namespace {
+
+int g_failed_checks = 0;
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::printf("  CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failed_checks;                                                     \
+    }                                                                        \
+  } while (0)
+
+#define CHECK_NEAR(a, b, tol) CHECK(std::fabs(static_cast<double>(a) - static_cast<double>(b)) <= (tol))
+
+template <class F>
+bool throws_invalid(F&& f, const std::string& must_contain) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what()).find(must_contain) != std::string::npos;
+  }
+  return false;
+}
+
+void test_fast_exp() {
+  double worst = 0.0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double rel = std::fabs(fast_exp(x) - std::exp(static_cast<double>(x))) / std::exp(static_cast<double>(x));
+    worst = rel > worst ? rel : worst;
+  }
+  CHECK(worst < 5e-7);
+  CHECK(fast_exp(-1000.0f) == 0.0f);
+  CHECK(fast_exp(-INFINITY) == 0.0f);
+  CHECK(std::isnan(fast_exp(NAN)));
+}
+
+// Double-precision log-softmax statistics of one row.
+void reference_row(const std::vector<float>& z, double inv_t, double* lse, double* entropy) {
+  double m = -INFINITY;
+  for (float v : z) m = std::fmax(m, v * inv_t);
+  double s = 0.0;
+  for (float v : z) s += std::exp(v * inv_t - m);
+  *lse = m + std::log(s);
+  double h = *lse;
+  for (float v : z)
+    if (std::isfinite(v)) h -= std::exp(v * inv_t - *lse) * v * inv_t;  // p log p -> 0 for masked entries
+  *entropy = h;
+}
+
+void test_logprobs(FloatKind kind, double tol) {
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t rows = 5, vocab = 4097 + 3, stride = vocab + 7;  // strided rows, odd vocab
+  const float inv_t = 1.0f / 0.7f;
+  std::vector<float> values(rows * stride);
+  for (float& v : values) v = normal(rng);
+  for (int64_t j = 0; j < 2100; ++j) values[j] = -INFINITY;  // a leading block of masked entries in row 0
+  std::vector<uint16_t> half(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    half[i] = kind == FloatKind::BF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+    if (kind != FloatKind::F32) values[i] = load_as_float(half.data(), kind, static_cast<int64_t>(i));
+  }
+  const void* data = kind == FloatKind::F32 ? static_cast<const void*>(values.data()) : half.data();
+  std::vector<int64_t> labels = {2500, 0, vocab - 1, 17, 4096};
+  std::vector<float> logp(rows), lse(rows), entropy(rows);
+  logprobs_forward(data, kind, rows, vocab, stride, labels.data(), inv_t, logp.data(), lse.data(), entropy.data());
+  std::vector<float> grad_logp = {0.3f, -1.0f, 2.0f, 0.5f, 1.0f}, grad_ent = {1.0f, 0.5f, -0.25f, 0.0f, 2.0f};
+  std::vector<float> grad(rows * vocab);
+  std::vector<uint16_t> grad_half(rows * vocab);
+  void* gout = kind == FloatKind::F32 ? static_cast<void*>(grad.data()) : grad_half.data();
+  logprobs_backward(data, kind, rows, vocab, stride, labels.data(), inv_t, lse.data(), entropy.data(), grad_logp.data(),
+                    grad_ent.data(), gout);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> z(values.begin() + r * stride, values.begin() + r * stride + vocab);
+    double rl, rh;
+    reference_row(z, inv_t, &rl, &rh);
+    CHECK_NEAR(lse[r], rl, 1e-4);
+    CHECK_NEAR(entropy[r], rh, 1e-4);
+    CHECK_NEAR(logp[r], z[labels[r]] * inv_t - rl, 1e-4);
+    for (int64_t v = 0; v < vocab; v += 97) {
+      const double zv = z[v] * inv_t;
+      const double p = std::exp(zv - rl);
+      const double ez = rl - rh;
+      const double pz = p == 0.0 ? 0.0 : p * (zv - ez);
+      double expected = (-(grad_logp[r] * p) - grad_ent[r] * pz + (v == labels[r] ? grad_logp[r] : 0.0)) * inv_t;
+      const double got = load_as_float(gout, kind, r * vocab + v);
+      CHECK_NEAR(got, expected, tol * (1.0 + std::fabs(expected)));
+    }
+  }
+  CHECK(throws_invalid([&] {
+    std::vector<int64_t> bad = {0, 0, vocab, 0, 0};
+    logprobs_forward(data, kind, rows, vocab, stride, bad.data(), inv_t, logp.data(), lse.data(), nullptr);
+  }, "labels: entry 2"));
+  CHECK(throws_invalid([&] {
+    logprobs_forward(data, kind, rows, vocab, stride, labels.data(), 0.0f, logp.data(), lse.data(), nullptr);
+  }, "temperature"));
+}
+
+void test_kl() {
+  const std::vector<float> lp = {0.0f, -1.0f, -2.0f, -50.0f}, rp = {0.0f, -2.0f, -1.0f, 0.0f};
+  std::vector<float> out(4), grad(4), ones(4, 1.0f);
+  kl_forward(lp.data(), rp.data(), 4, KLKind::K3, out.data());
+  CHECK_NEAR(out[0], 0.0, 1e-7);
+  CHECK_NEAR(out[1], std::exp(-1.0), 1e-6);
+  CHECK_NEAR(out[2], std::exp(1.0) - 2.0, 1e-6);
+  CHECK_NEAR(out[3], 10.0, 1e-6);
+  kl_backward(lp.data(), rp.data(), ones.data(), 4, KLKind::K3, false, grad.data());
+  CHECK_NEAR(grad[1], 1.0 - std::exp(-1.0), 1e-6);
+  CHECK_NEAR(grad[3], 0.0, 0.0);  // clamped
+  kl_backward(lp.data(), rp.data(), ones.data(), 4, KLKind::K3, true, grad.data());
+  CHECK_NEAR(grad[3], -50.0, 1e-5);  // straight through: k2's gradient
+  kl_forward(lp.data(), rp.data(), 4, KLKind::ABS, out.data());
+  CHECK_NEAR(out[3], 50.0, 0.0);
+  CHECK(throws_invalid([&] { kl_forward(lp.data(), rp.data(), 4, static_cast<KLKind>(9), out.data()); }, "kind"));
+}
+
+void test_gae() {
+  const std::vector<float> r = {0.0f, 0.0f, 1.0f}, v = {0.5f, 0.25f, 0.0f}, m = {1.0f, 0.0f, 1.0f};
+  std::vector<float> adv(3), ret(3);
+  gae(r.data(), v.data(), m.data(), nullptr, 1, 3, 0.5f, 1.0f, adv.data(), ret.data());
+  CHECK_NEAR(adv[2], 1.0, 1e-7);
+  CHECK_NEAR(adv[1], 1.0, 1e-7);                    // masked: carries
+  CHECK_NEAR(adv[0], 0.5 * 0.0 - 0.5 + 0.5, 1e-7);  // next value skips V1
+  CHECK_NEAR(ret[1], 1.25, 1e-7);
+  const std::vector<int64_t> cu = {0, 2, 1};
+  CHECK(throws_invalid([&] { gae(r.data(), v.data(), nullptr, cu.data(), 2, 0, 1.0f, 1.0f, adv.data(), ret.data()); },
+                       "cu_seqlens: must be non-decreasing"));
+  std::vector<float> x = {1.0f, 2.0f, 3.0f}, one = {0.0f, 1.0f, 0.0f};
+  CHECK(throws_invalid([&] { masked_whiten_inplace(x.data(), one.data(), 3); }, "mask sums to 1"));
+  masked_whiten_inplace(x.data(), nullptr, 3);
+  CHECK_NEAR(x[0], -1.0 / std::sqrt(1.0 + 1e-8), 1e-6);
+  CHECK_NEAR(x[1], 0.0, 1e-7);
+}
+
+void test_group_advantages() {
+  const std::vector<float> s = {1.0f, 0.0f, 0.0f, 5.0f};
+  const std::vector<int64_t> g = {7, 7, 7, -3};
+  std::vector<float> out(4);
+  group_advantages(s.data(), g.data(), nullptr, 4, GroupEstimator::RLOO, true, 1e-6f, out.data());
+  CHECK_NEAR(out[0], 1.0, 1e-6);
+  CHECK_NEAR(out[1], -0.5, 1e-6);
+  CHECK_NEAR(out[3], 5.0, 1e-6);  // singleton keeps its score
+  group_advantages(s.data(), g.data(), nullptr, 4, GroupEstimator::GRPO, true, 1e-6f, out.data());
+  CHECK_NEAR(out[0], (2.0 / 3.0) / (std::sqrt(1.0 / 3.0) + 1e-6), 1e-5);
+  CHECK(throws_invalid([&] { group_advantages(s.data(), g.data(), nullptr, 4, GroupEstimator::GRPO_PASSK, true, 1e-6f, out.data()); },
+                       "group -3 has 1"));
+  CHECK(throws_invalid([&] { group_advantages(s.data(), g.data(), nullptr, 4, GroupEstimator::OPO, true, 1e-6f, out.data()); },
+                       "lengths"));
+  // many groups: every id maps to its own baseline
+  const int64_t n = 10000;
+  std::vector<float> sc(n);
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = (i % 2500) * 1000003;
+    sc[i] = static_cast<float>(i % 2500);
+  }
+  std::vector<float> o(n);
+  group_advantages(sc.data(), ids.data(), nullptr, n, GroupEstimator::RPP_BASELINE, true, 0.0f, o.data());
+  double worst = 0.0;
+  for (float a : o) worst = std::fmax(worst, std::fabs(a));
+  CHECK(worst == 0.0);
+}
+
+void test_losses() {
+  const std::vector<float> lp = {std::log(1.5f), std::log(5.0f), 0.0f}, old = {0.0f, 0.0f, 0.0f};
+  const std::vector<float> adv = {1.0f, -1.0f, 2.0f}, mask = {1.0f, 1.0f, 1.0f};
+  std::vector<float> loss(3), dloss(3);
+  double sums[4];
+  policy_loss_forward(PolicyLossMode::VANILLA, lp.data(), old.data(), adv.data(), mask.data(), 3, 0.2f, 0.2f, 3.0f,
+                      loss.data(), dloss.data(), sums);
+  CHECK_NEAR(loss[0], -1.2, 1e-6);
+  CHECK_NEAR(loss[1], 3.0, 1e-6);
+  CHECK_NEAR(loss[2], -2.0, 1e-6);
+  CHECK_NEAR(dloss[0], 0.0, 0.0);
+  CHECK_NEAR(dloss[1], 0.0, 0.0);
+  CHECK_NEAR(dloss[2], -2.0, 1e-6);
+  CHECK_NEAR(sums[0], 1.0, 0.0);
+  CHECK_NEAR(sums[1], 1.0, 0.0);
+  CHECK_NEAR(sums[3], 3.0, 0.0);
+  CHECK(throws_invalid([&] {
+    policy_loss_forward(PolicyLossMode::VANILLA, lp.data(), old.data(), adv.data(), mask.data(), 3, 0.2f, 0.2f, 1.0f,
+                        loss.data(), dloss.data(), sums);
+  }, "clip_ratio_c"));
+  const std::vector<float> v = {1.0f, 0.0f}, ov = {0.0f, 0.0f}, ret = {0.0f, 2.0f}, m2 = {1.0f, 1.0f};
+  std::vector<float> vl(2), dvl(2);
+  double vs[2];
+  value_loss_forward(v.data(), ov.data(), ret.data(), m2.data(), 2, 0.5f, vl.data(), dvl.data(), vs);
+  CHECK_NEAR(vl[0], 1.0, 1e-7);
+  CHECK_NEAR(vl[1], 4.0, 1e-7);
+  CHECK_NEAR(dvl[0], 2.0, 1e-7);
+  CHECK_NEAR(vs[0], 0.0, 0.0);
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"fast_exp", test_fast_exp},
+      {"logprobs_f32", [] { test_logprobs(FloatKind::F32, 1e-5); }},
+      {"logprobs_bf16", [] { test_logprobs(FloatKind::BF16, 1e-2); }},
+      {"logprobs_f16", [] { test_logprobs(FloatKind::F16, 2e-3); }},
+      {"kl", test_kl},
+      {"gae", test_gae},
+      {"group_advantages", test_group_advantages},
+      {"losses", test_losses},
+  };
+  int passed = 0, failed = 0;
+  for (const auto& [name, fn] : tests) {
+    const int before = g_failed_checks;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::printf("  unexpected exception: %s\n", e.what());
+      ++g_failed_checks;
+    }
+    const bool ok = g_failed_checks == before;
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+    (ok ? passed : failed) += 1;
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

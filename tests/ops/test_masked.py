@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from pyrl.ops import agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
+
+
+def test_hand_computed():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert masked_sum(x, m).item() == 7.0  # the NaN under the mask does not leak
+    assert abs(masked_mean(x, m).item() - 7 / 3) < 1e-6
+    assert abs(masked_var(x, m).item() - ((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2) < 1e-5
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert abs(agg_loss(loss, mask, "token-mean").item() - 7 / 3) < 1e-6
+    assert abs(agg_loss(loss, mask, "seq-mean-token-sum").item() - (3 + 4) / 2) < 1e-6  # the empty row is skipped
+    assert abs(agg_loss(loss, mask, "seq-mean-token-mean").item() - (1.5 + 4) / 2) < 1e-6
+    assert abs(agg_loss(loss, mask, "seq-mean-token-sum-norm").item() - 7 / 3) < 1e-6  # / T = 3
+    assert abs(agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=7).item() - 1.0) < 1e-6
+
+
+def test_whiten_against_float64():
+    x, m = torch.randn(5, 8, dtype=torch.float64), (torch.rand(5, 8) > 0.3).double()
+    m[0, :2] = 1
+    valid = x[m.bool()]
+    expected = (x - valid.mean()) / torch.sqrt(valid.var() + 1e-8)
+    torch.testing.assert_close(masked_whiten(x, m), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(masked_whiten(x, m, shift_mean=False), expected + valid.mean(), atol=1e-6, rtol=1e-6)
+
+
+def test_all_masked():
+    z = torch.zeros(2, 3)
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        out = agg_loss(torch.randn(2, 3), z, mode)
+        assert out.item() == 0.0
+    with pytest.raises(ValueError, match="mask sums to 0"):
+        masked_var(torch.randn(2, 3), z)
+    with pytest.raises(ValueError, match="mask sums to 1"):
+        masked_whiten(torch.randn(2, 3), torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+
+
+def test_gradients():
+    loss = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    mask = (torch.rand(3, 4) > 0.3).double()
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert torch.autograd.gradcheck(lambda x: agg_loss(x, mask, mode), (loss,))
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="loss_agg_mode: unknown mode 'mean'"):
+        agg_loss(torch.randn(2, 3), torch.ones(2, 3), "mean")
+    with pytest.raises(ValueError, match="mask: shape"):
+        masked_mean(torch.randn(2, 3), torch.ones(3, 2))
