@@ -41,6 +41,7 @@ void gae(const float* rewards, const float* values, const float* mask, const int
 
 void masked_whiten_inplace(float* x, const float* mask, int64_t n) {
   double msum = 0.0, xsum = 0.0;
+#pragma omp simd reduction(+ : msum, xsum)
   for (int64_t i = 0; i < n; ++i) {
     const double m = mask ? mask[i] : 1.0;
     msum += m;
@@ -50,13 +51,16 @@ void masked_whiten_inplace(float* x, const float* mask, int64_t n) {
   if (msum == 1.0) fail("mask: whitening needs at least two unmasked elements (unbiased variance), the mask sums to 1");
   const double mean = xsum / (msum + 1e-8);
   double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
   for (int64_t i = 0; i < n; ++i) {
     const double c = static_cast<double>(x[i]) - mean;
     sq += c * c * (mask ? mask[i] : 1.0);
   }
   const double var = sq / (msum + 1e-8) * (msum / (msum - 1.0));
   const double inv_std = 1.0 / std::sqrt(var + 1e-8);
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((x[i] - mean) * inv_std);
+  const float mean_f = static_cast<float>(mean), inv_std_f = static_cast<float>(inv_std);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = (x[i] - mean_f) * inv_std_f;
 }
 
 }  // namespace pyrl

@@ -8,12 +8,6 @@
 
 #include "pyrl/ops.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(PYRL_NO_MULTIVERSION)
-#define PYRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define PYRL_MULTIVERSION
-#endif
-
 namespace pyrl {
 namespace {
 

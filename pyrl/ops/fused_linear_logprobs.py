@@ -15,10 +15,15 @@ from pyrl.ops._dispatch import FLOAT_KIND, check_positive, check_tensor, choose_
 from pyrl.ops.logprobs import check_labels, implementation
 
 
+MIN_CHUNK_ROWS = 256  # below this the matmuls get too thin to run at speed
+
+
 def default_chunk_size(n: int, vocab: int, hidden: int) -> int:
-    """Rows per chunk so that a chunk of logits is about the size of the hidden states (Liger's rule)."""
+    """Rows per chunk so that a chunk of logits is about the size of the hidden states (Liger's rule),
+    but at least MIN_CHUNK_ROWS rows."""
     chunks = max(1, -(-vocab // max(1, hidden)))
-    return max(1, min(n, 1 << max(0, (-(-n // chunks) - 1).bit_length())))
+    rows = 1 << max(0, (-(-n // chunks) - 1).bit_length())
+    return max(1, min(n, max(rows, MIN_CHUNK_ROWS)))
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):

@@ -51,6 +51,7 @@ def test_only_hidden_requires_grad(backend, device):
 def test_default_chunk_size_bounds_memory():
     # chunk * V is about N * H, so the logits chunk is about the size of the hidden states
     assert default_chunk_size(16384, 151936, 4096) * 151936 <= 2 * 16384 * 4096
+    assert default_chunk_size(100000, 151936, 64) == 256  # never thinner than MIN_CHUNK_ROWS
     assert default_chunk_size(3, 10, 100) == 3
     assert default_chunk_size(1, 151936, 64) == 1
 

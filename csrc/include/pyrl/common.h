@@ -7,6 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+// Hot loops are compiled for AVX-512, AVX2 and baseline x86-64, picked at load time (no -march=native).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(PYRL_NO_MULTIVERSION)
+#define PYRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PYRL_MULTIVERSION
+#endif
+
 namespace pyrl {
 
 // Floating formats the logits kernels read and write natively (no fp32 copy of the input).
