@@ -13,26 +13,13 @@ import numpy as np
 import torch
 
 from pyrl import ops
+from pyrl.algos.registry import make_registry
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
 
-
-def register_adv_est(name: str):
-    """Decorator registering an advantage estimator under `name` (a clash with another function fails)."""
-
-    def decorator(fn):
-        if name in ADV_ESTIMATOR_REGISTRY and ADV_ESTIMATOR_REGISTRY[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered: {ADV_ESTIMATOR_REGISTRY[name]}")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_adv_estimator_fn(name: str) -> Callable:
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"Unknown advantage estimator {name!r}; known: {', '.join(sorted(ADV_ESTIMATOR_REGISTRY))}")
-    return ADV_ESTIMATOR_REGISTRY[name]
+# @register_adv_est(name) registers a function;
+# get_adv_estimator_fn(name) returns it or raises a ValueError listing the known names.
+register_adv_est, get_adv_estimator_fn = make_registry("advantage estimator", ADV_ESTIMATOR_REGISTRY)
 
 
 def group_ids(index, device) -> torch.Tensor:

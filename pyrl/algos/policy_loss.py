@@ -11,26 +11,13 @@ from __future__ import annotations
 from typing import Callable
 
 from pyrl import ops
+from pyrl.algos.registry import make_registry
 
 POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
 
-
-def register_policy_loss(name: str):
-    """Decorator registering a policy loss under `name` (a clash with another function fails)."""
-
-    def decorator(fn):
-        if name in POLICY_LOSS_REGISTRY and POLICY_LOSS_REGISTRY[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered: {POLICY_LOSS_REGISTRY[name]}")
-        POLICY_LOSS_REGISTRY[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_policy_loss_fn(name: str) -> Callable:
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"Unknown policy loss {name!r}; known: {', '.join(sorted(POLICY_LOSS_REGISTRY))}")
-    return POLICY_LOSS_REGISTRY[name]
+# @register_policy_loss(name) registers a function;
+# get_policy_loss_fn(name) returns it or raises a ValueError listing the known names.
+register_policy_loss, get_policy_loss_fn = make_registry("policy loss", POLICY_LOSS_REGISTRY)
 
 
 def clip_ratios(config) -> dict:
