@@ -148,7 +148,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "gae",
       [](const py::buffer& rewards, const py::buffer& values, const py::object& mask, const py::object& cu_seqlens,
-         int64_t n_seqs, int64_t seq_len, float gamma, float lam, const py::buffer& advantages,
+         int64_t n_seqs, int64_t seq_len, float gamma, float lam, bool whiten, const py::buffer& advantages,
          const py::buffer& returns) {
         View r = view(rewards, "rewards", false, false);
         const float* v = req_ptr<const float>(values, "values", false, false, r.size);
@@ -165,20 +165,11 @@ PYBIND11_MODULE(_C, m) {
         float* a = req_ptr<float>(advantages, "advantages", false, true, r.size);
         float* ret = req_ptr<float>(returns, "returns", false, true, r.size);
         py::gil_scoped_release release;
-        pyrl::gae(static_cast<const float*>(r.ptr), v, mk, cu, n_seqs, seq_len, gamma, lam, a, ret);
+        pyrl::gae(static_cast<const float*>(r.ptr), v, mk, cu, n_seqs, seq_len, gamma, lam, whiten, a, ret);
       },
       py::arg("rewards"), py::arg("values"), py::arg("mask"), py::arg("cu_seqlens"), py::arg("n_seqs"),
-      py::arg("seq_len"), py::arg("gamma"), py::arg("lam"), py::arg("advantages"), py::arg("returns"));
-
-  m.def(
-      "masked_whiten_",
-      [](const py::buffer& x, const py::object& mask) {
-        View xv = view(x, "x", false, true);
-        const float* mk = opt_ptr<const float>(mask, "mask", false, false, xv.size);
-        py::gil_scoped_release release;
-        pyrl::masked_whiten_inplace(static_cast<float*>(xv.ptr), mk, xv.size);
-      },
-      py::arg("x"), py::arg("mask"));
+      py::arg("seq_len"), py::arg("gamma"), py::arg("lam"), py::arg("whiten"), py::arg("advantages"),
+      py::arg("returns"));
 
   m.def(
       "group_advantages",

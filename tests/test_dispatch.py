@@ -51,6 +51,6 @@ def test_cpp_core_checks_its_buffers():
     with pytest.raises(ValueError, match="logits: expected 2 dims"):
         _C.logprobs_forward(torch.zeros(10).numpy(), 0, None, 1.0, None, torch.zeros(10).numpy(), None)
     with pytest.raises(ValueError, match="cu_seqlens: last entry 3 != number of tokens 4"):
-        _C.gae(a, a, None, torch.tensor([0, 3]).numpy(), 1, 0, 1.0, 1.0, torch.zeros(4).numpy(), torch.zeros(4).numpy())
-    with pytest.raises(ValueError, match="x: must be contiguous"):
-        _C.masked_whiten_(torch.zeros(4, 2).t().numpy(), None)
+        _C.gae(a, a, None, torch.tensor([0, 3]).numpy(), 1, 0, 1.0, 1.0, True, torch.zeros(4).numpy(), torch.zeros(4).numpy())
+    with pytest.raises(ValueError, match="advantages: must be contiguous"):
+        _C.gae(a, a, None, None, 2, 2, 1.0, 1.0, False, torch.zeros(2, 2).t().numpy(), torch.zeros(4).numpy())

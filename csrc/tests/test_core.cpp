@@ -131,19 +131,32 @@ void test_kl() {
 void test_gae() {
   const std::vector<float> r = {0.0f, 0.0f, 1.0f}, v = {0.5f, 0.25f, 0.0f}, m = {1.0f, 0.0f, 1.0f};
   std::vector<float> adv(3), ret(3);
-  gae(r.data(), v.data(), m.data(), nullptr, 1, 3, 0.5f, 1.0f, adv.data(), ret.data());
+  gae(r.data(), v.data(), m.data(), nullptr, 1, 3, 0.5f, 1.0f, false, adv.data(), ret.data());
   CHECK_NEAR(adv[2], 1.0, 1e-7);
   CHECK_NEAR(adv[1], 1.0, 1e-7);                    // masked: carries
   CHECK_NEAR(adv[0], 0.5 * 0.0 - 0.5 + 0.5, 1e-7);  // next value skips V1
   CHECK_NEAR(ret[1], 1.25, 1e-7);
   const std::vector<int64_t> cu = {0, 2, 1};
-  CHECK(throws_invalid([&] { gae(r.data(), v.data(), nullptr, cu.data(), 2, 0, 1.0f, 1.0f, adv.data(), ret.data()); },
+  CHECK(throws_invalid([&] { gae(r.data(), v.data(), nullptr, cu.data(), 2, 0, 1.0f, 1.0f, false, adv.data(), ret.data()); },
                        "cu_seqlens: must be non-decreasing"));
-  std::vector<float> x = {1.0f, 2.0f, 3.0f}, one = {0.0f, 1.0f, 0.0f};
-  CHECK(throws_invalid([&] { masked_whiten_inplace(x.data(), one.data(), 3); }, "mask sums to 1"));
-  masked_whiten_inplace(x.data(), nullptr, 3);
-  CHECK_NEAR(x[0], -1.0 / std::sqrt(1.0 + 1e-8), 1e-6);
-  CHECK_NEAR(x[1], 0.0, 1e-7);
+  // whitened, gamma = lam = 1, no mask: A = (3, 2, 1) -> mean 2, unbiased var 1.
+  const std::vector<float> ones = {1.0f, 1.0f, 1.0f}, zeros = {0.0f, 0.0f, 0.0f};
+  gae(ones.data(), zeros.data(), nullptr, nullptr, 1, 3, 1.0f, 1.0f, true, adv.data(), ret.data());
+  CHECK_NEAR(adv[0], 1.0 / std::sqrt(1.0 + 1e-8), 1e-6);
+  CHECK_NEAR(adv[1], 0.0, 1e-7);
+  CHECK_NEAR(ret[2], 1.0, 0.0);  // returns are not whitened
+  // 17 rows x 2 (one 16-row block plus a leftover row) agree with the row-by-row scan.
+  std::vector<float> r17(34), v17(34), m17(34), a17(34), ret17(34), a_row(2), ret_row(2);
+  for (int i = 0; i < 34; ++i) r17[i] = 0.1f * i, v17[i] = 0.05f * (i % 7), m17[i] = (i % 3) ? 1.0f : 0.0f;
+  gae(r17.data(), v17.data(), m17.data(), nullptr, 17, 2, 0.9f, 0.8f, false, a17.data(), ret17.data());
+  for (int row = 0; row < 17; ++row) {
+    gae(r17.data() + 2 * row, v17.data() + 2 * row, m17.data() + 2 * row, nullptr, 1, 2, 0.9f, 0.8f, false,
+        a_row.data(), ret_row.data());
+    CHECK_NEAR(a17[2 * row], a_row[0], 1e-6);
+    CHECK_NEAR(ret17[2 * row + 1], ret_row[1], 1e-6);
+  }
+  CHECK(throws_invalid([&] { gae(r.data(), v.data(), zeros.data(), nullptr, 1, 3, 1.0f, 1.0f, true, adv.data(), ret.data()); },
+                       "mask sums to 0"));
 }
 
 void test_group_advantages() {

@@ -49,7 +49,8 @@ def choose_backend(tensor: torch.Tensor) -> str:
 
 def as_buffer(t: torch.Tensor):
     """Zero-copy numpy view of a CPU tensor for pyrl._C (bf16 travels as raw int16)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
     return t.numpy()
@@ -91,4 +92,6 @@ def check_positive(name: str, value) -> float:
 
 def float32_contiguous(t: torch.Tensor) -> torch.Tensor:
     """Elementwise kernels read float32; masks and bf16 inputs are converted (a [B, T] copy, not [.., V])."""
+    if t.dtype == torch.float32 and not t.requires_grad and t.is_contiguous():
+        return t  # the common case, without the three dispatcher calls
     return t.detach().to(torch.float32).contiguous()

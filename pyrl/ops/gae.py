@@ -39,9 +39,7 @@ def _gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam, whiten,
 
         advantages, returns = torch.empty_like(rewards), torch.empty_like(rewards)
         _C.gae(as_buffer(rewards), as_buffer(values), maybe_buffer(mask), maybe_buffer(cu_seqlens), n_seqs, seq_len,
-               gamma, lam, as_buffer(advantages), as_buffer(returns))
-        if whiten:
-            _C.masked_whiten_(as_buffer(advantages), maybe_buffer(mask))
+               gamma, lam, whiten, as_buffer(advantages), as_buffer(returns))
         return advantages, returns
     from pyrl.kernels import gae as triton_gae
 

@@ -31,11 +31,10 @@ void kl_backward(const float* logp, const float* ref_logp, const float* grad_out
 // ---- GAE (verl's masked carry) over sequences ----
 // Sequence i covers [cu_seqlens[i], cu_seqlens[i+1]); if cu_seqlens is null, sequence i covers
 // [i * seq_len, (i + 1) * seq_len). mask nullable (= all ones); float weights allowed as in verl.
+// whiten: then verl's masked_whiten of the advantages over all sequences, (A - mean) * rsqrt(var + 1e-8),
+// mean and unbiased var over the mask.
 void gae(const float* rewards, const float* values, const float* mask, const int64_t* cu_seqlens, int64_t n_seqs,
-         int64_t seq_len, float gamma, float lam, float* advantages, float* returns);
-
-// verl's masked_whiten in place: (x - mean) * rsqrt(var + 1e-8), mean and unbiased var over mask.
-void masked_whiten_inplace(float* x, const float* mask, int64_t n);
+         int64_t seq_len, float gamma, float lam, bool whiten, float* advantages, float* returns);
 
 // ---- group-relative outcome advantages ----
 enum class GroupEstimator : int { GRPO = 0, RLOO = 1, RPP_BASELINE = 2, OPO = 3, GRPO_PASSK = 4, GPG = 5 };
