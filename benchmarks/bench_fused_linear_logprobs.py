@@ -7,15 +7,18 @@ import torch
 from pyrl.ops import fused_linear_logprobs
 from pyrl.ops import reference as ref
 
+from peers import fused_linear_logprobs_fn as liger_fused_linear_logprobs
+
 N, H, V = 1024, 256, 32000
 
 
-@pytest.mark.parametrize("impl", ["pyrl", "torch"])
+@pytest.mark.parametrize("impl", ["pyrl", "torch", "liger"])
 def test_fwd_bwd(benchmark, device, impl):
+    fn = {"pyrl": lambda: fused_linear_logprobs, "torch": lambda: ref.fused_linear_logprobs,
+          "liger": lambda: liger_fused_linear_logprobs(device)}[impl]()
     hidden = torch.randn(N, H, device=device, requires_grad=True)
     weight = (torch.randn(V, H, device=device) / H**0.5).requires_grad_()
     labels = torch.randint(0, V, (N,), device=device)
-    fn = fused_linear_logprobs if impl == "pyrl" else ref.fused_linear_logprobs
 
     def step():
         hidden.grad = weight.grad = None

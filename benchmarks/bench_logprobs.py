@@ -12,6 +12,8 @@ import torch
 from pyrl.ops import logprobs_from_logits
 from pyrl.ops import reference as ref
 
+from peers import logprobs_fn as peer_logprobs_fn
+
 N, V = 4096, 32000
 
 _PEAK_SCRIPT = r"""
@@ -36,21 +38,32 @@ def extra_peak_bytes(which, n=N, v=V):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("impl", ["pyrl", "torch_log_softmax_gather"])
+IMPLS = ["pyrl", "torch_log_softmax_gather", "liger", "flash_attn"]
+
+
+def _impl(impl, device):
+    if impl == "pyrl":
+        return logprobs_from_logits
+    if impl == "torch_log_softmax_gather":
+        return ref.logprobs_from_logits
+    return peer_logprobs_fn(impl, device)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_logprobs_fp32(benchmark, device, impl):
+    fn = _impl(impl, device)
     logits = torch.randn(N, V, device=device)
     labels = torch.randint(0, V, (N,), device=device)
-    fn = logprobs_from_logits if impl == "pyrl" else ref.logprobs_from_logits
     benchmark.group = f"logprobs fp32 {N}x{V} {device}"
     benchmark(fn, logits, labels)
 
 
-@pytest.mark.parametrize("impl", ["pyrl", "torch_log_softmax_gather"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_logprobs_bf16_fwd_bwd(benchmark, device, impl):
+    fn = _impl(impl, device)
     n = 1024
     logits = torch.randn(n, V, device=device, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, V, (n,), device=device)
-    fn = logprobs_from_logits if impl == "pyrl" else ref.logprobs_from_logits
 
     def step():
         logits.grad = None
