@@ -2,10 +2,12 @@
 // (numpy views of CPU tensors, bf16 as raw 16-bit), so nothing is copied and libtorch is not linked.
 // Buffers are checked here (format, size, contiguity); values are checked by the core.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
 
 #include "pyrl/ops.h"
+#include "pyrl/packing.h"
 
 namespace py = pybind11;
 
@@ -54,6 +56,23 @@ template <class T>
 T* req_ptr(const py::object& obj, const char* name, bool want_int64, bool writable, int64_t expected_size) {
   if (obj.is_none()) throw py::value_error(std::string(name) + ": required, got None");
   return opt_ptr<T>(obj, name, want_int64, writable, expected_size);
+}
+
+// A C-contiguous [rows, width] buffer of 1-byte elements (bool / uint8 / int8 masks).
+View byte_matrix(const py::buffer& obj, const char* name, int64_t& rows, int64_t& width) {
+  View v;
+  v.info = obj.request();
+  if (v.info.itemsize != 1)
+    throw py::type_error(std::string(name) + ": expected a bool or uint8 buffer, got format '" + v.info.format + "'");
+  if (v.info.ndim != 2)
+    throw py::value_error(std::string(name) + ": expected 2 dims [batch, tokens], got " + std::to_string(v.info.ndim));
+  rows = v.info.shape[0];
+  width = v.info.shape[1];
+  if ((width > 1 && v.info.strides[1] != 1) || (rows > 1 && v.info.strides[0] != width))
+    throw py::value_error(std::string(name) + ": must be contiguous");
+  v.ptr = v.info.ptr;
+  v.size = v.info.size;
+  return v;
 }
 
 struct Logits {
@@ -227,4 +246,91 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("values"), py::arg("old_values"), py::arg("returns"), py::arg("mask"), py::arg("cliprange"),
       py::arg("loss"), py::arg("dloss"));
+
+  // ---- packed layouts and balancing (pyrl.protocol) ----
+  m.def(
+      "layout_from_mask",
+      [](const py::buffer& mask, const py::buffer& cu_seqlens, const py::buffer& starts) {
+        int64_t rows = 0, width = 0;
+        View mk = byte_matrix(mask, "mask", rows, width);
+        int64_t* cu = req_ptr<int64_t>(cu_seqlens, "cu_seqlens", true, true, rows + 1);
+        int64_t* st = req_ptr<int64_t>(starts, "starts", true, true, rows);
+        py::gil_scoped_release release;
+        pyrl::layout_from_mask(static_cast<const uint8_t*>(mk.ptr), rows, width, cu, st);
+      },
+      py::arg("mask"), py::arg("cu_seqlens"), py::arg("starts"));
+
+  m.def(
+      "padded_index",
+      [](const py::buffer& cu_seqlens, const py::buffer& starts, int64_t width, const py::buffer& out) {
+        View st = view(starts, "starts", true, false);
+        const int64_t* cu = req_ptr<const int64_t>(cu_seqlens, "cu_seqlens", true, false, st.size + 1);
+        int64_t* o = req_ptr<int64_t>(out, "out", true, true, cu[st.size]);
+        py::gil_scoped_release release;
+        pyrl::padded_index(cu, static_cast<const int64_t*>(st.ptr), st.size, width, o);
+      },
+      py::arg("cu_seqlens"), py::arg("starts"), py::arg("width"), py::arg("out"));
+
+  m.def(
+      "positions",
+      [](const py::buffer& cu_seqlens, const py::buffer& out) {
+        View cu = view(cu_seqlens, "cu_seqlens", true, false);
+        if (cu.size < 1) throw py::value_error("cu_seqlens: expected at least one entry");
+        const int64_t* c = static_cast<const int64_t*>(cu.ptr);
+        int64_t* o = req_ptr<int64_t>(out, "out", true, true, c[cu.size - 1]);
+        py::gil_scoped_release release;
+        pyrl::positions(c, cu.size - 1, o);
+      },
+      py::arg("cu_seqlens"), py::arg("out"));
+
+  m.def(
+      "count_taken_tokens",
+      [](const py::buffer& cu_seqlens, const py::buffer& take) {
+        View cu = view(cu_seqlens, "cu_seqlens", true, false);
+        View tk = view(take, "indices", true, false);
+        if (cu.size < 1) throw py::value_error("cu_seqlens: expected at least one entry");
+        return pyrl::count_taken_tokens(static_cast<const int64_t*>(cu.ptr), cu.size - 1,
+                                        static_cast<const int64_t*>(tk.ptr), tk.size);
+      },
+      py::arg("cu_seqlens"), py::arg("indices"));
+
+  m.def(
+      "take_rows",
+      [](const py::buffer& cu_seqlens, const py::buffer& take, const py::buffer& new_cu, const py::buffer& token_index) {
+        View cu = view(cu_seqlens, "cu_seqlens", true, false);
+        View tk = view(take, "indices", true, false);
+        if (cu.size < 1) throw py::value_error("cu_seqlens: expected at least one entry");
+        const int64_t* c = static_cast<const int64_t*>(cu.ptr);
+        const int64_t* t = static_cast<const int64_t*>(tk.ptr);
+        const int64_t n_tokens = pyrl::count_taken_tokens(c, cu.size - 1, t, tk.size);
+        int64_t* nc = req_ptr<int64_t>(new_cu, "new_cu", true, true, tk.size + 1);
+        int64_t* ti = req_ptr<int64_t>(token_index, "token_index", true, true, n_tokens);
+        py::gil_scoped_release release;
+        pyrl::take_rows(c, cu.size - 1, t, tk.size, nc, ti);
+      },
+      py::arg("cu_seqlens"), py::arg("indices"), py::arg("new_cu"), py::arg("token_index"));
+
+  m.def(
+      "balanced_partitions",
+      [](const py::buffer& seqlens, int64_t k, bool equal_size) {
+        View s = view(seqlens, "seqlens", true, false);
+        py::gil_scoped_release release;
+        return pyrl::balanced_partitions(static_cast<const int64_t*>(s.ptr), s.size, k, equal_size);
+      },
+      py::arg("seqlens"), py::arg("k"), py::arg("equal_size"));
+
+  m.def(
+      "token_budget_micro_batches",
+      [](const py::buffer& seqlens, int64_t max_tokens, bool balanced) {
+        View s = view(seqlens, "seqlens", true, false);
+        std::vector<int64_t> oversized;
+        std::vector<std::vector<int64_t>> batches;
+        {
+          py::gil_scoped_release release;
+          batches = pyrl::token_budget_micro_batches(static_cast<const int64_t*>(s.ptr), s.size, max_tokens, balanced,
+                                                     &oversized);
+        }
+        return py::make_tuple(batches, oversized);
+      },
+      py::arg("seqlens"), py::arg("max_tokens"), py::arg("balanced"));
 }
