@@ -16,15 +16,18 @@ struct Part {
   int64_t sum = 0, count = 0, head = -1, tail = -1;
 };
 
-// Larger sum first, then more items, then the smaller first index: a total order, so results are
-// deterministic.
-bool part_before(const Part& a, const Part& b) {
-  if (a.sum != b.sum) return a.sum > b.sum;
-  if (a.count != b.count) return a.count > b.count;
-  return a.head < b.head;
-}
+// verl's order of sets, largest first: by sum, then item count, then first item index (verl compares
+// the item lists, whose first entries differ). A total order, so results are deterministic and equal
+// verl's. (A functor, not a function pointer, so std::sort inlines it.)
+struct PartBefore {
+  bool operator()(const Part& a, const Part& b) const {
+    if (a.sum != b.sum) return a.sum > b.sum;
+    if (a.count != b.count) return a.count > b.count;
+    return a.head > b.head;
+  }
+};
 
-// A partial solution: k parts of which only the non-empty ones are stored, sorted by part_before
+// A partial solution: k parts of which only the non-empty ones are stored, sorted by PartBefore
 // (the empty ones are implicitly last), so that n single-item states cost O(n), not O(n k).
 struct State {
   std::vector<Part> parts;
@@ -33,6 +36,51 @@ struct State {
     return parts.empty() ? 0 : parts.front().sum - smallest;
   }
 };
+
+int bit_width(uint64_t x) {
+  int bits = 0;
+  while (x >> bits) ++bits;
+  return bits;
+}
+
+// LSD radix sort of keys below 2^key_bits, 8 bits per pass (256 buckets stay in L1).
+void radix_sort(std::vector<uint64_t>& keys, int key_bits) {
+  constexpr int kDigit = 8;
+  std::vector<uint64_t> buffer(keys.size());
+  std::vector<size_t> count(size_t{1} << kDigit);
+  for (int shift = 0; shift < key_bits; shift += kDigit) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t k : keys) ++count[(k >> shift) & ((1u << kDigit) - 1)];
+    size_t total = 0;
+    for (size_t& c : count) total += std::exchange(c, total);
+    for (uint64_t k : keys) buffer[count[(k >> shift) & ((1u << kDigit) - 1)]++] = k;
+    keys.swap(buffer);
+  }
+}
+
+// items ordered by (seqlen, index) ascending, as verl sorts. When both fit, the pair is packed into one
+// integer key, radix-sorted.
+std::vector<int64_t> sorted_by_length(const int64_t* seqlens, const std::vector<int64_t>& items) {
+  std::vector<int64_t> order(items);
+  if (items.empty()) return order;
+  const int64_t max_index = *std::max_element(items.begin(), items.end());
+  int64_t max_len = 0;
+  for (int64_t i : items) max_len = std::max(max_len, seqlens[i]);
+  int index_bits = 1;
+  while ((int64_t{1} << index_bits) <= max_index) ++index_bits;
+  if (index_bits < 62 && max_len < (int64_t{1} << (62 - index_bits))) {
+    std::vector<uint64_t> keys(items.size());
+    for (size_t j = 0; j < items.size(); ++j)
+      keys[j] = (static_cast<uint64_t>(seqlens[items[j]]) << index_bits) | static_cast<uint64_t>(items[j]);
+    radix_sort(keys, index_bits + bit_width(static_cast<uint64_t>(max_len)));
+    const uint64_t index_mask = (uint64_t{1} << index_bits) - 1;
+    for (size_t j = 0; j < items.size(); ++j) order[j] = static_cast<int64_t>(keys[j] & index_mask);
+  } else {
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return std::tie(seqlens[a], a) < std::tie(seqlens[b], b); });
+  }
+  return order;
+}
 
 void check_seqlens(const int64_t* seqlens, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
@@ -43,8 +91,8 @@ void check_seqlens(const int64_t* seqlens, int64_t n) {
 // Merge b into a as largest differencing does: a's i-th largest part takes b's i-th smallest.
 void merge_states(State& a, const State& b, int64_t k, std::vector<int64_t>& next) {
   const int64_t na = static_cast<int64_t>(a.parts.size()), nb = static_cast<int64_t>(b.parts.size());
-  std::vector<Part> out;
-  out.reserve(static_cast<size_t>(std::min(k, na + nb)));
+  thread_local std::vector<Part> out;  // reused: no allocation per merge
+  out.clear();
   const auto join = [&](const Part* pa, const Part* pb) {
     if (!pa) return out.push_back(*pb);
     if (!pb) return out.push_back(*pa);
@@ -59,60 +107,62 @@ void merge_states(State& a, const State& b, int64_t k, std::vector<int64_t>& nex
   // where at least one side is non-empty.
   for (int64_t i = 0; i < na; ++i) join(&a.parts[i], i >= k - nb ? &b.parts[k - 1 - i] : nullptr);
   for (int64_t i = std::max(na, k - nb); i < k; ++i) join(nullptr, &b.parts[k - 1 - i]);
-  std::sort(out.begin(), out.end(), part_before);
-  a.parts = std::move(out);
+  std::sort(out.begin(), out.end(), PartBefore{});
+  a.parts.assign(out.begin(), out.end());
 }
 
 std::vector<std::vector<int64_t>> karmarkar_karp(const int64_t* seqlens, const std::vector<int64_t>& items, int64_t k,
                                                  bool equal_size) {
   const int64_t n = static_cast<int64_t>(items.size());
-  std::vector<int64_t> order(items);  // ascending by (seqlen, index), as verl sorts
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return std::tie(seqlens[a], a) < std::tie(seqlens[b], b);
-  });
+  const std::vector<int64_t> order = sorted_by_length(seqlens, items);
   std::vector<int64_t> next(static_cast<size_t>(*std::max_element(items.begin(), items.end()) + 1), -1);
   std::vector<State> states;
   const int64_t group = equal_size ? k : 1;
   states.reserve(static_cast<size_t>(n / group));
   for (int64_t off = 0; off < n; off += group) {
+    // order is ascending by (length, index), so the group reversed is already sorted by PartBefore.
     State s;
-    for (int64_t j = 0; j < group; ++j) {
+    s.parts.reserve(static_cast<size_t>(group));
+    for (int64_t j = group - 1; j >= 0; --j) {
       const int64_t idx = order[off + j];
       s.parts.push_back({seqlens[idx], 1, idx, idx});
     }
-    std::sort(s.parts.begin(), s.parts.end(), part_before);
     states.push_back(std::move(s));
   }
-  // Max-heap on (spread, largest part sum), ties to the older state.
-  using Key = std::tuple<int64_t, int64_t, int64_t>;  // spread, largest sum, -id
+  // verl's heap order: the largest spread first, then the state whose largest part comes first by
+  // PartBefore (distinct first items make this a total order).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // spread, sum, count, head, id
   std::priority_queue<Key> heap;
   const auto push = [&](int64_t id) {
-    heap.emplace(states[id].spread(k), states[id].parts.front().sum, -id);
+    const Part& top = states[id].parts.front();
+    heap.emplace(states[id].spread(k), top.sum, top.count, top.head, id);
   };
   for (int64_t id = 0; id < static_cast<int64_t>(states.size()); ++id) push(id);
   while (heap.size() > 1) {
-    const int64_t a = -std::get<2>(heap.top());
+    const int64_t a = std::get<4>(heap.top());
     heap.pop();
-    const int64_t b = -std::get<2>(heap.top());
+    const int64_t b = std::get<4>(heap.top());
     heap.pop();
     merge_states(states[a], states[b], k, next);
     states[b].parts.clear();
     states[b].parts.shrink_to_fit();
     push(a);
   }
-  const State& final_state = states[-std::get<2>(heap.top())];
-  std::vector<std::vector<int64_t>> partitions;
-  partitions.reserve(static_cast<size_t>(k));
-  for (const Part& p : final_state.parts) {
-    std::vector<int64_t> members;
-    members.reserve(static_cast<size_t>(p.count));
-    for (int64_t i = p.head; i != -1; i = next[i]) {
-      members.push_back(i);
-      if (i == p.tail) break;
+  // Label every item with its part by walking the lists, then fill the parts in index order: each
+  // comes out sorted without a sort.
+  const State& final_state = states[std::get<4>(heap.top())];
+  std::vector<int64_t> owner(next.size(), -1);
+  std::vector<std::vector<int64_t>> partitions(final_state.parts.size());
+  for (size_t p = 0; p < final_state.parts.size(); ++p) {
+    const Part& part = final_state.parts[p];
+    partitions[p].reserve(static_cast<size_t>(part.count));
+    for (int64_t i = part.head; i != -1; i = next[i]) {
+      owner[i] = static_cast<int64_t>(p);
+      if (i == part.tail) break;
     }
-    std::sort(members.begin(), members.end());
-    partitions.push_back(std::move(members));
   }
+  for (size_t i = 0; i < owner.size(); ++i)
+    if (owner[i] >= 0) partitions[owner[i]].push_back(static_cast<int64_t>(i));
   check(static_cast<int64_t>(partitions.size()) == k, "balanced_partitions: internal error, a partition is empty");
   return partitions;
 }

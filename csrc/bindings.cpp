@@ -1,9 +1,11 @@
 // pybind11 bindings of the C++ core as pyrl._C. Arguments arrive through the buffer protocol
 // (numpy views of CPU tensors, bf16 as raw 16-bit), so nothing is copied and libtorch is not linked.
 // Buffers are checked here (format, size, contiguity); values are checked by the core.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 
 #include "pyrl/ops.h"
@@ -73,6 +75,19 @@ View byte_matrix(const py::buffer& obj, const char* name, int64_t& rows, int64_t
   v.ptr = v.info.ptr;
   v.size = v.info.size;
   return v;
+}
+
+// Lists of indices as (flat int64 array, offsets [lists + 1]): two buffers instead of a Python int
+// object per index; Python splits them.
+py::tuple flatten(const std::vector<std::vector<int64_t>>& lists) {
+  py::array_t<int64_t> offsets(static_cast<py::ssize_t>(lists.size() + 1));
+  int64_t* off = offsets.mutable_data();
+  off[0] = 0;
+  for (size_t i = 0; i < lists.size(); ++i) off[i + 1] = off[i] + static_cast<int64_t>(lists[i].size());
+  py::array_t<int64_t> flat(static_cast<py::ssize_t>(off[lists.size()]));
+  int64_t* out = flat.mutable_data();
+  for (size_t i = 0; i < lists.size(); ++i) std::copy(lists[i].begin(), lists[i].end(), out + off[i]);
+  return py::make_tuple(flat, offsets);
 }
 
 struct Logits {
@@ -314,8 +329,12 @@ PYBIND11_MODULE(_C, m) {
       "balanced_partitions",
       [](const py::buffer& seqlens, int64_t k, bool equal_size) {
         View s = view(seqlens, "seqlens", true, false);
-        py::gil_scoped_release release;
-        return pyrl::balanced_partitions(static_cast<const int64_t*>(s.ptr), s.size, k, equal_size);
+        std::vector<std::vector<int64_t>> parts;
+        {
+          py::gil_scoped_release release;
+          parts = pyrl::balanced_partitions(static_cast<const int64_t*>(s.ptr), s.size, k, equal_size);
+        }
+        return flatten(parts);
       },
       py::arg("seqlens"), py::arg("k"), py::arg("equal_size"));
 
@@ -330,7 +349,7 @@ PYBIND11_MODULE(_C, m) {
           batches = pyrl::token_budget_micro_batches(static_cast<const int64_t*>(s.ptr), s.size, max_tokens, balanced,
                                                      &oversized);
         }
-        return py::make_tuple(batches, oversized);
+        return py::make_tuple(flatten(batches), oversized);
       },
       py::arg("seqlens"), py::arg("max_tokens"), py::arg("balanced"));
 }

@@ -13,6 +13,11 @@ import torch
 def _seqlens_array(seqlens) -> np.ndarray:
     if isinstance(seqlens, torch.Tensor):
         seqlens = seqlens.detach().cpu().numpy()
+    if isinstance(seqlens, list) and all(type(s) is int for s in seqlens[:64]):
+        try:  # the common case, a list of ints: read it without an intermediate object array
+            return np.fromiter(seqlens, dtype=np.int64, count=len(seqlens))
+        except (TypeError, ValueError, OverflowError):
+            pass  # mixed types further on: the general path below reports them
     arr = np.asarray(seqlens)
     if arr.ndim != 1:
         raise ValueError(f"seqlens: expected a 1-D sequence of lengths, got shape {arr.shape}")
@@ -20,6 +25,10 @@ def _seqlens_array(seqlens) -> np.ndarray:
         if not (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.floor(arr))):
             raise TypeError(f"seqlens: expected integer lengths, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _lists(flat: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    return [part.tolist() for part in np.split(flat, offsets[1:-1])]
 
 
 def balanced_partitions(seqlens, k: int, equal_size: bool = True) -> list[list[int]]:
@@ -30,7 +39,7 @@ def balanced_partitions(seqlens, k: int, equal_size: bool = True) -> list[list[i
 
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
-    return _C.balanced_partitions(_seqlens_array(seqlens), int(k), bool(equal_size))
+    return _lists(*_C.balanced_partitions(_seqlens_array(seqlens), int(k), bool(equal_size)))
 
 
 def token_budget_micro_batches(seqlens, max_tokens: int, balanced: bool = False) -> list[list[int]]:
@@ -45,7 +54,8 @@ def token_budget_micro_batches(seqlens, max_tokens: int, balanced: bool = False)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
         raise TypeError(f"max_tokens: expected an int, got {type(max_tokens).__name__}")
     lengths = _seqlens_array(seqlens)
-    batches, oversized = _C.token_budget_micro_batches(lengths, int(max_tokens), bool(balanced))
+    (flat, offsets), oversized = _C.token_budget_micro_batches(lengths, int(max_tokens), bool(balanced))
+    batches = _lists(flat, offsets)
     if oversized:
         shown = ", ".join(f"{i} ({lengths[i]} tokens)" for i in oversized[:5])
         warnings.warn(
