@@ -28,6 +28,8 @@ def _seqlens_array(seqlens) -> np.ndarray:
 
 
 def _lists(flat: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    if len(offsets) < 2:
+        return []
     return [part.tolist() for part in np.split(flat, offsets[1:-1])]
 
 

@@ -435,30 +435,28 @@ class DataProto:
     def __getstate__(self):
         from pyrl.protocol.storage import tensor_to_state
 
-        batch = {}
+        batch, layouts = {}, {}
         for key, value in self.batch.items():
             if isinstance(value, PackedTensor):
                 layout = value.layout
-                batch[key] = ("packed", tensor_to_state(value.values), id(layout),
-                              (layout.cu_seqlens.numpy(), layout.starts.numpy(), layout.width, layout.mask_key,
-                               str(layout.mask_dtype)))
+                if id(layout) not in layouts:  # shared layouts travel once
+                    layouts[id(layout)] = (layout.cu_seqlens.numpy(), layout.starts.numpy(), layout.width,
+                                           layout.mask_key, str(layout.mask_dtype))
+                batch[key] = ("packed", tensor_to_state(value.values), id(layout))
             else:
                 batch[key] = ("tensor", tensor_to_state(value))
-        return {"batch": batch, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        return {"batch": batch, "layouts": layouts, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
 
     def __setstate__(self, state):
         from pyrl.protocol.storage import dtype_from_name, tensor_from_state
 
-        batch, layouts = {}, {}
+        layouts = {lid: PackedLayout(torch.from_numpy(np.array(cu)), torch.from_numpy(np.array(starts)), width,
+                                     mask_key, dtype_from_name(mask_dtype), validate=False)
+                   for lid, (cu, starts, width, mask_key, mask_dtype) in state["layouts"].items()}
+        batch = {}
         for key, entry in state["batch"].items():
-            if entry[0] == "packed":
-                _, values, lid, (cu, starts, width, mask_key, mask_dtype) = entry
-                if lid not in layouts:
-                    layouts[lid] = PackedLayout(torch.from_numpy(np.array(cu)), torch.from_numpy(np.array(starts)),
-                                                width, mask_key, dtype_from_name(mask_dtype), validate=False)
-                batch[key] = PackedTensor(tensor_from_state(values), layouts[lid])
-            else:
-                batch[key] = tensor_from_state(entry[1])
+            batch[key] = (PackedTensor(tensor_from_state(entry[1]), layouts[entry[2]]) if entry[0] == "packed"
+                          else tensor_from_state(entry[1]))
         self.batch, self.non_tensor_batch, self.meta_info = batch, state["non_tensor_batch"], state["meta_info"]
 
 

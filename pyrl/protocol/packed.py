@@ -16,6 +16,8 @@ import torch
 
 
 def _int64_cpu(name: str, value) -> torch.Tensor:
+    if isinstance(value, (list, tuple)) and not value:
+        return torch.zeros(0, dtype=torch.int64)
     t = torch.as_tensor(value)
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
         raise TypeError(f"{name}: expected integers, got {t.dtype}")

@@ -6,6 +6,9 @@ their layouts as `layout/<n>/cu_seqlens` and `layout/<n>/starts`; numeric numpy 
 `non_tensor.arrow`; meta_info and the rest of the description as JSON in the header. Loading parses
 JSON, Arrow and raw buffers only: nothing in the file can run code.
 
+Object columns: strings and numbers as Arrow columns, other values (dicts, lists) as JSON text per
+element; numpy arrays inside them come back as lists.
+
 Wire (Ray): CPU tensors travel as flat uint8 numpy views, which pickle protocol 5 ships out of band
 without a copy; one copy per tensor at most on arrival, never per row.
 """
@@ -62,20 +65,37 @@ def _json_meta(meta_info: dict) -> str:
         raise
 
 
-def _arrow_columns(columns: dict) -> bytes:
+def _json_default(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _arrow_columns(columns: dict) -> tuple[bytes, dict]:
+    """Object columns as one Arrow IPC stream. Strings and numbers (with None) keep their Arrow types;
+    anything else (dicts, lists, mixed types) is stored as JSON text per element, since Arrow's type
+    inference would change it (dicts with different keys gain None fields). Returns (bytes, encodings)."""
     import pyarrow as pa
 
-    arrays = {}
+    arrays, encodings = {}, {}
     for key, value in columns.items():
+        items = value.tolist()
+        kinds = {type(v) for v in items if v is not None}
+        if len(kinds) <= 1 and kinds <= {str, int, float, bool}:  # one type: Arrow keeps it exactly
+            arrays[key], encodings[key] = pa.array(items), "arrow"
+            continue
         try:
-            arrays[key] = pa.array(value.tolist())
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-            raise TypeError(f"non_tensor_batch[{key!r}]: cannot be stored as an Arrow column ({e})") from e
+            arrays[key] = pa.array([json.dumps(v, default=_json_default) for v in items], type=pa.string())
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"non_tensor_batch[{key!r}]: cannot be stored ({e}); use JSON-like values") from e
+        encodings[key] = "json"
     sink = io.BytesIO()
     table = pa.table(arrays) if arrays else pa.table({})
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue()
+    return sink.getvalue(), encodings
 
 
 def save_dataproto(data, path) -> None:
@@ -106,7 +126,8 @@ def save_dataproto(data, path) -> None:
         else:
             objects[key] = value
             non_tensor_dtypes[key] = str(value.dtype)
-    tensors["non_tensor.arrow"] = torch.frombuffer(bytearray(_arrow_columns(objects)), dtype=torch.uint8)
+    arrow_bytes, encodings = _arrow_columns(objects)
+    tensors["non_tensor.arrow"] = torch.frombuffer(bytearray(arrow_bytes), dtype=torch.uint8)
     header = {
         "format": FORMAT,
         "num_rows": str(len(data)),
@@ -114,7 +135,7 @@ def save_dataproto(data, path) -> None:
         "packed": json.dumps(packed),
         "layouts": json.dumps(layouts),
         "non_tensor_numeric": json.dumps(numeric),
-        "non_tensor_objects": json.dumps(non_tensor_dtypes),
+        "non_tensor_objects": json.dumps({k: [non_tensor_dtypes[k], encodings[k]] for k in objects}),
         "meta_info": _json_meta(data.meta_info),
     }
     directory = os.path.dirname(os.path.abspath(path))
@@ -159,8 +180,10 @@ def load_dataproto(path):
     non_tensor = {key: stored[f"non_tensor/{key}"].numpy().astype(dtype, copy=False)
                   for key, dtype in json.loads(header["non_tensor_numeric"]).items()}
     table = pa.ipc.open_stream(stored["non_tensor.arrow"].numpy().tobytes()).read_all()
-    for key, dtype in json.loads(header["non_tensor_objects"]).items():
+    for key, (dtype, encoding) in json.loads(header["non_tensor_objects"]).items():
         values = table.column(key).to_pylist()
+        if encoding == "json":
+            values = [json.loads(v) for v in values]
         if dtype == "object":
             column = np.empty(len(values), dtype=object)
             column[:] = values
