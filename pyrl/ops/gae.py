@@ -66,9 +66,30 @@ def compute_gae(rewards, values, mask, gamma=1.0, lam=1.0, whiten=True):
     return _gae(rewards, values, mask, None, b, t, gamma, lam, whiten, backend)
 
 
-def compute_gae_packed(rewards, values, cu_seqlens, gamma=1.0, lam=1.0, mask=None, whiten=True):
+def _unwrap_packed(name, value, layout):
+    """A packed field (pyrl.protocol.PackedTensor, duck-typed so that pyrl.ops stays below pyrl.protocol)
+    -> (values, its layout); plain tensors pass through."""
+    if isinstance(value, torch.Tensor) or not (hasattr(value, "layout") and hasattr(value, "values")):
+        return value, layout  # a tensor, None, or bad input that the checks below report
+    if layout is not None and not layout.same_as(value.layout):
+        raise ValueError(f"{name}: laid out differently from rewards (different cu_seqlens)")
+    return value.values, value.layout
+
+
+def compute_gae_packed(rewards, values, cu_seqlens=None, gamma=1.0, lam=1.0, mask=None, whiten=True):
     """(advantages, returns) for packed [N] rewards/values with sequence i at
-    [cu_seqlens[i], cu_seqlens[i+1]); mask [N] optional (multi-turn observation tokens), float32."""
+    [cu_seqlens[i], cu_seqlens[i+1]); mask [N] optional (multi-turn observation tokens), float32.
+    rewards/values/mask may be PackedTensors (DataProto's packed view): cu_seqlens then comes from their
+    layout and the results are PackedTensors in it."""
+    original = rewards
+    rewards, layout = _unwrap_packed("rewards", rewards, None)
+    packed_type = type(original) if rewards is not original else None
+    values, layout = _unwrap_packed("values", values, layout)
+    mask, layout = _unwrap_packed("mask", mask, layout)
+    if cu_seqlens is None:
+        if layout is None:
+            raise ValueError("cu_seqlens: required unless rewards/values are packed tensors with a layout")
+        cu_seqlens = layout.cu_seqlens
     check_tensor("rewards", rewards)
     check_tensor("values", values)
     check_same_shape("rewards", rewards, values=values)
@@ -91,5 +112,9 @@ def compute_gae_packed(rewards, values, cu_seqlens, gamma=1.0, lam=1.0, mask=Non
     backend = choose_backend(rewards)
     if backend == "torch":
         adv, ret = reference.compute_gae_packed(rewards, values, cu, gamma, lam, mask, whiten)
-        return adv.float(), ret.float()
-    return _gae(rewards, values, mask, cu, cu.numel() - 1, 0, gamma, lam, whiten, backend)
+        adv, ret = adv.float(), ret.float()
+    else:
+        adv, ret = _gae(rewards, values, mask, cu, cu.numel() - 1, 0, gamma, lam, whiten, backend)
+    if packed_type is not None:
+        return packed_type(adv, layout), packed_type(ret, layout)
+    return adv, ret
