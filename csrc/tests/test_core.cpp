@@ -1,6 +1,9 @@
 // Native tests of the pyrl C++ core against double-precision references and hand-computed cases.
 // Run by ctest (also under ASan + UBSan). Prints "N passed, M failed".
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "pyrl/ops.h"
+#include "pyrl/packing.h"
 
 using namespace pyrl;
 
@@ -218,6 +222,85 @@ void test_losses() {
   CHECK_NEAR(vs[0], 0.0, 0.0);
 }
 
+
+void test_layouts() {
+  // [B=3, width=4]: left-padded, right-padded, empty
+  const std::vector<uint8_t> mask = {0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0};
+  std::vector<int64_t> cu(4), starts(3);
+  layout_from_mask(mask.data(), 3, 4, cu.data(), starts.data());
+  CHECK((cu == std::vector<int64_t>{0, 2, 5, 5}));
+  CHECK((starts == std::vector<int64_t>{2, 0, 0}));
+  std::vector<int64_t> index(5), pos(5);
+  padded_index(cu.data(), starts.data(), 3, 4, index.data());
+  CHECK((index == std::vector<int64_t>{2, 3, 4, 5, 6}));
+  positions(cu.data(), 3, pos.data());
+  CHECK((pos == std::vector<int64_t>{0, 1, 0, 1, 2}));
+  const std::vector<int64_t> take = {1, 0, 1, 2};
+  CHECK(count_taken_tokens(cu.data(), 3, take.data(), 4) == 8);
+  std::vector<int64_t> new_cu(5), token_index(8);
+  take_rows(cu.data(), 3, take.data(), 4, new_cu.data(), token_index.data());
+  CHECK((new_cu == std::vector<int64_t>{0, 3, 5, 8, 8}));
+  CHECK((token_index == std::vector<int64_t>{2, 3, 4, 0, 1, 2, 3, 4}));
+  const std::vector<int64_t> bad = {0, 3};
+  CHECK(throws_invalid([&] { count_taken_tokens(cu.data(), 3, bad.data(), 2); }, "indices: entry 1 is 3"));
+  const std::vector<uint8_t> holes = {1, 1, 1, 1, 0, 1};
+  CHECK(throws_invalid([&] { layout_from_mask(holes.data(), 2, 3, cu.data(), starts.data()); }, "mask: row 1 has gaps"));
+  const std::vector<int64_t> too_wide = {3};
+  CHECK(throws_invalid([&] { padded_index(cu.data(), too_wide.data(), 1, 4, index.data()); }, "does not fit"));
+}
+
+int64_t spread(const std::vector<std::vector<int64_t>>& parts, const std::vector<int64_t>& lens) {
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const auto& p : parts) {
+    int64_t s = 0;
+    for (int64_t i : p) s += lens[i];
+    lo = std::min(lo, s);
+    hi = std::max(hi, s);
+  }
+  return hi - lo;
+}
+
+bool covers_once(const std::vector<std::vector<int64_t>>& parts, int64_t n) {
+  std::vector<int64_t> all;
+  for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(static_cast<size_t>(n));
+  std::iota(expected.begin(), expected.end(), 0);
+  return all == expected;
+}
+
+void test_balance() {
+  const std::vector<int64_t> lens = {1, 2, 3, 8, 9, 10};
+  const auto parts = balanced_partitions(lens.data(), 6, 3, true);
+  CHECK(parts.size() == 3 && spread(parts, lens) == 0 && covers_once(parts, 6));
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> many(3000);
+  for (auto& x : many) x = 1 + static_cast<int64_t>(rng() % 4096);
+  for (bool equal : {true, false}) {
+    const auto p = balanced_partitions(many.data(), 3000, 30, equal);
+    CHECK(p.size() == 30 && covers_once(p, 3000) && spread(p, many) <= 4096);
+    if (equal)
+      for (const auto& part : p) CHECK(part.size() == 100);
+    CHECK(p == balanced_partitions(many.data(), 3000, 30, equal));  // deterministic
+  }
+  CHECK(throws_invalid([&] { balanced_partitions(lens.data(), 6, 4, true); }, "multiple of k"));
+  CHECK(throws_invalid([&] { balanced_partitions(lens.data(), 2, 3, false); }, "cannot fill"));
+  for (bool balanced : {false, true}) {
+    std::vector<int64_t> oversized;
+    const auto batches = token_budget_micro_batches(many.data(), 3000, 10000, balanced, &oversized);
+    CHECK(covers_once(batches, 3000) && oversized.empty());
+    for (const auto& b : batches) {
+      int64_t s = 0;
+      for (int64_t i : b) s += many[i];
+      CHECK(s <= 10000);
+    }
+  }
+  const std::vector<int64_t> with_long = {3, 20, 3};
+  std::vector<int64_t> oversized;
+  const auto batches = token_budget_micro_batches(with_long.data(), 3, 8, false, &oversized);
+  CHECK(batches.size() == 3 && (oversized == std::vector<int64_t>{1}));
+}
+
 }  // namespace
 
 int main() {
@@ -230,6 +313,8 @@ int main() {
       {"gae", test_gae},
       {"group_advantages", test_group_advantages},
       {"losses", test_losses},
+      {"layouts", test_layouts},
+      {"balance", test_balance},
   };
   int passed = 0, failed = 0;
   for (const auto& [name, fn] : tests) {
