@@ -28,9 +28,8 @@ def _seqlens_array(seqlens) -> np.ndarray:
 
 
 def _lists(flat: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
-    if len(offsets) < 2:
-        return []
-    return [part.tolist() for part in np.split(flat, offsets[1:-1])]
+    items, bounds = flat.tolist(), offsets.tolist()
+    return [items[begin:end] for begin, end in zip(bounds[:-1], bounds[1:])]
 
 
 def balanced_partitions(seqlens, k: int, equal_size: bool = True) -> list[list[int]]:
