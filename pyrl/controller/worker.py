@@ -1,0 +1,51 @@
+"""Worker: the base class of every process the controller drives (one Ray actor per rank)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    """Knows its rank and world size (from the environment its WorkerGroup sets: RANK, WORLD_SIZE,
+    LOCAL_RANK) and sets up torch.distributed: gloo on CPU, nccl on CUDA, same code. Works standalone
+    too (rank 0 of 1) for single-process use."""
+
+    def __init__(self):
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+    def master_address(self) -> tuple[str, int]:
+        """This process's node address and a free port, for rank 0 to host the rendezvous."""
+        try:
+            import ray
+
+            address = ray.util.get_node_ip_address()
+        except Exception:  # no Ray: a standalone worker
+            address = "127.0.0.1"
+        return address, _free_port()
+
+    def setup_distributed(self, master_addr: str, master_port: int, backend: str | None = None,
+                          timeout_s: float = 600.0) -> str:
+        import torch
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(self.local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        return backend
+
+    def worker_info(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "class": type(self).__name__}

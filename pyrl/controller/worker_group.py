@@ -1,0 +1,159 @@
+"""ResourcePool and WorkerGroup: Ray actors in a placement group, driven from one controller.
+
+Every @register'ed method of the worker class becomes a WorkerGroup method: the driver calls
+`group.method(data)`, the dispatch mode splits `data` across the ranks, every rank runs, and the
+collect function merges the results. A worker that raises, or whose process dies, ends the call with
+a WorkerError naming the worker class, rank and method.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Dispatch, Execute
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; the message names its class, rank and the method."""
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
+    """Join the cluster at `address` (e.g. "auto" or "ray://head:10001"), or start a local one."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, **kwargs)
+
+
+@dataclass
+class ResourcePool:
+    """processes_per_node[i] worker processes on node i, each with `gpus_per_process` GPUs (0: CPU workers on
+    gloo) and `cpus_per_process` CPUs. Up to max_colocate_count worker groups may share the pool (e.g. the
+    critic next to the actor), each taking an equal slice of every bundle."""
+
+    processes_per_node: list = field(default_factory=lambda: [1])
+    gpus_per_process: int = 0
+    cpus_per_process: float = 1.0
+    max_colocate_count: int = 1
+    _groups: list = field(default_factory=list, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.processes_per_node)
+
+    def placement_groups(self, timeout_s: float = 60.0):
+        if not self._groups:
+            bundle = {"CPU": self.cpus_per_process}
+            if self.gpus_per_process:
+                bundle["GPU"] = self.gpus_per_process
+            for node, count in enumerate(self.processes_per_node):
+                pg = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK")
+                ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+                if not ready:
+                    remove_placement_group(pg)
+                    raise RuntimeError(f"resource pool: node {node} cannot host {count} processes of {bundle} within "
+                                       f"{timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
+                self._groups.append(pg)
+        return self._groups
+
+    def release(self) -> None:
+        for pg in self._groups:
+            remove_placement_group(pg)
+        self._groups.clear()
+
+
+class WorkerGroup:
+    def __init__(self, resource_pool: ResourcePool, worker_cls, *args, init_distributed: bool = True,
+                 env: dict | None = None, **kwargs):
+        self.worker_cls = worker_cls
+        self.world_size = resource_pool.world_size
+        share = 1.0 / resource_pool.max_colocate_count
+        remote_cls = ray.remote(worker_cls)
+        self.workers = []
+        rank = 0
+        for pg in resource_pool.placement_groups():
+            for bundle_index in range(pg.bundle_count):
+                env_vars = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(bundle_index),
+                            **{k: str(v) for k, v in (env or {}).items()}}
+                options = {
+                    "num_cpus": resource_pool.cpus_per_process * share,
+                    "num_gpus": resource_pool.gpus_per_process * share,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_index),
+                    "runtime_env": {"env_vars": env_vars},
+                }
+                self.workers.append(remote_cls.options(**options).remote(*args, **kwargs))
+                rank += 1
+        self._bind_registered_methods()
+        if init_distributed:
+            master = self._gather([self.workers[0].master_address.remote()], "master_address", ranks=[0])[0]
+            self.execute_all("setup_distributed", *master)
+
+    # ---- calling workers ----
+    def _gather(self, refs, method: str, ranks=None):
+        """Results in rank order; the first failure (exception or dead process) raises a WorkerError at
+        once, without waiting for ranks that may be blocked in a collective with the failed one."""
+        ranks = list(range(len(refs))) if ranks is None else ranks
+        rank_of = {ref: r for ref, r in zip(refs, ranks)}
+        results, pending = {}, list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ref = ready[0]
+            rank = rank_of[ref]
+            try:
+                results[ref] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                cause = getattr(e, "cause", None) or e
+                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} raised in {method}(): "
+                                  f"{type(cause).__name__}: {cause}") from e
+            except ray.exceptions.RayActorError as e:
+                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} died during {method}() "
+                                  f"(its process exited): {e}") from e
+        return [results[ref] for ref in refs]
+
+    def _submit(self, method: str, per_rank_args, per_rank_kwargs, ranks):
+        return [getattr(self.workers[r], method).remote(*per_rank_args[i], **per_rank_kwargs[i])
+                for i, r in enumerate(ranks)]
+
+    def execute_all(self, method: str, *args, **kwargs) -> list:
+        """Call `method` with the same arguments on every rank; results in rank order."""
+        refs = self._submit(method, [args] * self.world_size, [kwargs] * self.world_size, range(self.world_size))
+        return self._gather(refs, method)
+
+    def execute_rank_zero(self, method: str, *args, **kwargs):
+        return self._gather(self._submit(method, [args], [kwargs], [0]), method, ranks=[0])[0]
+
+    def _call_registered(self, method, dispatch_mode, execute_mode, blocking, *args, **kwargs):
+        mode = DISPATCH_MODES[dispatch_mode]
+        per_rank_args, per_rank_kwargs, context = mode.dispatch(self.world_size, args, kwargs)
+        if execute_mode == Execute.RANK_ZERO:
+            refs = self._submit(method, per_rank_args[:1], per_rank_kwargs[:1], [0])
+            return refs[0] if not blocking else self._gather(refs, method, ranks=[0])[0]
+        refs = self._submit(method, per_rank_args, per_rank_kwargs, range(self.world_size))
+        if not blocking:
+            return refs
+        return mode.collect(self._gather(refs, method), context)
+
+    def _bind_registered_methods(self):
+        for name, fn in inspect.getmembers(self.worker_cls, predicate=callable):
+            spec = getattr(fn, PYRL_REGISTER_ATTR, None)
+            if spec is None:
+                continue
+            if hasattr(type(self), name):
+                raise ValueError(f"{self.worker_cls.__name__}.{name}: the name clashes with a WorkerGroup attribute")
+            bound = functools.partial(self._call_registered, name, *spec)
+            functools.update_wrapper(bound, fn)
+            setattr(self, name, bound)
+
+    def kill(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        self.workers = []

@@ -1,0 +1,130 @@
+"""The single controller on real Ray actors: dispatch modes, torch.distributed over gloo, errors."""
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from pyrl.controller import Dispatch, Execute, ResourcePool, Worker, WorkerError, WorkerGroup, register, register_dispatch_mode
+from pyrl.protocol import DataProto
+
+ray = pytest.importorskip("ray")
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests package
+
+
+def _reverse_split(world_size, args, kwargs):
+    (items,) = args
+    return [(items[world_size - 1 - r],) for r in range(world_size)], [{}] * world_size, None
+
+
+register_dispatch_mode("reverse_split", _reverse_split, lambda outputs, ctx: sorted(outputs))
+
+
+class EchoWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def whoami(self, tag):
+        return (tag, self.rank, self.world_size)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def double(self, x):
+        return 2 * x
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def add_rank(self, data: DataProto) -> DataProto:
+        out = DataProto.from_dict({"y": data.batch["x"] + 100 * self.rank, "rank": torch.full((len(data),), self.rank)},
+                                  {"uid": data.non_tensor_batch["uid"]})
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def count(self, data: DataProto):
+        return {"rows": len(data), "rank": self.rank}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_rank_zero(self):
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def slow_rank(self):
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce(self, value):
+        t = torch.tensor([float(value + self.rank)])
+        torch.distributed.all_reduce(t)
+        return float(t), torch.distributed.get_backend()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_on(self, rank):
+        if self.rank == rank:
+            raise ValueError(f"bad input on rank {rank}")
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def exit_on(self, rank):
+        if self.rank == rank:
+            os._exit(3)
+        time.sleep(600)  # the surviving rank is stuck, as in a collective with the dead one
+
+    @register(dispatch_mode="reverse_split")
+    def take(self, x):
+        return x
+
+
+@pytest.fixture(scope="module")
+def group(ray_session):
+    wg = WorkerGroup(ResourcePool([2]), EchoWorker)
+    yield wg
+    wg.kill()
+
+
+def test_one_to_all_and_all_to_all(group):
+    assert group.whoami("t") == [("t", 0, 2), ("t", 1, 2)]
+    assert group.double([1, 5]) == [2, 10]
+    with pytest.raises(ValueError, match="argument 0: this dispatch mode needs a list of 2 items"):
+        group.double([1, 2, 3])
+
+
+def test_dp_compute_proto_pads_and_strips(group):
+    data = DataProto.from_dict({"x": torch.arange(5)}, {"uid": list("abcde")})
+    out = group.add_rank(data)
+    assert len(out) == 5  # padded to 6 for two ranks, the padding stripped again
+    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert out.batch["y"].tolist() == [0, 1, 2, 103, 104]
+    assert out.non_tensor_batch["uid"].tolist() == list("abcde")
+    assert group.count(data) == [{"rows": 3, "rank": 0}, {"rows": 3, "rank": 1}]
+
+
+def test_rank_zero_non_blocking_and_custom_modes(group):
+    assert group.only_rank_zero() == 0
+    refs = group.slow_rank()
+    assert ray.get(refs) == [0, 1]
+    assert group.take(["a", "b"]) == ["a", "b"] and group.take(["x", "y"]) == ["x", "y"]
+
+
+def test_torch_distributed_over_gloo(group):
+    total, backend = group.all_reduce(10)[0]
+    assert backend == "gloo" and total == 10 + 11
+
+
+def test_worker_exception_names_class_rank_and_method(group):
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 1 raised in fail_on\(\): ValueError: bad input on rank 1"):
+        group.fail_on(1)
+    assert group.fail_on(5) == [0, 1]  # the group still works
+
+
+def test_killed_worker_ends_the_call_quickly(ray_session):
+    wg = WorkerGroup(ResourcePool([2]), EchoWorker, init_distributed=False)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 died during exit_on\(\)"):
+        wg.exit_on(0)
+    assert time.monotonic() - start < 60
+    wg.kill()
+
+
+def test_register_rejects_unknown_modes():
+    with pytest.raises(ValueError, match="dispatch_mode: unknown 'nope'"):
+        register(dispatch_mode="nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_dispatch_mode("reverse_split", _reverse_split, list)
