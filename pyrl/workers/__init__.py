@@ -1,0 +1,1 @@
+"""Workers the controller drives: actor/rollout/reference, critic, reward model (FSDP2)."""
