@@ -46,6 +46,3 @@ class Worker:
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         return backend
-
-    def worker_info(self) -> dict:
-        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "class": type(self).__name__}

@@ -128,9 +128,6 @@ class WorkerGroup:
         refs = self._submit(method, [args] * self.world_size, [kwargs] * self.world_size, range(self.world_size))
         return self._gather(refs, method)
 
-    def execute_rank_zero(self, method: str, *args, **kwargs):
-        return self._gather(self._submit(method, [args], [kwargs], [0]), method, ranks=[0])[0]
-
     def _call_registered(self, method, dispatch_mode, execute_mode, blocking, *args, **kwargs):
         mode = DISPATCH_MODES[dispatch_mode]
         per_rank_args, per_rank_kwargs, context = mode.dispatch(self.world_size, args, kwargs)
