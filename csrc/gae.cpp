@@ -33,18 +33,18 @@ inline float gae_step(float r, float v, float m, float gamma, float gl, float& n
   return last_adv;
 }
 
-// kRows sequences of length len, stride apart, scanned side by side: one sequence's scan is a serial
+// kRows consecutive sequences of length len, scanned side by side: one sequence's scan is a serial
 // chain of FMAs, so independent rows interleaved keep the FMA units busy. Scalar on purpose: gathering
 // rows that sit a power of two apart into SIMD lanes hits the same cache sets and runs slower.
 template <int kRows>
-PYRL_MULTIVERSION Moments scan_rows(const float* r, const float* v, const float* mask, int64_t len, int64_t stride, float gamma,
-                  float gl, float* adv, float* ret) {
+PYRL_MULTIVERSION Moments scan_rows(const float* r, const float* v, const float* mask, int64_t len, float gamma, float gl,
+                                    float* adv, float* ret) {
   float next_value[kRows] = {}, last_adv[kRows] = {};
   double count[kRows] = {}, sum[kRows] = {}, sum_sq[kRows] = {};
   for (int64_t t = len - 1; t >= 0; --t) {
 #pragma GCC unroll 4
     for (int j = 0; j < kRows; ++j) {
-      const int64_t i = j * stride + t;
+      const int64_t i = j * len + t;
       const float m = mask ? mask[i] : 1.0f;
       const float a = gae_step(r[i], v[i], m, gamma, gl, next_value[j], last_adv[j]);
       adv[i] = a;
@@ -110,8 +110,8 @@ void gae(const float* rewards, const float* values, const float* mask, const int
     for (int64_t item = 0; item < n_items; ++item) {
       const auto [begin, end] = item_range(item);
       const auto scan = [&](auto rows, int64_t at, int64_t len) {
-        mine.add(scan_rows<decltype(rows)::value>(rewards + at, values + at, mask ? mask + at : nullptr, len, len,
-                                                  gamma, gl, advantages + at, returns + at));
+        mine.add(scan_rows<decltype(rows)::value>(rewards + at, values + at, mask ? mask + at : nullptr, len, gamma,
+                                                  gl, advantages + at, returns + at));
       };
       if (cu_seqlens) {
         scan(std::integral_constant<int, 1>{}, begin, end - begin);
