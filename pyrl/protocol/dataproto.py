@@ -399,9 +399,10 @@ class DataProto:
                     and v.dim() >= 2 and v.shape[:2] == mask.shape]
         keys = self._check_keys("keys", keys, self.batch)
         layout = PackedLayout.from_mask(mask, mask_key)
+        index = layout.padded_index()  # once for all the fields
         batch = {k: v for k, v in self.batch.items() if k != mask_key}
         for key in keys:
-            batch[key] = PackedTensor(layout.pack(self.batch[key]), layout)
+            batch[key] = PackedTensor(layout.pack(self.batch[key], index), layout)
         return type(self)(batch, dict(self.non_tensor_batch), self.meta_info)
 
     def to_padded(self, keys=None, pad_value=0) -> "DataProto":
@@ -409,13 +410,15 @@ class DataProto:
         each layout's mask restored under its original key."""
         packed = [k for k, v in self.batch.items() if isinstance(v, PackedTensor)]
         keys = packed if keys is None else self._check_keys("keys", keys, packed)
-        batch = dict(self.batch)
+        batch, indices = dict(self.batch), {}
         for key in keys:
             value = batch[key]
-            batch[key] = value.to_padded(pad_value)
-            mask_key = value.layout.mask_key
-            if mask_key is not None and mask_key not in batch:
-                batch[mask_key] = value.layout.mask().to(value.device)
+            layout = value.layout
+            if id(layout) not in indices:  # once per layout, however many fields share it
+                indices[id(layout)] = layout.padded_index()
+            batch[key] = layout.unpack(value.values, pad_value, indices[id(layout)])
+            if layout.mask_key is not None and layout.mask_key not in batch:
+                batch[layout.mask_key] = layout.mask(indices[id(layout)]).to(value.device)
         return type(self)(batch, dict(self.non_tensor_batch), self.meta_info)
 
     def save_to_disk(self, path) -> None:

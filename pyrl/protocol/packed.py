@@ -164,26 +164,27 @@ class PackedLayout:
                             first.mask_key, first.mask_dtype, validate=False)
 
     # ---- data movement (torch, so any dtype/device and autograd) ----
-    def pack(self, padded: torch.Tensor) -> torch.Tensor:
-        """[B, width, ...] -> [tokens, ...]."""
+    def pack(self, padded: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, width, ...] -> [tokens, ...]. index: this layout's padded_index(), when the caller moves
+        several fields through one layout and computes it once."""
         if padded.dim() < 2 or tuple(padded.shape[:2]) != (self.num_sequences, self.width):
             raise ValueError(f"padded: expected shape ({self.num_sequences}, {self.width}, ...), "
                              f"got {tuple(padded.shape)}")
         flat = padded.reshape(self.num_sequences * self.width, *padded.shape[2:])
-        return flat.index_select(0, self.padded_index().to(padded.device))
+        return flat.index_select(0, (self.padded_index() if index is None else index).to(padded.device))
 
-    def unpack(self, packed: torch.Tensor, pad_value=0) -> torch.Tensor:
-        """[tokens, ...] -> [B, width, ...], pad_value outside the sequences."""
+    def unpack(self, packed: torch.Tensor, pad_value=0, index: torch.Tensor | None = None) -> torch.Tensor:
+        """[tokens, ...] -> [B, width, ...], pad_value outside the sequences (index as in pack)."""
         if packed.dim() < 1 or packed.shape[0] != self.num_tokens:
             raise ValueError(f"packed: expected {self.num_tokens} tokens in dim 0, got shape {tuple(packed.shape)}")
         out = packed.new_full((self.num_sequences * self.width, *packed.shape[1:]), pad_value)
-        out = out.index_copy(0, self.padded_index().to(packed.device), packed)
+        out = out.index_copy(0, (self.padded_index() if index is None else index).to(packed.device), packed)
         return out.reshape(self.num_sequences, self.width, *packed.shape[1:])
 
-    def mask(self) -> torch.Tensor:
-        """[B, width] mask of this layout's tokens, in the dtype of the mask it was made from."""
+    def mask(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, width] mask of this layout's tokens, in the dtype of the mask it was made from (index as in pack)."""
         ones = torch.ones(self.num_tokens, dtype=self.mask_dtype)
-        return self.unpack(ones, pad_value=0)
+        return self.unpack(ones, pad_value=0, index=index)
 
 
 class PackedTensor:
