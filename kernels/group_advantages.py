@@ -1,6 +1,8 @@
 """Triton group advantages: samples are sorted by group (one torch sort), then one program per group
 walks its contiguous segment: sums, unbiased std, top-2 for pass@k, and writes each sample's advantage
-back to its original position (see pyrl.ops.group_advantages for the formulas)."""
+back to its original position (see pyrl.ops.group_advantages for the formulas). Sums and the std are
+taken in float64, as the C++ core does: a group whose scores nearly agree has a tiny std, and float32
+rounding of (score - mean) / std would show in the 4th digit."""
 
 import torch
 import triton
@@ -15,48 +17,48 @@ def _group_kernel(scores_ptr, lengths_ptr, order_ptr, offsets_ptr, alpha_ptr, ou
     g = tl.program_id(0)
     begin = tl.load(offsets_ptr + g)
     end = tl.load(offsets_ptr + g + 1)
-    count = (end - begin).to(tl.float32)
-    total = tl.zeros((), tl.float32)
-    wsum = tl.zeros((), tl.float32)
-    wtot = tl.zeros((), tl.float32)
-    best = tl.full((), float("-inf"), tl.float32)
+    count = (end - begin).to(tl.float64)
+    total = tl.zeros((), tl.float64)
+    wsum = tl.zeros((), tl.float64)
+    wtot = tl.zeros((), tl.float64)
+    best = tl.full((), float("-inf"), tl.float64)
     for start in range(begin, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         valid = offs < end
         idx = tl.load(order_ptr + offs, mask=valid, other=0)
-        s = tl.load(scores_ptr + idx, mask=valid, other=0.0)
+        s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
         total += tl.sum(s, 0)
         best = tl.maximum(best, tl.max(tl.where(valid, s, float("-inf")), 0))
         if HAS_LENGTHS:
-            length = tl.load(lengths_ptr + idx, mask=valid, other=0.0)
+            length = tl.load(lengths_ptr + idx, mask=valid, other=0.0).to(tl.float64)
             wsum += tl.sum(length * s, 0)
             wtot += tl.sum(length, 0)
     mean = tl.where(count > 1, total / count, 0.0)
-    sq = tl.zeros((), tl.float32)
+    sq = tl.zeros((), tl.float64)
     best_pos = tl.full((), 2147483647, tl.int32)  # first position (in sorted order) holding the max
     for start in range(begin, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         valid = offs < end
         idx = tl.load(order_ptr + offs, mask=valid, other=0)
-        s = tl.load(scores_ptr + idx, mask=valid, other=0.0)
+        s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
         c = tl.where(valid, s - mean, 0.0)
         sq += tl.sum(c * c, 0)
         best_pos = tl.minimum(best_pos, tl.min(tl.where(valid & (s == best), offs, 2147483647), 0))
     std = tl.where(count > 1, tl.sqrt(sq / tl.maximum(count - 1.0, 1.0)), 1.0)
-    second = tl.full((), float("-inf"), tl.float32)
+    second = tl.full((), float("-inf"), tl.float64)
     if ESTIMATOR == 4:
         for start in range(begin, end, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             valid = (offs < end) & (offs != best_pos)
             idx = tl.load(order_ptr + offs, mask=valid, other=0)
-            s = tl.load(scores_ptr + idx, mask=valid, other=0.0)
+            s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
             second = tl.maximum(second, tl.max(tl.where(valid, s, float("-inf")), 0))
     alpha = tl.load(alpha_ptr)
     for start in range(begin, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         valid = offs < end
         idx = tl.load(order_ptr + offs, mask=valid, other=0)
-        s = tl.load(scores_ptr + idx, mask=valid, other=0.0)
+        s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
         if ESTIMATOR == 0:
             adv = s - mean
             if NORM:
@@ -75,7 +77,7 @@ def _group_kernel(scores_ptr, lengths_ptr, order_ptr, offsets_ptr, alpha_ptr, ou
             adv = tl.where(offs == best_pos, top, 0.0)
         else:
             adv = alpha * (s - mean)
-        tl.store(out_ptr + idx, adv, mask=valid)
+        tl.store(out_ptr + idx, adv.to(tl.float32), mask=valid)
 
 
 def group_advantages(scores, ids, lengths, code, norm_by_std, eps):

@@ -52,7 +52,9 @@ def group_advantages(scores, group_index, estimator="grpo", norm_by_std=True, ep
         lengths = None
     backend = choose_backend(scores)
     if backend == "torch":
-        return reference.group_advantages(scores, group_index, estimator, norm_by_std, eps, lengths).float()
+        # in float64 like the C++ and Triton accumulators: a group whose scores nearly agree has a tiny std,
+        # and float32 rounding of (score - mean) / std then shows in the 4th digit
+        return reference.group_advantages(scores.double(), group_index, estimator, norm_by_std, eps, lengths).float()
     scores32 = scores.detach().to(torch.float32).contiguous()
     ids = group_index.to(torch.int64).contiguous()
     lens = None if lengths is None else lengths.detach().to(torch.float32).contiguous()
