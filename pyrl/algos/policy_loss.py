@@ -3,7 +3,7 @@
 Each is called as fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config) and
 returns (pg_loss, metrics) with metrics {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}. config holds
 clip_ratio (default 0.2), clip_ratio_low / clip_ratio_high (default clip_ratio) and clip_ratio_c (3.0),
-as a dict or an object with those attributes.
+as a dict or an object with those attributes. global_batch_info (optional) is passed to pyrl.ops.agg_loss.
 """
 
 from __future__ import annotations
@@ -33,33 +33,37 @@ def clip_ratios(config) -> dict:
     }
 
 
-def _ppo(loss_mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config):
+def _ppo(loss_mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info):
     return ops.ppo_policy_loss(
         log_prob, old_log_prob, advantages, response_mask, loss_agg_mode=loss_agg_mode, loss_mode=loss_mode,
-        **clip_ratios(config),
+        global_batch_info=global_batch_info, **clip_ratios(config),
     )
 
 
 @register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                                   global_batch_info=None):
     """PPO: max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), dual-clipped at -A c for A < 0."""
-    return _ppo("vanilla", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+    return _ppo("vanilla", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info)
 
 
 @register_policy_loss("gspo")
-def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean", config=None):
+def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean", config=None,
+                                   global_batch_info=None):
     """GSPO: the clipped objective on the sequence ratio exp(mean_t log r), token-level gradients,
     always aggregated seq-mean-token-mean."""
-    return _ppo("gspo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+    return _ppo("gspo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info)
 
 
 @register_policy_loss("gpg")
-def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
+def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                                   global_batch_info=None):
     """GPG: -A log pi (no ratio, no clipping)."""
-    return _ppo("gpg", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+    return _ppo("gpg", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info)
 
 
 @register_policy_loss("cispo")
-def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                                   global_batch_info=None):
     """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi."""
-    return _ppo("cispo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+    return _ppo("cispo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info)

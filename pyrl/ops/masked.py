@@ -56,6 +56,7 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
+    global_batch_info: dict | None = None,
 ) -> torch.Tensor:
     """Aggregate a [B, T] per-token loss into a scalar.
 
@@ -64,12 +65,23 @@ def agg_loss(
     seq-mean-token-mean:     mean over non-empty rows of sum_t(l * m) / (sum_t(m) + 1e-8)
     seq-mean-token-sum-norm: sum(l * m) / C, C = loss_scale_factor or T (Dr.GRPO's constant)
     An input with no unmasked token gives 0.
+
+    global_batch_info {"batch_num_tokens": N, "global_batch_size": S, "dp_size": D} makes this one micro-batch's
+    share of the whole (data-parallel, gradient-accumulated) batch's aggregate: the means divide by the batch's
+    N valid tokens / S non-empty sequences instead of this input's, times D because data-parallel training
+    averages gradients over the D ranks. Summing the shares over micro-batches and averaging over ranks gives
+    the global token or sequence mean exactly, however the batch was split (verl's engine-path losses).
     """
     _check_pair(loss_mat, loss_mask, "loss_mat")
-    if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, loss_mask)
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode: unknown mode {loss_agg_mode!r}, expected one of {', '.join(LOSS_AGG_MODES)}")
+    dp_size = 1
+    if global_batch_info:
+        dp_size = global_batch_info.get("dp_size", 1)
+        if loss_agg_mode == "token-mean":
+            return masked_sum(loss_mat, loss_mask) / max(global_batch_info["batch_num_tokens"], 1) * dp_size
+    if loss_agg_mode == "token-mean":
+        return masked_mean(loss_mat, loss_mask)
     if loss_mat.dim() < 2:
         raise ValueError(f"loss_mat: {loss_agg_mode} needs [batch, tokens], got shape {tuple(loss_mat.shape)}")
     seq_sums = masked_sum(loss_mat, loss_mask, axis=-1)
@@ -77,9 +89,11 @@ def agg_loss(
         scale = loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1]
         if not scale > 0:
             raise ValueError(f"loss_scale_factor: must be > 0, got {scale}")
-        return seq_sums.sum() / scale
+        return seq_sums.sum() / scale * dp_size
     tokens = loss_mask.sum(-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_sums = seq_sums / (tokens + 1e-8)
     non_empty = (tokens > 0).to(seq_sums.dtype)
+    if global_batch_info:
+        return (seq_sums * non_empty).sum() / max(global_batch_info["global_batch_size"], 1) * dp_size
     return (seq_sums * non_empty).sum() / non_empty.sum().clamp(min=1)

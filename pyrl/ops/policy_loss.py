@@ -63,10 +63,11 @@ def ppo_policy_loss(
     clip_ratio_c=3.0,
     loss_agg_mode="token-mean",
     loss_mode="vanilla",
+    global_batch_info=None,
 ):
     """(loss, metrics) with metrics {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} as 0-dim float32 tensors.
     Differentiable wrt log_prob (and wrt the other inputs too, through the torch formulation, when they
-    require grad)."""
+    require grad). global_batch_info: see agg_loss."""
     check_tensor("log_prob", log_prob)
     check_tensor("old_log_prob", old_log_prob)
     check_tensor("advantages", advantages)
@@ -85,7 +86,7 @@ def ppo_policy_loss(
     if backend == "torch" or loss_mode == "gspo" or others_need_grad:
         loss, metrics = reference.ppo_policy_loss(
             log_prob.float(), old_log_prob.float(), advantages.float(), response_mask.float(),
-            clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_mode,
+            clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_mode, global_batch_info,
         )
         return loss.float(), {k: v.detach().float() for k, v in metrics.items()}
     mask = float32_contiguous(response_mask)
@@ -101,6 +102,6 @@ def ppo_policy_loss(
     else:
         stats = (sums[:3] / denom).to(device=log_prob.device, dtype=torch.float32)
         metrics = {"pg_clipfrac": stats[0], "pg_clipfrac_lower": stats[1], "ppo_kl": stats[2]}
-    return agg_loss(loss_mat, mask, loss_agg_mode).float(), metrics
+    return agg_loss(loss_mat, mask, loss_agg_mode, global_batch_info=global_batch_info).float(), metrics
 
 

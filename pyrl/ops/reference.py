@@ -134,11 +134,12 @@ def ppo_policy_loss(
     clip_ratio_c=3.0,
     loss_agg_mode="token-mean",
     loss_mode="vanilla",
+    global_batch_info=None,
 ):
     """verl's compute_policy_loss_{vanilla,gspo,gpg,cispo}: (loss, metrics)."""
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     if loss_mode == "gpg":
-        loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode)
+        loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, global_batch_info=global_batch_info)
         return loss, {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
     delta = log_prob - old_log_prob
     if loss_mode == "gspo":
@@ -148,7 +149,7 @@ def ppo_policy_loss(
         ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
         l1 = -advantages * ratio
         l2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-        loss = agg_loss(torch.maximum(l1, l2), response_mask, "seq-mean-token-mean")
+        loss = agg_loss(torch.maximum(l1, l2), response_mask, "seq-mean-token-mean", global_batch_info=global_batch_info)
         metrics = {"pg_clipfrac": masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask), "pg_clipfrac_lower": zero}
         metrics["ppo_kl"] = masked_mean(-delta, response_mask)
         return loss, metrics
@@ -159,7 +160,7 @@ def ppo_policy_loss(
     if loss_mode == "cispo":
         loss_mat = -clipped_ratio.detach() * advantages * log_prob
         clipfrac = masked_mean(torch.ne(ratio, clipped_ratio).to(ratio.dtype), response_mask)
-        loss = agg_loss(loss_mat, response_mask, loss_agg_mode)
+        loss = agg_loss(loss_mat, response_mask, loss_agg_mode, global_batch_info=global_batch_info)
         return loss, {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": zero, "ppo_kl": ppo_kl}
     if loss_mode != "vanilla":
         raise ValueError(f"loss_mode: unknown {loss_mode!r}")
@@ -174,13 +175,14 @@ def ppo_policy_loss(
         "pg_clipfrac_lower": masked_mean(torch.gt(clip1, l3).to(l1.dtype) * (advantages < 0), response_mask),
         "ppo_kl": ppo_kl,
     }
-    return agg_loss(loss_mat, response_mask, loss_agg_mode), metrics
+    return agg_loss(loss_mat, response_mask, loss_agg_mode, global_batch_info=global_batch_info), metrics
 
 
-def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, loss_agg_mode="token-mean"):
+def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, loss_agg_mode="token-mean",
+               global_batch_info=None):
     """verl's compute_value_loss: (0.5 * agg(max(l1, l2)), vf_clipfrac)."""
     clipped = torch.max(torch.min(values, old_values + cliprange_value), old_values - cliprange_value)
     l1 = (values - returns) ** 2
     l2 = (clipped - returns) ** 2
-    loss = 0.5 * agg_loss(torch.max(l1, l2), response_mask, loss_agg_mode)
+    loss = 0.5 * agg_loss(torch.max(l1, l2), response_mask, loss_agg_mode, global_batch_info=global_batch_info)
     return loss, masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask)

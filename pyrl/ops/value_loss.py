@@ -17,8 +17,9 @@ from pyrl.ops.masked import agg_loss
 from pyrl.ops.policy_loss import PerTokenLossFunction
 
 
-def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, loss_agg_mode="token-mean"):
-    """(vf_loss, vf_clipfrac), float32 0-dim tensors; differentiable wrt values."""
+def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, loss_agg_mode="token-mean",
+               global_batch_info=None):
+    """(vf_loss, vf_clipfrac), float32 0-dim tensors; differentiable wrt values. global_batch_info: see agg_loss."""
     check_tensor("values", values)
     check_tensor("old_values", old_values)
     check_tensor("returns", returns)
@@ -30,7 +31,7 @@ def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, 
     backend = choose_backend(values)
     if backend == "torch" or old_values.requires_grad or returns.requires_grad:
         loss, clipfrac = reference.value_loss(
-            values.float(), old_values.float(), returns.float(), response_mask.float(), cliprange_value, loss_agg_mode
+            values.float(), old_values.float(), returns.float(), response_mask.float(), cliprange_value, loss_agg_mode, global_batch_info
         )
         return loss.float(), clipfrac.detach().float()
     flat = lambda t: float32_contiguous(t).view(-1)  # noqa: E731
@@ -48,4 +49,4 @@ def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, 
         loss, dloss, sums = triton_value_loss.value_loss_forward(v, ov, r, m, float(cliprange_value))
     loss_mat = PerTokenLossFunction.apply(values, loss, dloss)
     clipfrac = (sums[0] / (sums[1] + 1e-8)).to(device=values.device, dtype=torch.float32)
-    return 0.5 * agg_loss(loss_mat, m.view(values.shape), loss_agg_mode).float(), clipfrac
+    return 0.5 * agg_loss(loss_mat, m.view(values.shape), loss_agg_mode, global_batch_info=global_batch_info).float(), clipfrac

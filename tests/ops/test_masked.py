@@ -51,3 +51,18 @@ def test_bad_input():
         agg_loss(torch.randn(2, 3), torch.ones(2, 3), "mean")
     with pytest.raises(ValueError, match="mask: shape"):
         masked_mean(torch.randn(2, 3), torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_agg_loss_global_batch_info_shares_sum_to_the_whole_batch_aggregate(mode):
+    """Split a batch over 2 ranks x uneven micro-batches: the shares summed per rank and averaged over ranks
+    (what gradient accumulation + data-parallel averaging do) equal the aggregate of the whole batch."""
+    torch.manual_seed(0)
+    loss = torch.randn(7, 5, dtype=torch.float64)
+    mask = (torch.rand(7, 5) > 0.4).to(torch.float64)
+    mask[3] = 0  # an empty row
+    whole = agg_loss(loss, mask, mode)
+    info = {"batch_num_tokens": int(mask.sum()), "global_batch_size": int((mask.sum(-1) > 0).sum()), "dp_size": 2}
+    ranks = [[slice(0, 1), slice(1, 4)], [slice(4, 7)]]
+    per_rank = [sum(agg_loss(loss[s], mask[s], mode, global_batch_info=info) for s in micro) for micro in ranks]
+    assert torch.allclose(sum(per_rank) / 2, whole, rtol=1e-9, atol=1e-12)  # masked_mean adds 1e-8 to its count
