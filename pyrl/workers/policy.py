@@ -32,7 +32,8 @@ class ResponseLogProbs(nn.Module):
         labels = input_ids[:, total - response_length:].reshape(-1)
         out = fused_linear_logprobs(scoring, self.lm.lm_head.weight, labels, temperature=temperature,
                                     return_entropy=return_entropy)
+        # copies, not views: FSDP2 warns that an in-place op on a view output would skip its backward hook
         if return_entropy:
             logp, entropy = out
-            return logp.reshape(batch, response_length), entropy.reshape(batch, response_length)
-        return out.reshape(batch, response_length)
+            return logp.reshape(batch, response_length).clone(), entropy.reshape(batch, response_length).clone()
+        return out.reshape(batch, response_length).clone()

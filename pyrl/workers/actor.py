@@ -1,0 +1,298 @@
+"""The actor / rollout / reference worker (verl's hybrid engine): one process per rank holds the FSDP2
+policy being trained, optionally a frozen FSDP2 reference copy, and a rollout engine that generates
+with the policy's current weights, pushed in memory after each update.
+
+Roles: "actor_rollout_ref" (all three), "actor_rollout", "actor", "ref" (reference only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import torch
+
+from pyrl import ops
+from pyrl.algos import get_policy_loss_fn
+from pyrl.controller import Dispatch, Worker, register
+from pyrl.protocol import DataProto
+from pyrl.workers import fsdp
+from pyrl.workers.policy import ResponseLogProbs
+from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
+from pyrl.workers.rollout.base import prompt_token_lists
+
+ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
+LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+
+
+def require_keys(method: str, data: DataProto, keys) -> None:
+    missing = [k for k in keys if k not in data.batch]
+    if missing:
+        raise KeyError(f"{method}: the batch lacks {missing}; it has {sorted(data.batch)}")
+
+
+def resolve_model_path(path: str) -> str:
+    """An empty model path means pyrl's tiny model, made on first use."""
+    if path:
+        return path
+    from pyrl.models import tiny_model_path
+
+    return str(tiny_model_path())
+
+
+def load_tokenizer(model_config):
+    from transformers import AutoTokenizer
+
+    path = model_config.tokenizer_path or resolve_model_path(model_config.path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+
+
+def load_policy(model_config, device):
+    """(HF causal LM, ResponseLogProbs over it, FSDP-sharded per decoder layer and at the root)."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_config.path), dtype=torch.float32,
+                                              trust_remote_code=model_config.trust_remote_code,
+                                              **dict(model_config.override_config))
+    if model_config.enable_gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return lm, ResponseLogProbs(lm)
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, config, role: str = "actor_rollout_ref"):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
+        self.config, self.role = config, role
+        self.has_actor = "actor" in role
+        self.has_rollout = "rollout" in role
+        self.has_ref = role.endswith("ref")
+        self.device = fsdp.worker_device(self.local_rank)
+        self.engine = None
+
+    # ---- setup ----
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        torch.manual_seed(self.config.actor.data_loader_seed)  # any freshly initialized weight is equal on every rank
+        self.tokenizer = load_tokenizer(self.config.model)
+        self.model_path = resolve_model_path(self.config.model.path)
+        if self.has_actor:
+            self.lm, self.policy = load_policy(self.config.model, self.device)
+            fsdp.fsdp_wrap(self.policy, self.lm.model.layers, self.config.actor.fsdp_config, self.device)
+            self.optimizer = fsdp.build_optimizer(self.policy.parameters(), self.config.actor.optim)
+            self.lr_scheduler = fsdp.build_lr_scheduler(self.optimizer, self.config.actor.optim)
+        if self.has_ref:
+            ref_lm, self.ref_policy = load_policy(self.config.model, self.device)
+            fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config, self.device)
+            self.ref_policy.requires_grad_(False)
+        if self.has_rollout:
+            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank)
+            self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer)
+        torch.manual_seed(self.config.actor.data_loader_seed + self.rank)
+
+    # ---- rollout ----
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self) -> dict:
+        """Push the actor's current weights into the rollout engine (in memory, tensor by tensor)."""
+        start = time.perf_counter()
+        dtype = torch.float32 if self.device.type == "cpu" else getattr(torch, self.config.rollout.dtype)
+        loaded = self.engine.load_weights(fsdp.full_state_items(self.policy, "lm.", dtype))
+        return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """prompts: input_ids / attention_mask (/ position_ids), left-padded. meta_info may override the
+        rollout config's sampling (n, temperature, top_k, top_p, do_sample, response_length,
+        calculate_log_probs). Returns n rows per prompt (interleaved) with verl's rollout fields."""
+        require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
+        spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
+        start = time.perf_counter()
+        if len(prompts) == 0:
+            responses, logprobs = [], [] if spec.logprobs else None
+        else:
+            ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+            responses, logprobs = self.engine.generate(ids, spec)
+        rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad)
+        out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep_rollout(self) -> None:
+        self.engine.sleep()
+
+    # ---- log-probs ----
+    def _forward(self, module, data: DataProto, temperature: float, return_entropy: bool, micro_batch_size,
+                 use_dynamic_bsz: bool, max_token_len: int, grad: bool = False):
+        """Response log-probs (and entropy) over micro-batches, each trimmed of all-padding columns."""
+        response_length = data.batch["responses"].shape[-1]
+        lengths = data.batch["attention_mask"].sum(-1)
+        logps, entropies, order = [], [], []
+        for idx in fsdp.micro_batch_indices(lengths, micro_batch_size, use_dynamic_bsz, max_token_len, self.device):
+            if not idx:  # this rank has fewer rows than the others' micro-batch count: run a 1-row forward anyway
+                idx_t = [0]
+            else:
+                idx_t = idx
+            tensors, kept = fsdp.trimmed(data.select_idxs(idx_t), response_length)
+            with torch.set_grad_enabled(grad):
+                out = module(tensors["input_ids"].to(self.device), tensors["attention_mask"].to(self.device),
+                             tensors["position_ids"].to(self.device), kept, temperature, return_entropy)
+            if not idx:
+                continue
+            logp, entropy = out if return_entropy else (out, None)
+            logps.append(fsdp.pad_response(logp, response_length))
+            if return_entropy:
+                entropies.append(fsdp.pad_response(entropy, response_length))
+            order.extend(idx)
+        inverse = np.argsort(np.asarray(order, dtype=np.int64), kind="stable")
+        logp = torch.cat(logps)[inverse].cpu()
+        return logp, (torch.cat(entropies)[inverse].cpu() if return_entropy else None)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """old_log_probs and entropys [B, R] of the responses under the current policy."""
+        rollout = self.config.rollout
+        require_keys("compute_log_prob", data, LOG_PROB_KEYS)
+        self.policy.eval()
+        logp, entropy = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
+                                      rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                                      rollout.log_prob_max_token_len_per_gpu)
+        return DataProto.from_dict({"old_log_probs": logp, "entropys": entropy})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        ref = self.config.ref
+        require_keys("compute_ref_log_prob", data, LOG_PROB_KEYS)
+        self.ref_policy.eval()
+        logp, _ = self._forward(self.ref_policy, data, data.meta_info.get("temperature", self.config.rollout.temperature),
+                                False, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                                ref.log_prob_max_token_len_per_gpu)
+        return DataProto.from_dict({"ref_log_prob": logp})
+
+    # ---- training ----
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO epochs over mini-batches of ppo_mini_batch_size x n samples (split over the ranks), each in
+        micro-batches with gradient accumulation; the losses are exact global token / sequence means over
+        the mini-batch (see pyrl.ops.agg_loss's global_batch_info), so any rank count or micro-batching
+        gives the same step. Returns meta_info["metrics"] with verl's names."""
+        cfg = self.config.actor
+        require_keys("update_actor", data, ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                                            "advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else []))
+        temperature = data.meta_info.get("temperature", self.config.rollout.temperature)
+        mini_batch = max(1, cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size)
+        mini_batch = min(mini_batch, len(data))
+        if len(data) % mini_batch:
+            raise ValueError(f"update_actor: {len(data)} rows per rank is not a multiple of the mini-batch of {mini_batch} "
+                             f"(actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} "
+                             f"/ {self.world_size} ranks)")
+        n_mini = len(data) // mini_batch
+        on_policy = n_mini == 1 and cfg.ppo_epochs == 1  # verl: then the ratio is exactly 1
+        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
+        generator = torch.Generator().manual_seed(cfg.data_loader_seed)
+        response_length = data.batch["responses"].shape[-1]
+        history: dict[str, list] = {}
+        self.policy.train()
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(len(data), generator=generator) if cfg.shuffle else torch.arange(len(data))
+            for m in range(n_mini):
+                mini = data.select_idxs(order[m * mini_batch:(m + 1) * mini_batch])
+                mask = mini.batch["response_mask"]
+                counts = fsdp.all_reduce(torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64,
+                                                      device=self.device))
+                info = {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": self.world_size}
+                sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                lengths = mini.batch["attention_mask"].sum(-1)
+                for idx in fsdp.micro_batch_indices(lengths, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                                    cfg.ppo_max_token_len_per_gpu, self.device):
+                    sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
+                                             on_policy)
+                grad_norm = fsdp.clip_grad_norm(self.policy, cfg.grad_clip)
+                if np.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:  # verl skips a step whose gradient is not finite
+                    self.optimizer.zero_grad(set_to_none=True)
+                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
+                sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
+                sums[5] /= self.world_size
+                names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
+                if need_entropy:
+                    names.append("actor/entropy")
+                for name, value in zip(names, sums.tolist()):
+                    history.setdefault(name, []).append(value)
+                if cfg.use_kl_loss:
+                    history.setdefault("actor/kl_loss", []).append(sums[5].item())
+                    history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
+                history.setdefault("actor/grad_norm", []).append(grad_norm)
+        history["actor/lr"] = [self.lr_scheduler.get_last_lr()[0]]
+        self.lr_scheduler.step()
+        metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        return DataProto(meta_info={"metrics": metrics})
+
+    def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
+                    on_policy) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its shares of the mini-batch metrics."""
+        cfg = self.config.actor
+        empty = not idx
+        tensors, kept = fsdp.trimmed(mini.select_idxs(idx or [0]), response_length)
+        to = lambda key: tensors[key].to(self.device)  # noqa: E731
+        out = self.policy(to("input_ids"), to("attention_mask"), to("position_ids"), kept, temperature, need_entropy)
+        logp, entropy = out if need_entropy else (out, None)
+        mask = to("response_mask").float() * (0.0 if empty else 1.0)  # an empty micro-batch adds zero gradient
+        old = logp.detach() if on_policy else to("old_log_probs").float()
+        pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info)
+        loss = pg_loss
+        token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+        shares = torch.zeros(6, dtype=torch.float64)
+        shares[0] = pg_loss.item()
+        for i, key in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"), start=1):
+            shares[i] = float(pg_metrics[key]) * token_share
+        if need_entropy:
+            shares[4] = float(ops.masked_mean(entropy.detach(), mask)) * token_share
+            if cfg.entropy_coeff:
+                loss = loss - cfg.entropy_coeff * ops.agg_loss(entropy, mask, cfg.loss_agg_mode, global_batch_info=info)
+        if cfg.use_kl_loss:
+            kl = ops.kl_penalty(logp, to("ref_log_prob").float(), cfg.kl_loss_type)
+            kl_loss = ops.agg_loss(kl, mask, cfg.loss_agg_mode, global_batch_info=info)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            shares[5] = kl_loss.item()
+        loss.backward()
+        return shares
+
+    # ---- checkpoints ----
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        extra = {"lr_scheduler": self.lr_scheduler.state_dict(), "rng": fsdp.rng_state()}
+        if self.engine is not None and hasattr(self.engine, "generator"):
+            extra["rollout_rng"] = self.engine.generator.get_state()
+        fsdp.save_checkpoint(path, self.policy, self.optimizer, extra, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        extra = fsdp.load_checkpoint(path, self.policy, self.optimizer, self.rank)
+        if "lr_scheduler" in extra:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if "rng" in extra:
+            fsdp.set_rng_state(extra["rng"])
+        if "rollout_rng" in extra and self.engine is not None and hasattr(self.engine, "generator"):
+            self.engine.generator.set_state(extra["rollout_rng"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """The current policy as a Hugging Face model directory (loadable by transformers and vLLM)."""
+        fsdp.export_hf(path, self.lm, self.policy, "lm.", self.tokenizer, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def state_digest(self) -> dict:
+        """name -> whole parameter (CPU), optimizer step count: what tests compare across runs."""
+        params = {name: tensor.cpu().clone() for name, tensor in fsdp.full_state_items(self.policy, "lm.")}
+        optim = {}
+        for name, param in self.policy.named_parameters():
+            for key, value in self.optimizer.state.get(param, {}).items():
+                optim[f"{name}.{key}"] = fsdp.full_tensor(value).cpu().clone() if torch.is_tensor(value) else value
+        return {"params": params, "optimizer": optim, "lr": self.lr_scheduler.get_last_lr()[0]}

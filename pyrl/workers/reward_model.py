@@ -1,0 +1,88 @@
+"""The reward-model worker: an HF sequence classifier (1 label) on FSDP2 that scores each prompt +
+response at its last valid token; the score goes on the last response token (`rm_scores` [B, R]).
+
+When the reward model has its own tokenizer (reward_model.model.tokenizer_path or a different
+vocabulary), each prompt + response is decoded with the policy's tokenizer and encoded with the
+reward model's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pyrl.controller import Dispatch, Worker, register
+from pyrl.protocol import DataProto
+from pyrl.workers import fsdp
+from pyrl.workers.actor import load_tokenizer, require_keys, resolve_model_path
+
+
+class LastTokenScore(nn.Module):
+    """[B, L] -> [B]: the classifier's score at each row's last attended position (either padding side)."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        body = getattr(self.classifier, self.classifier.base_model_prefix)
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        columns = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = (columns * attention_mask.to(columns.dtype)).argmax(-1)
+        return self.classifier.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).float()[:, 0]
+
+
+class RewardModelWorker(Worker):
+    def __init__(self, config, policy_tokenizer_path: str = ""):
+        super().__init__()
+        self.config = config
+        self.policy_tokenizer_path = policy_tokenizer_path
+        self.device = fsdp.worker_device(self.local_rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        torch.manual_seed(0)  # a score head the checkpoint lacks starts equal on every rank
+
+        model_cfg = self.config.model
+        path = resolve_model_path(model_cfg.path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+        config.num_labels = 1
+        classifier = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                        trust_remote_code=model_cfg.trust_remote_code)
+        self.scorer = LastTokenScore(classifier)
+        fsdp.fsdp_wrap(self.scorer, getattr(classifier, classifier.base_model_prefix).layers, self.config.fsdp_config,
+                       self.device)
+        self.scorer.requires_grad_(False).eval()
+        self.rm_tokenizer = load_tokenizer(model_cfg)
+        self.policy_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(self.policy_tokenizer_path))
+        self.retokenize = self.rm_tokenizer.get_vocab() != self.policy_tokenizer.get_vocab()
+
+    def _inputs(self, data: DataProto):
+        ids, mask = data.batch["input_ids"], data.batch["attention_mask"]
+        if not self.retokenize:
+            return ids, mask, data.batch["position_ids"]
+        texts = [self.policy_tokenizer.decode(row[m.bool()]) for row, m in zip(ids, mask)]
+        self.rm_tokenizer.padding_side = "right"
+        enc = self.rm_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        positions = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        return enc["input_ids"], enc["attention_mask"], positions
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @torch.no_grad()
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        cfg = self.config
+        require_keys("compute_rm_score", data, ["input_ids", "attention_mask", "position_ids", "response_mask"])
+        ids, mask, positions = self._inputs(data)
+        scores = torch.zeros(len(data), dtype=torch.float32)
+        for idx in fsdp.micro_batch_indices(mask.sum(-1), cfg.micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                            cfg.forward_max_token_len_per_gpu, self.device):
+            rows = idx or [0]
+            out = self.scorer(ids[rows].to(self.device), mask[rows].to(self.device), positions[rows].to(self.device))
+            if idx:
+                scores[idx] = out.cpu()
+        response_mask = data.batch["response_mask"]
+        last = (response_mask.sum(-1) - 1).clamp(min=0)
+        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+        rm_scores[torch.arange(len(data)), last] = scores * (response_mask.sum(-1) > 0)
+        return DataProto.from_dict({"rm_scores": rm_scores})

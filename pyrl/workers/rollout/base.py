@@ -1,0 +1,124 @@
+"""What both rollout engines share: the sampling settings, the engine interface and the one function
+that turns generated token lists into verl's padded rollout fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from pyrl.protocol import DataProto
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """One generate call's sampling. temperature 0 or do_sample False is greedy; top_k -1 / top_p 1 are off."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    @classmethod
+    def from_config(cls, rollout_config, meta_info: dict | None = None) -> "SamplingSpec":
+        """The rollout config's sampling, overridden by the batch's meta_info keys of the same names
+        (validation passes val_kwargs this way)."""
+        meta = meta_info or {}
+        spec = cls(
+            n=int(meta.get("n", 1)),
+            temperature=float(meta.get("temperature", rollout_config.temperature)),
+            top_k=int(meta.get("top_k", rollout_config.top_k)),
+            top_p=float(meta.get("top_p", rollout_config.top_p)),
+            do_sample=bool(meta.get("do_sample", rollout_config.do_sample)),
+            max_tokens=int(meta.get("response_length", rollout_config.response_length)),
+            ignore_eos=bool(meta.get("ignore_eos", rollout_config.ignore_eos)),
+            logprobs=bool(meta.get("calculate_log_probs", rollout_config.calculate_log_probs)),
+        )
+        if spec.n < 1 or spec.max_tokens < 1:
+            raise ValueError(f"rollout: n and response_length must be >= 1, got n={spec.n}, response_length={spec.max_tokens}")
+        if spec.temperature < 0 or not 0 < spec.top_p <= 1 or (spec.top_k < 1 and spec.top_k not in (-1, 0)):
+            raise ValueError(f"rollout: expected temperature >= 0, 0 < top_p <= 1, top_k -1 (off) or >= 1; got "
+                             f"temperature={spec.temperature}, top_p={spec.top_p}, top_k={spec.top_k}")
+        return spec
+
+
+class RolloutEngine:
+    """generate(prompt_ids, spec) -> (response token lists, their log-prob lists or None), n per prompt,
+    interleaved (prompt 0's n samples first); load_weights pushes the actor's weights in place."""
+
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+        raise NotImplementedError
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Returns the bytes loaded."""
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Free what generation holds (KV cache) while training runs."""
+
+    def wake_up(self) -> None:
+        pass
+
+
+def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """Left-padded [B, P] prompts -> their tokens without padding."""
+    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+
+
+def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: list[list[float]] | None,
+                     response_length: int, pad_token_id: int) -> DataProto:
+    """prompts (rows already repeated n times, interleaved) + one generated token list per row -> verl's
+    fields: responses right-padded to response_length, response_mask 1 on generated tokens (up to and
+    including EOS), input_ids / attention_mask / position_ids over prompt + response."""
+    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    batch = len(responses)
+    if batch != prompt_ids.shape[0]:
+        raise ValueError(f"assemble_rollout: {batch} responses for {prompt_ids.shape[0]} prompt rows")
+    out = torch.full((batch, response_length), pad_token_id, dtype=prompt_ids.dtype)
+    mask = torch.zeros((batch, response_length), dtype=prompt_mask.dtype)
+    rollout_logp = torch.zeros((batch, response_length), dtype=torch.float32)
+    for i, tokens in enumerate(responses):
+        if len(tokens) > response_length:
+            raise ValueError(f"assemble_rollout: row {i} has {len(tokens)} tokens, more than response_length={response_length}")
+        out[i, :len(tokens)] = torch.as_tensor(tokens, dtype=prompt_ids.dtype)
+        mask[i, :len(tokens)] = 1
+        if logprobs is not None:
+            rollout_logp[i, :len(tokens)] = torch.as_tensor(logprobs[i], dtype=torch.float32)
+    if "position_ids" in prompts.batch:
+        prompt_pos = prompts.batch["position_ids"]
+    else:
+        prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)
+    fields = {
+        "prompts": prompt_ids,
+        "responses": out,
+        "response_mask": mask,
+        "input_ids": torch.cat([prompt_ids, out], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, mask], dim=-1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=-1),
+    }
+    if logprobs is not None:
+        fields["rollout_log_probs"] = rollout_logp
+    return DataProto.from_dict(tensors=fields, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info))
+
+
+def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer) -> RolloutEngine:
+    """The engine actor_rollout_ref.rollout.name asks for."""
+    if name == "vllm":
+        from pyrl.workers.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, rollout_config, device)
+    if name == "hf":
+        from pyrl.workers.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_path, rollout_config, device, tokenizer)
+    raise ValueError(f"actor_rollout_ref.rollout.name: unknown engine {name!r}, expected 'vllm' or 'hf'")

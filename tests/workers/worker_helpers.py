@@ -1,0 +1,56 @@
+"""Batches, configs and float64 references shared by the worker tests."""
+
+import torch
+
+from pyrl.protocol import DataProto
+
+PROMPT_WIDTH, RESPONSE_WIDTH = 8, 6
+
+
+def make_config(*overrides: str):
+    """The typed config with dotlist overrides (as on a command line), resolved into dataclasses."""
+    from omegaconf import OmegaConf
+
+    from pyrl.config import PPOConfig
+
+    base = OmegaConf.structured(PPOConfig)
+    defaults = [f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
+                "actor_rollout_ref.rollout.name=hf"]
+    cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
+    return OmegaConf.to_object(cfg)
+
+
+def random_batch(rows: int, seed: int, vocab: int = 300) -> DataProto:
+    """Left-padded prompts of 1..PROMPT_WIDTH tokens, right-padded responses of 0..RESPONSE_WIDTH tokens
+    (row 1 empty), position ids counted from each row's first token, as a rollout returns them."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(1, PROMPT_WIDTH + 1, (rows,), generator=g)
+    response_len = torch.randint(1, RESPONSE_WIDTH + 1, (rows,), generator=g)
+    response_len[1] = 0
+    prompt_len[0], response_len[0] = PROMPT_WIDTH, RESPONSE_WIDTH  # one full row
+    cols = torch.arange(PROMPT_WIDTH)
+    prompt_mask = (cols >= PROMPT_WIDTH - prompt_len[:, None]).long()
+    response_mask = (torch.arange(RESPONSE_WIDTH) < response_len[:, None]).long()
+    prompts = torch.randint(3, vocab, (rows, PROMPT_WIDTH), generator=g) * prompt_mask
+    responses = torch.randint(3, vocab, (rows, RESPONSE_WIDTH), generator=g) * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], -1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({
+        "prompts": prompts, "responses": responses, "response_mask": response_mask,
+        "input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention_mask, "position_ids": position_ids,
+    }, meta_info={"temperature": 1.0})
+
+
+def hf_response_logprobs(path: str, batch: DataProto, temperature: float = 1.0, model=None):
+    """float64 reference: log_softmax of HF's own logits at the response positions, and the entropy."""
+    from transformers import AutoModelForCausalLM
+
+    model = model or AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    with torch.no_grad():
+        logits = model(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"],
+                       position_ids=batch.batch["position_ids"]).logits.double() / temperature
+    width = batch.batch["responses"].shape[1]
+    logp_all = logits[:, -width - 1:-1].log_softmax(-1)
+    logp = logp_all.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
