@@ -7,7 +7,7 @@ import torch
 
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers.actor import ActorRolloutRefWorker
-from worker_helpers import hf_response_logprobs, make_config, random_batch
+from worker_helpers import check_rollout_fields, hf_response_logprobs, make_config, random_batch, rollout_prompts
 
 ROWS = 8
 TRAIN = [
@@ -80,10 +80,7 @@ def test_update_on_two_ranks_equals_single_process(group, train_batch):
 
 def test_generate_fields_are_consistent(group):
     group.update_weights()
-    prompts = random_batch(4, seed=5).select(["input_ids", "attention_mask", "position_ids"])
-    prompts.batch["input_ids"] = prompts.batch["input_ids"][:, :8]
-    prompts.batch["attention_mask"] = prompts.batch["attention_mask"][:, :8]
-    prompts.batch["position_ids"] = prompts.batch["position_ids"][:, :8]
+    prompts = rollout_prompts(4, seed=5)
     prompts.meta_info["n"] = 2
     out = group.generate_sequences(prompts)
     check_rollout_fields(out, prompts, n=2)
@@ -91,24 +88,6 @@ def test_generate_fields_are_consistent(group):
     logp = group.compute_log_prob(out).batch["old_log_probs"]
     mask = out.batch["response_mask"].bool()
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
-
-
-def check_rollout_fields(out, prompts, n):
-    rows, width = len(prompts) * n, 6
-    assert set(out.batch) >= {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
-                              "rollout_log_probs"}
-    assert out.batch["responses"].shape == (rows, width) and out.batch["input_ids"].shape == (rows, 8 + width)
-    repeated = prompts.batch["input_ids"].repeat_interleave(n, 0)
-    assert torch.equal(out.batch["prompts"], repeated)
-    assert torch.equal(out.batch["input_ids"], torch.cat([repeated, out.batch["responses"]], -1))
-    assert torch.equal(out.batch["attention_mask"][:, 8:], out.batch["response_mask"])
-    lengths = out.batch["response_mask"].sum(-1)
-    assert (lengths >= 1).all()
-    for i, length in enumerate(lengths.tolist()):  # the mask is a prefix; positions continue the prompt's
-        assert out.batch["response_mask"][i, :length].all() and not out.batch["response_mask"][i, length:].any()
-    pos = out.batch["position_ids"]
-    assert torch.equal(pos[:, 8:], pos[:, 7:8] + torch.arange(1, width + 1))
-    assert (out.batch["rollout_log_probs"] <= 0).all()
 
 
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):

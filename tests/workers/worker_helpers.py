@@ -54,3 +54,27 @@ def hf_response_logprobs(path: str, batch: DataProto, temperature: float = 1.0, 
     logp = logp_all.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def rollout_prompts(rows: int, seed: int) -> DataProto:
+    """Left-padded prompts only, as the trainer hands them to generate_sequences."""
+    batch = random_batch(rows, seed)
+    return DataProto.from_dict({k: batch.batch[k][:, :PROMPT_WIDTH] for k in ("input_ids", "attention_mask", "position_ids")})
+
+
+def check_rollout_fields(out, prompts, n):
+    rows, width = len(prompts) * n, RESPONSE_WIDTH
+    assert set(out.batch) >= {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+                              "rollout_log_probs"}
+    assert out.batch["responses"].shape == (rows, width) and out.batch["input_ids"].shape == (rows, PROMPT_WIDTH + width)
+    repeated = prompts.batch["input_ids"].repeat_interleave(n, 0)
+    assert torch.equal(out.batch["prompts"], repeated)
+    assert torch.equal(out.batch["input_ids"], torch.cat([repeated, out.batch["responses"]], -1))
+    assert torch.equal(out.batch["attention_mask"][:, PROMPT_WIDTH:], out.batch["response_mask"])
+    lengths = out.batch["response_mask"].sum(-1)
+    assert (lengths >= 1).all()
+    for i, length in enumerate(lengths.tolist()):  # the mask is a prefix; positions continue the prompt's
+        assert out.batch["response_mask"][i, :length].all() and not out.batch["response_mask"][i, length:].any()
+    pos = out.batch["position_ids"]
+    assert torch.equal(pos[:, PROMPT_WIDTH:], pos[:, PROMPT_WIDTH - 1:PROMPT_WIDTH] + torch.arange(1, width + 1))
+    assert (out.batch["rollout_log_probs"] <= 0).all()
