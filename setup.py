@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
-from setuptools import setup
+from setuptools import find_packages, setup
 
 CXX_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 
@@ -55,7 +55,7 @@ ext_modules = [
 ]
 
 setup(
-    packages=["pyrl", "pyrl.ops", "pyrl.algos", "pyrl.kernels", "pyrl.configs"],
+    packages=find_packages(include=["pyrl", "pyrl.*"]) + ["pyrl.kernels", "pyrl.configs"],
     package_dir={"pyrl": "pyrl", "pyrl.kernels": "kernels", "pyrl.configs": "configs"},
     package_data={"pyrl.configs": ["*.yaml", "**/*.yaml"]},
     ext_modules=ext_modules,

@@ -45,6 +45,7 @@ class ResourcePool:
     cpus_per_process: float = 1.0
     max_colocate_count: int = 1
     _groups: list = field(default_factory=list, repr=False)
+    _users: int = field(default=0, repr=False)  # live WorkerGroups on the pool; the last one's kill() releases it
 
     @property
     def world_size(self) -> int:
@@ -75,6 +76,7 @@ class WorkerGroup:
     def __init__(self, resource_pool: ResourcePool, worker_cls, *args, init_distributed: bool = True,
                  env: dict | None = None, **kwargs):
         self.worker_cls = worker_cls
+        self.resource_pool = resource_pool
         self.world_size = resource_pool.world_size
         share = 1.0 / resource_pool.max_colocate_count
         remote_cls = ray.remote(worker_cls)
@@ -92,6 +94,7 @@ class WorkerGroup:
                 }
                 self.workers.append(remote_cls.options(**options).remote(*args, **kwargs))
                 rank += 1
+        resource_pool._users += 1
         self._bind_registered_methods()
         if init_distributed:
             master = self._gather([self.workers[0].master_address.remote()], "master_address", ranks=[0])[0]
@@ -151,6 +154,12 @@ class WorkerGroup:
             setattr(self, name, bound)
 
     def kill(self) -> None:
+        """End the worker processes; the last group on a resource pool also gives its placement groups back."""
+        if not self.workers:
+            return
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []
+        self.resource_pool._users -= 1
+        if self.resource_pool._users == 0:
+            self.resource_pool.release()

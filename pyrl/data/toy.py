@@ -1,0 +1,66 @@
+"""The built-in toy task: two-digit addition with zero-padded operands ("03+47="), answered as
+"<answer>50</answer>", scored 0/1 by pyrl.rewards.toy. Every prompt has the same length, and the tiny
+model learns it on a CPU in minutes. Deterministic from a seed; train and validation pairs are disjoint."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from pyrl.rewards.scorers import TOY_SOURCE
+
+TOY_VERSION = 1
+
+
+def toy_prompt(a: int, b: int) -> str:
+    return f"{a:02d}+{b:02d}="
+
+
+def toy_answer(a: int, b: int) -> str:
+    return f"<answer>{a + b}</answer>"
+
+
+def toy_rows(pairs, split: str) -> list[dict]:
+    return [{
+        "data_source": TOY_SOURCE,
+        "prompt": [{"role": "user", "content": toy_prompt(a, b)}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+        "extra_info": {"split": split, "index": i, "question": toy_prompt(a, b), "answer": toy_answer(a, b)},
+    } for i, (a, b) in enumerate(pairs)]
+
+
+def toy_pairs(seed: int = 0, val_size: int = 256) -> tuple[list, list]:
+    """All 10,000 operand pairs shuffled by `seed`: the first val_size for validation, the rest train."""
+    pairs = [(a, b) for a in range(100) for b in range(100)]
+    random.Random(seed).shuffle(pairs)
+    return pairs[val_size:], pairs[:val_size]
+
+
+def toy_task_files(seed: int = 0, val_size: int = 256, cache_dir: str | None = None) -> tuple[str, str]:
+    """(train.parquet, val.parquet) of the toy task in verl's schema, made on first use under
+    $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data, written to a temp dir and renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(cache_dir or os.environ.get("PYRL_CACHE_DIR", Path.home() / ".cache" / "pyrl")) / "data"
+    target = root / f"toy_addition-v{TOY_VERSION}-seed{seed}-val{val_size}"
+    files = (str(target / "train.parquet"), str(target / "val.parquet"))
+    if all(os.path.exists(f) for f in files):
+        return files
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".toy-"))
+    try:
+        train, val = toy_pairs(seed, val_size)
+        pq.write_table(pa.Table.from_pylist(toy_rows(train, "train")), tmp / "train.parquet")
+        pq.write_table(pa.Table.from_pylist(toy_rows(val, "test")), tmp / "val.parquet")
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process made it first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return files
