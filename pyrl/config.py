@@ -44,7 +44,7 @@ class CheckpointConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = ""  # empty: pyrl's tiny model (made on first use)
+    path: str = "pyrl:tiny-toy-sft"  # or pyrl:tiny, or a local HF model directory
     tokenizer_path: Optional[str] = None
     trust_remote_code: bool = False
     use_remove_padding: bool = True
@@ -169,10 +169,17 @@ class CriticConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None
+    name: str = "compute_score"
+    reward_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     strategy: str = "fsdp2"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
     micro_batch_size_per_gpu: Optional[int] = None
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -181,14 +188,10 @@ class RewardModelConfig:
     strict: bool = False  # a scorer that raises or times out stops the run instead of scoring 0
     timeout_s: float = 10.0  # per-sample scorer time limit
     overlong_buffer: dict = field(default_factory=lambda: {"enable": False, "len": 0, "penalty_factor": 1.0})
+    # the same as the top-level custom_reward_function (some verl versions nest it here); this one wins when set
+    custom_reward_function: CustomRewardFunctionConfig = field(
+        default_factory=lambda: CustomRewardFunctionConfig(name="compute_score"))
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(forward_only=True))
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    path: Optional[str] = None
-    name: str = "compute_score"
-    reward_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -221,6 +224,14 @@ class AlgorithmConfig:
 
 
 @dataclass
+class CustomClassConfig:
+    """A class loaded from a Python file: path to the file, name of the class (or function)."""
+
+    path: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
 class DataConfig:
     tokenizer: Optional[str] = None
     train_files: Any = ""  # a path or a list of paths; empty: pyrl's toy task (made on first use)
@@ -238,6 +249,7 @@ class DataConfig:
     filter_overlong_prompts: bool = False
     truncation: str = "error"  # error | left | right | middle
     apply_chat_template: bool = True
+    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)  # a RLHFDataset subclass
 
 
 @dataclass

@@ -181,7 +181,9 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
     name = config.reward_model.reward_manager
     if name not in MANAGERS:
         raise ValueError(f"reward_model.reward_manager: unknown {name!r}, expected one of {sorted(MANAGERS)}")
-    custom = config.custom_reward_function
+    custom = config.reward_model.custom_reward_function
+    if not custom.path:
+        custom = config.custom_reward_function
     compute_score = None
     if custom.path:
         compute_score = load_custom_function(custom.path, custom.name, dict(custom.reward_kwargs))

@@ -8,6 +8,7 @@ Roles: "actor_rollout_ref" (all three), "actor_rollout", "actor", "ref" (referen
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -33,12 +34,22 @@ def require_keys(method: str, data: DataProto, keys) -> None:
 
 
 def resolve_model_path(path: str) -> str:
-    """An empty model path means pyrl's tiny model, made on first use."""
-    if path:
-        return path
-    from pyrl.models import tiny_model_path
+    """A local HF model directory, or one of pyrl's own models, made on first use: "pyrl:tiny" (the tiny
+    Qwen2, random weights) or "pyrl:tiny-toy-sft" (warm-started on the toy task, the default run's policy)."""
+    if path == "pyrl:tiny":
+        from pyrl.models import tiny_model_path
 
-    return str(tiny_model_path())
+        return str(tiny_model_path())
+    if path == "pyrl:tiny-toy-sft":
+        from pyrl.models.warm_start import toy_warm_start_path
+
+        return toy_warm_start_path()
+    if not path:
+        raise ValueError("model.path is empty: give a local Hugging Face model directory, or pyrl:tiny / pyrl:tiny-toy-sft")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model.path {path!r}: no such directory (no model hub is contacted; give a local "
+                                "Hugging Face model directory)")
+    return path
 
 
 def load_tokenizer(model_config):
@@ -108,6 +119,8 @@ class ActorRolloutRefWorker(Worker):
         calculate_log_probs). Returns n rows per prompt (interleaved) with verl's rollout fields."""
         require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
         spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
+        if spec.seed is not None:  # each rank draws its own samples
+            spec = dataclasses.replace(spec, seed=spec.seed + 1_000_003 * self.rank)
         start = time.perf_counter()
         if len(prompts) == 0:
             responses, logprobs = [], [] if spec.logprobs else None

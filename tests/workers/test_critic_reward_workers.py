@@ -54,8 +54,8 @@ def test_values_and_update_match_single_process(critic_group):
 def test_reward_model_scores_the_last_token(ray_session, tiny_path):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    cfg = make_config("reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=2")
-    wg = WorkerGroup(ResourcePool([2]), RewardModelWorker, cfg.reward_model)
+    cfg = make_config("reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=2", "reward_model.model.path=pyrl:tiny")
+    wg = WorkerGroup(ResourcePool([2]), RewardModelWorker, cfg.reward_model, "pyrl:tiny")
     try:
         wg.init_model()
         batch = random_batch(4, seed=12)

@@ -15,7 +15,7 @@ def make_config(*overrides: str):
 
     base = OmegaConf.structured(PPOConfig)
     defaults = [f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
-                "actor_rollout_ref.rollout.name=hf"]
+                "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.path=pyrl:tiny"]
     cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
     return OmegaConf.to_object(cfg)
 

@@ -23,6 +23,7 @@ class SamplingSpec:
     max_tokens: int = 16
     ignore_eos: bool = False
     logprobs: bool = False
+    seed: int | None = None  # set: sample i of the call draws from seed + i, whatever ran before (resumable)
 
     @property
     def greedy(self) -> bool:
@@ -42,6 +43,7 @@ class SamplingSpec:
             max_tokens=int(meta.get("response_length", rollout_config.response_length)),
             ignore_eos=bool(meta.get("ignore_eos", rollout_config.ignore_eos)),
             logprobs=bool(meta.get("calculate_log_probs", rollout_config.calculate_log_probs)),
+            seed=None if meta.get("seed") is None else int(meta["seed"]),
         )
         if spec.n < 1 or spec.max_tokens < 1:
             raise ValueError(f"rollout: n and response_length must be >= 1, got n={spec.n}, response_length={spec.max_tokens}")

@@ -41,6 +41,8 @@ class HFEngine(RolloutEngine):
         if spec.ignore_eos:
             config.update(eos_token_id=None)
             eos_ids = set()
+        if spec.seed is not None:  # the samples do not depend on the engine's history
+            self.generator.manual_seed(spec.seed)
         with _forked_rng(self.device, self.generator):
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                                       generation_config=config)

@@ -49,7 +49,7 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
+        base = dict(
             n=spec.n,
             temperature=0.0 if spec.greedy else spec.temperature,
             top_k=spec.top_k if spec.top_k > 0 else 0,
@@ -59,6 +59,10 @@ class VLLMEngine(RolloutEngine):
             logprobs=0 if spec.logprobs else None,
             detokenize=False,
         )
+        if spec.seed is None:
+            params = SamplingParams(**base)
+        else:  # one seeded generator per prompt: the samples do not depend on the engine's history
+            params = [SamplingParams(**base, seed=spec.seed + i) for i in range(len(prompt_ids))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         responses, logprobs = [], [] if spec.logprobs else None
         for output in outputs:

@@ -1,0 +1,300 @@
+"""The PPO loop, in the seeds' order: sample prompts -> generate -> reward -> old log-prob -> ref
+log-prob -> values -> advantages -> update critic -> update actor -> push weights; validation and
+checkpoints on their schedules. The driver holds the algorithm; workers hold the models."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+
+import numpy as np
+import torch
+
+from pyrl import ops
+from pyrl.algos import get_adv_estimator_fn, get_kl_controller
+from pyrl.protocol import DataProto, balanced_partitions
+from pyrl.trainer import metrics as M
+from pyrl.trainer.tracking import Tracking, truncate_metrics
+
+log = logging.getLogger("pyrl")
+
+LATEST = "latest_checkpointed_iteration.txt"
+
+
+def compute_advantage(batch: DataProto, estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool) -> None:
+    """advantages and returns [B, R] from the registered estimator, written into the batch."""
+    fn = get_adv_estimator_fn(estimator)
+    kwargs = {"token_level_rewards": batch.batch["token_level_rewards"], "response_mask": batch.batch["response_mask"],
+              "index": batch.non_tensor_batch["uid"], "gamma": gamma, "lam": lam,
+              "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+    for optional in ("values", "reward_baselines"):
+        if optional in batch.batch:
+            kwargs[optional] = batch.batch[optional]
+    advantages, returns = fn(**kwargs)
+    batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+
+
+def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
+    """token_level_rewards = token_level_scores - beta * kl(old, ref) on response tokens; updates beta."""
+    mask = batch.batch["response_mask"].float()
+    kl = ops.kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], kl_penalty) * mask
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - kl_ctrl.value * kl
+    current_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
+    metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
+    kl_ctrl.update(current_kl, n_steps=len(batch))
+    return metrics
+
+
+def balance_batch(batch: DataProto, world_size: int) -> dict:
+    """Reorder rows so each data-parallel rank gets the same count and near-equal token sums."""
+    lengths = batch.batch["attention_mask"].sum(-1)
+    parts = balanced_partitions(lengths.tolist(), world_size, equal_size=True)
+    batch.reorder(torch.as_tensor([i for part in parts for i in part]))
+    sums = [int(lengths[part].sum()) for part in parts]
+    return {"global_seqlen/min": min(sums), "global_seqlen/max": max(sums),
+            "global_seqlen/minmax_diff": max(sums) - min(sums), "global_seqlen/mean": float(np.mean(sums))}
+
+
+def filter_groups(batch: DataProto, metric: str) -> DataProto:
+    """DAPO's dynamic sampling: keep the groups (same uid) whose `metric` varies; a group where every sample
+    scored the same has zero advantage under group baselines."""
+    if metric == "score":
+        values = batch.batch["token_level_scores"].sum(-1).numpy()
+    elif metric in batch.non_tensor_batch:
+        values = np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
+    else:
+        raise KeyError(f"algorithm.filter_groups.metric: {metric!r} is neither 'score' nor a reward extra field")
+    uids = batch.non_tensor_batch["uid"]
+    spread = {}
+    for uid, value in zip(uids, values):
+        lo, hi = spread.get(uid, (value, value))
+        spread[uid] = (min(lo, value), max(hi, value))
+    keep = [i for i, uid in enumerate(uids) if spread[uid][1] > spread[uid][0]]
+    return batch.select_idxs(keep)
+
+
+class PPOTrainer:
+    def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
+        """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group and optional critic / reward model)."""
+        self.config, self.tokenizer = config, tokenizer
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.workers = workers
+        algorithm = config.algorithm
+        self.use_critic = workers.critic is not None
+        self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward
+        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
+        self.run_dir = os.path.abspath(config.trainer.default_local_dir)
+        self.global_steps = 0
+        from pyrl.data import StatefulSampler
+
+        self.sampler = StatefulSampler(len(train_dataset), config.data.train_batch_size, config.data.shuffle,
+                                       config.data.seed)
+        self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # ---- batches ----
+    def next_batch(self) -> DataProto:
+        batch = self.train_dataset.batch(self.sampler.next_batch(), self.pad_token_id)
+        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{self.sampler.epoch}-{i}" for i in range(len(batch))],
+                                                 dtype=object)
+        return batch
+
+    def sampling_meta(self, **overrides) -> dict:
+        rollout = self.config.actor_rollout_ref.rollout
+        meta = {"n": rollout.n, "temperature": rollout.temperature, "seed": rollout.seed + 7919 * self.global_steps}
+        meta.update(overrides)
+        return meta
+
+    def generate(self, batch: DataProto, **overrides) -> DataProto:
+        batch.meta_info.update(self.sampling_meta(**overrides))
+        out = self.workers.actor.generate_sequences(batch)
+        out.meta_info.pop("metrics", None)
+        return out
+
+    # ---- the step ----
+    def train_step(self, timing: dict) -> tuple[DataProto, dict]:
+        cfg, algorithm = self.config, self.config.algorithm
+        metrics: dict = {}
+        actor = self.workers.actor
+        wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        batch, generated_batches = None, 0
+        while True:  # more than once only with dynamic sampling
+            prompts = self.next_batch()
+            with M.timer("gen", timing):
+                gen = self.generate(prompts)
+                actor.sleep_rollout()
+            generated_batches += 1
+            if algorithm.adv_estimator == "remax":
+                with M.timer("gen_max", timing):
+                    greedy = self.generate(prompts, n=1, do_sample=False)
+                    baseline_scores, _, _ = self.reward_fn(greedy)
+                    baselines = baseline_scores.sum(-1)
+                gen.batch["reward_baselines"] = baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
+            with M.timer("reward", timing):
+                if self.workers.reward_model is not None:
+                    gen.union(self.workers.reward_model.compute_rm_score(gen))
+                scores, extra, reward_metrics = self.reward_fn(gen)
+                gen.batch["token_level_scores"] = scores
+                for key, values in extra.items():
+                    gen.non_tensor_batch[key] = np.asarray(values, dtype=object)
+                for key, value in reward_metrics.items():
+                    metrics[key] = metrics.get(key, 0) + value
+            if not algorithm.filter_groups.enable:
+                batch = gen
+                break
+            kept = filter_groups(gen, algorithm.filter_groups.metric)
+            batch = kept if batch is None else DataProto.concat([batch, kept])
+            limit = algorithm.filter_groups.max_num_gen_batches
+            if len(batch) >= wanted:
+                batch = batch.slice(0, wanted)
+                break
+            if 0 < limit <= generated_batches:
+                raise RuntimeError(f"dynamic sampling: {generated_batches} generation batches gave {len(batch)} of "
+                                   f"{wanted} samples from groups with varied rewards (algorithm.filter_groups."
+                                   f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
+        metrics["training/num_gen_batches"] = generated_batches
+        if cfg.trainer.balance_batch:
+            metrics.update(balance_batch(batch, self.workers.world_size))
+        with M.timer("old_log_prob", timing):
+            old = actor.compute_log_prob(batch)
+            entropy = ops.agg_loss(old.batch["entropys"], batch.batch["response_mask"].float(),
+                                   cfg.actor_rollout_ref.actor.loss_agg_mode)
+            metrics["actor/entropy"] = entropy.item()
+            batch.union(old.select(["old_log_probs"]))
+        if self.use_ref:
+            with M.timer("ref", timing):
+                batch.union(actor.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with M.timer("values", timing):
+                batch.union(self.workers.critic.compute_values(batch))
+        with M.timer("adv", timing):
+            if algorithm.use_kl_in_reward:
+                metrics.update(apply_kl_penalty(batch, self.kl_ctrl, algorithm.kl_penalty))
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            compute_advantage(batch, algorithm.adv_estimator, algorithm.gamma, algorithm.lam,
+                              algorithm.norm_adv_by_std_in_grpo)
+        if self.use_critic:
+            with M.timer("update_critic", timing):
+                metrics.update(M.reduce_metrics(self.workers.critic.update_critic(batch).meta_info["metrics"]))
+        if cfg.trainer.critic_warmup <= self.global_steps:
+            with M.timer("update_actor", timing):
+                metrics.update(M.reduce_metrics(actor.update_actor(batch).meta_info["metrics"]))
+            with M.timer("update_weights", timing):
+                push = actor.update_weights()
+                metrics["perf/update_weights_bytes"] = push[0]["perf/update_weights_bytes"]
+        return batch, metrics
+
+    # ---- validation ----
+    def validate(self) -> dict:
+        if self.val_dataset is None:
+            return {}
+        val = self.config.actor_rollout_ref.rollout.val_kwargs
+        size = self.config.data.val_batch_size or len(self.val_dataset)
+        sources, scores, uids, lengths = [], [], [], []
+        for start in range(0, len(self.val_dataset), size):
+            indices = list(range(start, min(start + size, len(self.val_dataset))))
+            batch = self.val_dataset.batch(indices, self.pad_token_id)
+            batch.non_tensor_batch["uid"] = np.asarray([f"val-{i}" for i in indices], dtype=object)
+            out = self.generate(batch, n=val.n, temperature=val.temperature, top_k=val.top_k, top_p=val.top_p,
+                                do_sample=val.do_sample, seed=self.config.actor_rollout_ref.rollout.seed)
+            token_scores, _, _ = self.val_reward_fn(out)
+            scores += token_scores.sum(-1).tolist()
+            sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])
+            uids += list(out.non_tensor_batch["uid"])
+            lengths += out.batch["response_mask"].sum(-1).tolist()
+        self.workers.actor.sleep_rollout()
+        return M.validation_metrics(sources, scores, uids, val.n, lengths)
+
+    # ---- checkpoints ----
+    def save_checkpoint(self) -> None:
+        step_dir = os.path.join(self.run_dir, f"global_step_{self.global_steps}")
+        os.makedirs(step_dir, exist_ok=True)
+        self.workers.actor.save_checkpoint(os.path.join(step_dir, "actor"))
+        if self.use_critic:
+            self.workers.critic.save_checkpoint(os.path.join(step_dir, "critic"))
+        state = {"global_steps": self.global_steps, "sampler": self.sampler.state_dict(),
+                 "kl_ctrl": self.kl_ctrl.state_dict()}
+        tmp = os.path.join(step_dir, "data.pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, os.path.join(step_dir, "data.pt"))
+        latest_tmp = os.path.join(self.run_dir, LATEST + ".tmp")  # the commit point: written last
+        with open(latest_tmp, "w") as f:
+            f.write(str(self.global_steps))
+        os.replace(latest_tmp, os.path.join(self.run_dir, LATEST))
+        keep = self.config.trainer.max_actor_ckpt_to_keep
+        if keep:
+            steps = sorted(int(d.rsplit("_", 1)[1]) for d in os.listdir(self.run_dir) if d.startswith("global_step_"))
+            for old in steps[:-keep]:
+                shutil.rmtree(os.path.join(self.run_dir, f"global_step_{old}"), ignore_errors=True)
+
+    def checkpoint_to_resume(self) -> str | None:
+        trainer = self.config.trainer
+        if trainer.resume_mode == "disable":
+            return None
+        if trainer.resume_mode == "resume_path":
+            if not trainer.resume_from_path or not os.path.exists(os.path.join(trainer.resume_from_path, "data.pt")):
+                raise FileNotFoundError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not a "
+                                        "global_step_<k> checkpoint directory (no data.pt)")
+            return trainer.resume_from_path
+        if trainer.resume_mode != "auto":
+            raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
+        latest = os.path.join(self.run_dir, LATEST)
+        if not os.path.exists(latest):
+            return None
+        with open(latest) as f:
+            return os.path.join(self.run_dir, f"global_step_{int(f.read().strip())}")
+
+    def load_checkpoint(self) -> None:
+        path = self.checkpoint_to_resume()
+        if path is None:
+            return
+        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        self.workers.actor.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.workers.critic.load_checkpoint(os.path.join(path, "critic"))
+        self.global_steps = state["global_steps"]
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        truncate_metrics(self.run_dir, self.global_steps)
+        log.info("resumed from %s (step %d)", path, self.global_steps)
+
+    # ---- the run ----
+    def fit(self) -> dict:
+        trainer = self.config.trainer
+        self.load_checkpoint()
+        self.workers.actor.update_weights()
+        tracker = Tracking(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name,
+                           dataclasses.asdict(self.config), self.total_steps, initial_step=self.global_steps)
+        last_val: dict = {}
+        try:
+            if trainer.val_before_train and self.global_steps == 0:
+                last_val = self.validate()
+                tracker.log(last_val, step=0, advance=False)
+            if trainer.val_only:
+                return last_val
+            while self.global_steps < self.total_steps:
+                self.global_steps += 1
+                timing: dict = {}
+                with M.timer("step", timing):
+                    batch, metrics = self.train_step(timing)
+                    last_step = self.global_steps == self.total_steps
+                    if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or last_step):
+                        with M.timer("testing", timing):
+                            last_val = self.validate()
+                            metrics.update(last_val)
+                    if trainer.save_freq > 0 and (self.global_steps % trainer.save_freq == 0 or last_step):
+                        with M.timer("save_checkpoint", timing):
+                            self.save_checkpoint()
+                metrics.update(M.compute_data_metrics(batch, self.use_critic))
+                metrics.update(M.compute_timing_metrics(batch, timing))
+                metrics.update(M.compute_throughput_metrics(batch, timing, self.workers.world_size))
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = self.sampler.epoch
+                tracker.log(metrics, step=self.global_steps)
+        finally:
+            tracker.close()
+        return last_val

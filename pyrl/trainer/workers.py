@@ -1,0 +1,74 @@
+"""Placing the workers: one resource pool over the nodes; the actor, rollout and reference share each
+process (the hybrid engine); the critic and the reward model are processes colocated on the same
+bundles. trainer.n_gpus_per_node=0 gives CPU workers on gloo (trainer.n_cpu_workers_per_node of them)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("pyrl")
+
+
+@dataclass
+class Workers:
+    actor: Any
+    critic: Any
+    reward_model: Any
+    world_size: int
+    pool: Any
+
+    def shutdown(self) -> None:
+        for group in (self.reward_model, self.critic, self.actor):
+            if group is not None:
+                group.kill()
+
+
+def gpus_per_node(trainer_config) -> int:
+    if trainer_config.n_gpus_per_node >= 0:
+        return trainer_config.n_gpus_per_node
+    import torch
+
+    return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
+
+
+def build_workers(config) -> Workers:
+    from pyrl.controller import ResourcePool, WorkerGroup, init_ray
+    from pyrl.workers.actor import ActorRolloutRefWorker
+    from pyrl.workers.critic import CriticWorker
+    from pyrl.workers.reward_model import RewardModelWorker
+
+    trainer = config.trainer
+    gpus = gpus_per_node(trainer)
+    use_critic = config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
+    use_rm = config.reward_model.enable
+    groups = 1 + use_critic + use_rm
+    per_node = gpus if gpus > 0 else trainer.n_cpu_workers_per_node
+    if per_node < 1:
+        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
+    cpus = max(1, (os.cpu_count() or 1) // per_node)
+    init_ray(trainer.ray_address, num_cpus=None if trainer.ray_address else max(os.cpu_count() or 1, per_node * trainer.nnodes))
+    pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=cpus,
+                        max_colocate_count=groups)
+    world = pool.world_size
+    rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
+    if rows % world:
+        raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {rows} must be divisible by the "
+                         f"{world} worker processes")
+    env = {"OMP_NUM_THREADS": max(1, cpus // groups)} if gpus == 0 else None
+    role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
+        else "actor_rollout"
+    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, env=env)
+    actor.init_model()
+    critic = reward_model = None
+    if use_critic:
+        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, env=env)
+        critic.init_model()
+    if use_rm:
+        reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path, env=env)
+        reward_model.init_model()
+    log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
+             " + critic" if use_critic else "", " + reward model" if use_rm else "")
+    return Workers(actor, critic, reward_model, world, pool)
