@@ -15,8 +15,10 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 
-FACTORY_VERSION = 1
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<answer>", "</answer>"]
+FACTORY_VERSION = 2
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# single tokens, but ordinary ones: decoding with skip_special_tokens=True (as reward managers do) keeps them
+ANSWER_TOKENS = ["<answer>", "</answer>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -58,7 +60,7 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
 def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     """Byte-level BPE (digits always single tokens) wrapped as a PreTrainedTokenizerFast with a chat
     template; <|im_end|> ends an assistant turn (eos), <|endoftext|> pads."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -68,8 +70,9 @@ def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ANSWER_TOKENS])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None, additional_special_tokens=["<answer>", "</answer>"],
+                                   bos_token=None, unk_token=None,
                                    padding_side="left")  # prompts are left-padded for generation, as verl does
     fast.chat_template = CHAT_TEMPLATE
     return fast

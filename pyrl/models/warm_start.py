@@ -12,8 +12,9 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
-VERSION = 1
+VERSION = 2
 
 
 def _chat_prompts(tokenizer, questions) -> list[list[int]]:
@@ -43,8 +44,11 @@ def greedy_reward(model, tokenizer, questions, truths, max_new_tokens: int = 8) 
     return sum(compute_score(t, y) for t, y in zip(texts, truths)) / len(truths)
 
 
-def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: int = 5000, cache_dir: str | None = None,
+def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: int = 4000, cache_dir: str | None = None,
                         progress: bool = True) -> str:
+    """The warm-started model's directory. Checked every 25 steps; the accuracy jumps within a few hundred
+    steps once the model finds the digit alignment (~2,000 steps here), so the check catches it on the way
+    up. If max_steps pass first, the best model seen is kept, with a warning."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -66,7 +70,7 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    reward, step = 0.0, 0
+    reward, step, best = 0.0, 0, (-1.0, None)
     bar = tqdm(total=max_steps, desc="toy warm-start (SFT)", disable=not progress, leave=False)
     for step in range(1, max_steps + 1):
         rows = torch.randint(len(train), (128,), generator=generator).tolist()
@@ -81,14 +85,22 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         bar.update()
-        if step % 50 == 0:
+        if step % 25 == 0:
             reward = greedy_reward(model, tokenizer, val_questions, val_truths)
             bar.set_postfix(loss=f"{loss.item():.3f}", val_reward=f"{reward:.3f}")
             if reward >= target_reward:
                 break
+            if reward > best[0]:
+                best = (reward, {k: v.clone() for k, v in model.state_dict().items()})
     bar.close()
+    if reward < target_reward:
+        warnings.warn(f"toy warm-start: validation reward {best[0]:.3f} < {target_reward} after {max_steps} steps; "
+                      "keeping the best model seen")
+        model.load_state_dict(best[1])
+        reward = best[0]
     tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-sft-")
     try:
         model.save_pretrained(tmp)

@@ -57,7 +57,10 @@ def build_workers(config) -> Workers:
     if rows % world:
         raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {rows} must be divisible by the "
                          f"{world} worker processes")
-    env = {"OMP_NUM_THREADS": max(1, cpus // groups)} if gpus == 0 else None
+    # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+    if gpus == 0:
+        env["OMP_NUM_THREADS"] = max(1, cpus // groups)
     role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
         else "actor_rollout"
     actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, env=env)
