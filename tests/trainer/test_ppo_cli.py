@@ -99,7 +99,7 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
         "unknown_key": (["data.nope=1"], "nope"),
         "ill_typed": (["data.train_batch_size=abc"], "train_batch_size"),
         "missing_prompt": ([], "missing column 'prompt'"),
-        "wrong_type": ([], "row 1: column 'prompt'"),
+        "wrong_type": ([], "row 0: column 'prompt' must be a non-empty list"),
         "empty_file": ([], "not a readable parquet file"),
         "empty_table": ([], "has no rows"),
         "overlong_error": (["data.max_prompt_length=8"], "row 0: the prompt has"),
@@ -107,7 +107,7 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
     if case == "missing_prompt":
         write_parquet(data, [{"data_source": "pyrl/toy_addition", "question": "1+1="}])
     elif case == "wrong_type":
-        write_parquet(data, [{"data_source": "a", "prompt": "fine as a string"}, {"data_source": "a", "prompt": 7}])
+        write_parquet(data, [{"data_source": "a", "prompt": [1, 2]}, {"data_source": "a", "prompt": [3]}])
     elif case == "empty_file":
         data.write_bytes(b"")
     elif case == "empty_table":
