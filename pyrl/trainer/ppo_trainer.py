@@ -109,9 +109,11 @@ class PPOTrainer:
         return meta
 
     def generate(self, batch: DataProto, **overrides) -> DataProto:
-        batch.meta_info.update(self.sampling_meta(**overrides))
+        meta = self.sampling_meta(**overrides)
+        batch.meta_info.update(meta)
         out = self.workers.actor.generate_sequences(batch)
-        out.meta_info.pop("metrics", None)
+        # later passes score with the sampling temperature; the rest (seed, n) would clash when batches concat
+        out.meta_info = {"temperature": meta["temperature"]}
         return out
 
     # ---- the step ----

@@ -63,6 +63,24 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
         assert "actor/reward_kl_penalty" in rows[-1]
 
 
+def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
+    """clip-higher, token-mean, overlong reward shaping and dynamic sampling (groups whose samples all
+    scored alike are dropped and more prompts generated until the batch is full)."""
+    from pyrl.ppo import run_ppo
+
+    config = compose(*SMALL, "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.rollout.name=hf",
+                     "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",
+                     "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true",
+                     "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+                     "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+                     "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5")
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["training/num_gen_batches"] >= 1 for r in rows)
+    assert any(r["critic/score/min"] < 0 for r in rows)  # responses past max_len - buffer are penalized
+
+
 def test_verl_command_lines_are_accepted():
     config = compose("data.train_batch_size=256", "actor_rollout_ref.actor.optim.lr=1e-6",
                      "trainer.project_name=MyExperiment", "algorithm.adv_estimator=grpo", "trainer.logger=['wandb']",
