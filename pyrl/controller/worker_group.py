@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Dispatch, Execute
+from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
 
 
 class WorkerError(RuntimeError):

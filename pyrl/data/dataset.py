@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
-from pyrl.protocol import DataProto
+from pyrl.protocol import DataProto, left_padded
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -117,12 +116,7 @@ class RLHFDataset:
 def collate(prompt_ids, rows, indices, width: int, pad_token_id: int) -> DataProto:
     """Prompts left-padded to `width` (verl pads to max_prompt_length) + the rows' other fields as numpy
     object columns."""
-    n = len(prompt_ids)
-    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    for i, ids in enumerate(prompt_ids):
-        input_ids[i, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
-        attention_mask[i, width - len(ids):] = 1
+    input_ids, attention_mask = left_padded(prompt_ids, pad_token_id, width)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     non_tensors = {key: np.array([r[key] for r in rows] + [None], dtype=object)[:-1] for key in rows[0]}
     non_tensors["index"] = np.asarray(indices, dtype=np.int64)

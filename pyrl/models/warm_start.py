@@ -29,12 +29,10 @@ def greedy_reward(model, tokenizer, questions, truths, max_new_tokens: int = 8) 
 
     from pyrl.rewards.toy import compute_score
 
-    ids = _chat_prompts(tokenizer, questions)
-    width = max(map(len, ids))
-    input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros_like(input_ids)
-    for i, row in enumerate(ids):
-        input_ids[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
+    from pyrl.protocol import left_padded
+
+    input_ids, mask = left_padded(_chat_prompts(tokenizer, questions), tokenizer.pad_token_id)
+    width = input_ids.shape[1]
     model.eval()
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,

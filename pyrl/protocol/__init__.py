@@ -5,7 +5,7 @@
 
 from pyrl.protocol.balance import balanced_partitions, token_budget_micro_batches
 from pyrl.protocol.dataproto import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
-from pyrl.protocol.packed import PackedLayout, PackedTensor
+from pyrl.protocol.packed import PackedLayout, PackedTensor, left_padded
 
 __all__ = [
     "DataProto",
@@ -13,6 +13,7 @@ __all__ = [
     "PackedLayout",
     "PackedTensor",
     "balanced_partitions",
+    "left_padded",
     "pad_dataproto_to_divisor",
     "token_budget_micro_batches",
     "unpad_dataproto",

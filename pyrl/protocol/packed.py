@@ -235,6 +235,21 @@ class PackedTensor:
         return self.values.numel() * self.values.element_size()
 
 
+def left_padded(token_lists, pad_value: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (input_ids, attention_mask) [B, width] int64, each row's tokens flush right (the
+    padding generation expects); width defaults to the longest list."""
+    width = max(map(len, token_lists), default=0) if width is None else width
+    input_ids = torch.full((len(token_lists), width), pad_value, dtype=torch.long)
+    attention_mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for i, ids in enumerate(token_lists):
+        if len(ids) > width:
+            raise ValueError(f"left_padded: row {i} has {len(ids)} tokens, more than width={width}")
+        if len(ids):
+            input_ids[i, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids):] = 1
+    return input_ids, attention_mask
+
+
 def as_index_array(name: str, idxs, length: int) -> np.ndarray:
     """int64 row indices from a list / ndarray / tensor of ints (negatives wrap) or a bool mask of `length`."""
     if isinstance(idxs, torch.Tensor):

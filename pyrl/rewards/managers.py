@@ -96,8 +96,8 @@ class RewardManager:
         extra = nt["extra_info"][i] if "extra_info" in nt else None
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
 
-    def guarded(self, kind_counts, index: int, fn, *args):
-        """fn(*args) under the time limit; a failure scores 0 unless strict."""
+    def guarded(self, kind_counts, index: int, fn, *args, failed=0.0):
+        """fn(*args) under the time limit; a failure gives `failed` (a zero score) unless strict."""
         try:
             with time_limit(self.timeout_s):
                 return fn(*args)
@@ -112,7 +112,7 @@ class RewardManager:
                 log.warning("reward: scorer %s on sample %d (%s: %s); it scores 0, and later failures are only counted "
                             "in reward/scorer_%s", "timed out" if kind == "timeouts" else "raised", index,
                             type(e).__name__, e, kind)
-            return 0.0
+            return failed
 
     def scores(self, data: DataProto, responses, counts) -> list:
         out = []
@@ -163,10 +163,9 @@ class BatchRewardManager(RewardManager):
     def scores(self, data: DataProto, responses, counts) -> list:
         fields = [self.sample_fields(data, i) for i in range(len(responses))]
         sources, truths, extras = (list(x) for x in zip(*fields)) if fields else ([], [], [])
-        result = self.guarded(counts, 0, self.compute_score, sources, responses, truths, extras)
+        result = self.guarded(counts, 0, self.compute_score, sources, responses, truths, extras,
+                              failed=[0.0] * len(responses))
         if not isinstance(result, (list, tuple, np.ndarray)) or len(result) != len(responses):
-            if result == 0.0:  # the guarded call failed: every sample scores 0
-                return [0.0] * len(responses)
             raise ValueError(f"reward: the batch compute_score returned {type(result).__name__}, expected a list of "
                              f"{len(responses)} scores")
         return list(result)

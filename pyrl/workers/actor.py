@@ -139,30 +139,19 @@ class ActorRolloutRefWorker(Worker):
 
     # ---- log-probs ----
     def _forward(self, module, data: DataProto, temperature: float, return_entropy: bool, micro_batch_size,
-                 use_dynamic_bsz: bool, max_token_len: int, grad: bool = False):
+                 use_dynamic_bsz: bool, max_token_len: int):
         """Response log-probs (and entropy) over micro-batches, each trimmed of all-padding columns."""
-        response_length = data.batch["responses"].shape[-1]
-        lengths = data.batch["attention_mask"].sum(-1)
-        logps, entropies, order = [], [], []
-        for idx in fsdp.micro_batch_indices(lengths, micro_batch_size, use_dynamic_bsz, max_token_len, self.device):
-            if not idx:  # this rank has fewer rows than the others' micro-batch count: run a 1-row forward anyway
-                idx_t = [0]
-            else:
-                idx_t = idx
-            tensors, kept = fsdp.trimmed(data.select_idxs(idx_t), response_length)
-            with torch.set_grad_enabled(grad):
+        micro = fsdp.micro_batch_indices(data.batch["attention_mask"].sum(-1), micro_batch_size, use_dynamic_bsz,
+                                         max_token_len, self.device)
+
+        def forward(tensors, kept):
+            with torch.no_grad():
                 out = module(tensors["input_ids"].to(self.device), tensors["attention_mask"].to(self.device),
                              tensors["position_ids"].to(self.device), kept, temperature, return_entropy)
-            if not idx:
-                continue
-            logp, entropy = out if return_entropy else (out, None)
-            logps.append(fsdp.pad_response(logp, response_length))
-            if return_entropy:
-                entropies.append(fsdp.pad_response(entropy, response_length))
-            order.extend(idx)
-        inverse = np.argsort(np.asarray(order, dtype=np.int64), kind="stable")
-        logp = torch.cat(logps)[inverse].cpu()
-        return logp, (torch.cat(entropies)[inverse].cpu() if return_entropy else None)
+            return out if return_entropy else (out,)
+
+        outputs = fsdp.response_forward(data, micro, forward)
+        return outputs if return_entropy else (outputs[0], None)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -196,52 +185,36 @@ class ActorRolloutRefWorker(Worker):
         require_keys("update_actor", data, ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
                                             "advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else []))
         temperature = data.meta_info.get("temperature", self.config.rollout.temperature)
-        mini_batch = max(1, cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size)
-        mini_batch = min(mini_batch, len(data))
-        if len(data) % mini_batch:
-            raise ValueError(f"update_actor: {len(data)} rows per rank is not a multiple of the mini-batch of {mini_batch} "
-                             f"(actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} "
-                             f"/ {self.world_size} ranks)")
-        n_mini = len(data) // mini_batch
-        on_policy = n_mini == 1 and cfg.ppo_epochs == 1  # verl: then the ratio is exactly 1
+        mini_batch = cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size
+        on_policy = cfg.ppo_epochs == 1 and mini_batch >= len(data)  # one mini-batch, one epoch: verl's ratio is exactly 1
+        hint = (f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} "
+                f"/ {self.world_size} ranks)")
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
-        generator = torch.Generator().manual_seed(cfg.data_loader_seed)
         response_length = data.batch["responses"].shape[-1]
         history: dict[str, list] = {}
         self.policy.train()
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(data), generator=generator) if cfg.shuffle else torch.arange(len(data))
-            for m in range(n_mini):
-                mini = data.select_idxs(order[m * mini_batch:(m + 1) * mini_batch])
-                mask = mini.batch["response_mask"]
-                counts = fsdp.all_reduce(torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64,
-                                                      device=self.device))
-                info = {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": self.world_size}
-                sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
-                self.optimizer.zero_grad(set_to_none=True)
-                lengths = mini.batch["attention_mask"].sum(-1)
-                for idx in fsdp.micro_batch_indices(lengths, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                                                    cfg.ppo_max_token_len_per_gpu, self.device):
-                    sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
-                                             on_policy)
-                grad_norm = fsdp.clip_grad_norm(self.policy, cfg.grad_clip)
-                if np.isfinite(grad_norm):
-                    self.optimizer.step()
-                else:  # verl skips a step whose gradient is not finite
-                    self.optimizer.zero_grad(set_to_none=True)
-                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
-                sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
-                sums[5] /= self.world_size
-                names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
-                if need_entropy:
-                    names.append("actor/entropy")
-                for name, value in zip(names, sums.tolist()):
-                    history.setdefault(name, []).append(value)
-                if cfg.use_kl_loss:
-                    history.setdefault("actor/kl_loss", []).append(sums[5].item())
-                    history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
-                history.setdefault("actor/grad_norm", []).append(grad_norm)
+        for mini in fsdp.mini_batches(data, mini_batch, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed, "update_actor", hint):
+            info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
+            sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
+            self.optimizer.zero_grad(set_to_none=True)
+            for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
+                                                cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
+                sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
+                                         on_policy)
+            grad_norm = fsdp.optimizer_step(self.policy, self.optimizer, cfg.grad_clip)
+            sums = fsdp.all_reduce(sums.to(self.device)).cpu()
+            sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
+            sums[5] /= self.world_size
+            names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
+            if need_entropy:
+                names.append("actor/entropy")
+            for name, value in zip(names, sums.tolist()):
+                history.setdefault(name, []).append(value)
+            if cfg.use_kl_loss:
+                history.setdefault("actor/kl_loss", []).append(sums[5].item())
+                history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
+            history.setdefault("actor/grad_norm", []).append(grad_norm)
         history["actor/lr"] = [self.lr_scheduler.get_last_lr()[0]]
         self.lr_scheduler.step()
         metrics = {k: float(np.mean(v)) for k, v in history.items()}
@@ -280,18 +253,14 @@ class ActorRolloutRefWorker(Worker):
     # ---- checkpoints ----
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict(), "rng": fsdp.rng_state()}
+        extra = {}
         if self.engine is not None and hasattr(self.engine, "generator"):
             extra["rollout_rng"] = self.engine.generator.get_state()
-        fsdp.save_checkpoint(path, self.policy, self.optimizer, extra, self.rank)
+        fsdp.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = fsdp.load_checkpoint(path, self.policy, self.optimizer, self.rank)
-        if "lr_scheduler" in extra:
-            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        if "rng" in extra:
-            fsdp.set_rng_state(extra["rng"])
+        extra = fsdp.load_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank)
         if "rollout_rng" in extra and self.engine is not None and hasattr(self.engine, "generator"):
             self.engine.generator.set_state(extra["rollout_rng"])
 

@@ -59,28 +59,24 @@ class CriticWorker(Worker):
         self.optimizer = fsdp.build_optimizer(self.critic.parameters(), self.config.optim)
         self.lr_scheduler = fsdp.build_lr_scheduler(self.optimizer, self.config.optim)
 
-    def _values(self, data: DataProto, idx, response_length: int, grad: bool) -> torch.Tensor:
-        tensors, kept = fsdp.trimmed(data.select_idxs(idx or [0]), response_length)
-        with torch.set_grad_enabled(grad):
-            values = self.critic(tensors["input_ids"].to(self.device), tensors["attention_mask"].to(self.device),
-                                 tensors["position_ids"].to(self.device), kept)
-        return values, tensors, kept
+    def _values(self, tensors: dict, kept: int) -> torch.Tensor:
+        return self.critic(tensors["input_ids"].to(self.device), tensors["attention_mask"].to(self.device),
+                           tensors["position_ids"].to(self.device), kept)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """values [B, R], zero outside the response mask."""
         cfg = self.config
         require_keys("compute_values", data, LOG_PROB_KEYS + ["response_mask"])
-        response_length = data.batch["responses"].shape[-1]
         self.critic.eval()
-        pieces, order = [], []
-        for idx in fsdp.micro_batch_indices(data.batch["attention_mask"].sum(-1), cfg.forward_micro_batch_size_per_gpu,
-                                            cfg.use_dynamic_bsz, cfg.forward_max_token_len_per_gpu, self.device):
-            values, _, _ = self._values(data, idx, response_length, grad=False)
-            if idx:
-                pieces.append(fsdp.pad_response(values, response_length).cpu())
-                order.extend(idx)
-        values = torch.cat(pieces)[np.argsort(np.asarray(order), kind="stable")]
+        micro = fsdp.micro_batch_indices(data.batch["attention_mask"].sum(-1), cfg.forward_micro_batch_size_per_gpu,
+                                         cfg.use_dynamic_bsz, cfg.forward_max_token_len_per_gpu, self.device)
+
+        def forward(tensors, kept):
+            with torch.no_grad():
+                return (self._values(tensors, kept),)
+
+        (values,) = fsdp.response_forward(data, micro, forward)
         return DataProto.from_dict({"values": values * data.batch["response_mask"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -90,56 +86,39 @@ class CriticWorker(Worker):
         cfg = self.config
         require_keys("update_critic", data, LOG_PROB_KEYS + ["response_mask", "values", "returns"])
         response_length = data.batch["responses"].shape[-1]
-        mini_batch = min(len(data), max(1, cfg.ppo_mini_batch_size * self.rollout_n // self.world_size))
-        if len(data) % mini_batch:
-            raise ValueError(f"update_critic: {len(data)} rows per rank is not a multiple of the mini-batch of {mini_batch}")
-        generator = torch.Generator().manual_seed(cfg.data_loader_seed)
         history: dict[str, list] = {}
         self.critic.train()
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(data), generator=generator) if cfg.shuffle else torch.arange(len(data))
-            for m in range(len(data) // mini_batch):
-                mini = data.select_idxs(order[m * mini_batch:(m + 1) * mini_batch])
-                mask = mini.batch["response_mask"]
-                counts = fsdp.all_reduce(torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())],
-                                                      dtype=torch.float64, device=self.device))
-                info = {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": self.world_size}
-                sums = torch.zeros(3, dtype=torch.float64)  # vf_loss, vf_clipfrac, vpred_mean
-                self.optimizer.zero_grad(set_to_none=True)
-                for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
-                                                    cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
-                    values, tensors, kept = self._values(mini, idx, response_length, grad=True)
-                    to = lambda key: tensors[key].to(self.device).float()  # noqa: E731
-                    mb_mask = to("response_mask") * (1.0 if idx else 0.0)
-                    loss, clipfrac = ops.value_loss(values, to("values"), to("returns"), mb_mask, cfg.cliprange_value,
-                                                    cfg.loss_agg_mode, global_batch_info=info)
-                    loss.backward()
-                    share = float(mb_mask.sum()) / max(info["batch_num_tokens"], 1)
-                    sums += torch.tensor([loss.item(), float(clipfrac) * share,
-                                          float(ops.masked_mean(values.detach(), mb_mask)) * share], dtype=torch.float64)
-                grad_norm = fsdp.clip_grad_norm(self.critic, cfg.grad_clip)
-                if np.isfinite(grad_norm):
-                    self.optimizer.step()
-                else:
-                    self.optimizer.zero_grad(set_to_none=True)
-                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
-                sums[0] /= self.world_size
-                for name, value in zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), sums.tolist()):
-                    history.setdefault(name, []).append(value)
-                history.setdefault("critic/grad_norm", []).append(grad_norm)
+        for mini in fsdp.mini_batches(data, cfg.ppo_mini_batch_size * self.rollout_n // self.world_size, cfg.ppo_epochs,
+                                      cfg.shuffle, cfg.data_loader_seed, "update_critic"):
+            info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
+            sums = torch.zeros(3, dtype=torch.float64)  # vf_loss, vf_clipfrac, vpred_mean
+            self.optimizer.zero_grad(set_to_none=True)
+            for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
+                                                cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
+                tensors, kept = fsdp.trimmed(mini.select_idxs(idx or [0]), response_length)
+                values = self._values(tensors, kept)
+                to = lambda key: tensors[key].to(self.device).float()  # noqa: E731
+                mb_mask = to("response_mask") * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
+                loss, clipfrac = ops.value_loss(values, to("values"), to("returns"), mb_mask, cfg.cliprange_value,
+                                                cfg.loss_agg_mode, global_batch_info=info)
+                loss.backward()
+                share = float(mb_mask.sum()) / max(info["batch_num_tokens"], 1)
+                sums += torch.tensor([loss.item(), float(clipfrac) * share,
+                                      float(ops.masked_mean(values.detach(), mb_mask)) * share], dtype=torch.float64)
+            grad_norm = fsdp.optimizer_step(self.critic, self.optimizer, cfg.grad_clip)
+            sums = fsdp.all_reduce(sums.to(self.device)).cpu()
+            sums[0] /= self.world_size
+            for name, value in zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), sums.tolist()):
+                history.setdefault(name, []).append(value)
+            history.setdefault("critic/grad_norm", []).append(grad_norm)
         history["critic/lr"] = [self.lr_scheduler.get_last_lr()[0]]
         self.lr_scheduler.step()
         return DataProto(meta_info={"metrics": {k: float(np.mean(v)) for k, v in history.items()}})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        fsdp.save_checkpoint(path, self.critic, self.optimizer,
-                             {"lr_scheduler": self.lr_scheduler.state_dict(), "rng": fsdp.rng_state()}, self.rank)
+        fsdp.save_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = fsdp.load_checkpoint(path, self.critic, self.optimizer, self.rank)
-        if "lr_scheduler" in extra:
-            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        if "rng" in extra:
-            fsdp.set_rng_state(extra["rng"])
+        fsdp.load_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank)

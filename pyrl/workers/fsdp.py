@@ -9,6 +9,7 @@ import os
 import shutil
 from typing import Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -121,12 +122,58 @@ def micro_batch_indices(seqlens: torch.Tensor, micro_batch_size: int | None, use
         return [list(range(s, min(s + size, rows))) for s in range(0, rows, size)] or [[]]
     batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
     count = torch.tensor([len(batches)], dtype=torch.int64, device=device)
-    count = int(all_reduce(count, dist.ReduceOp.MAX if is_distributed() else None).item())
+    count = int(all_reduce(count, dist.ReduceOp.MAX).item())
     if count > len(batches):
         batches = [sorted(b) for b in balanced_partitions(seqlens.tolist(), min(count, rows), equal_size=False)]
         batches.sort(key=lambda b: b[0])
         batches += [[] for _ in range(count - len(batches))]
     return batches
+
+
+def mini_batches(data: DataProto, size: int, epochs: int, shuffle: bool, seed: int, method: str, hint: str = ""):
+    """The PPO mini-batches of this rank's rows: `epochs` passes, each in order or reshuffled (seeded), in
+    pieces of `size` rows (at most all of them), which must divide the rows."""
+    size = min(len(data), max(1, size))
+    if len(data) % size:
+        raise ValueError(f"{method}: {len(data)} rows per rank is not a multiple of the mini-batch of {size}{hint}")
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(data), generator=generator) if shuffle else torch.arange(len(data))
+        for start in range(0, len(data), size):
+            yield data.select_idxs(order[start:start + size])
+
+
+def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size: int) -> dict:
+    """agg_loss's global_batch_info for a mini-batch: valid tokens and non-empty sequences over all ranks."""
+    counts = all_reduce(torch.tensor([float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())],
+                                     dtype=torch.float64, device=device))
+    return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size}
+
+
+def optimizer_step(model: nn.Module, optimizer, grad_clip: float) -> float:
+    """Clip, then step; a step whose gradient norm is not finite is skipped (as verl). Returns the norm."""
+    grad_norm = clip_grad_norm(model, grad_clip)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def response_forward(data: DataProto, micro_batches, forward) -> tuple:
+    """Run forward(tensors, kept_response_length) -> tuple of [b, kept] tensors on each micro-batch (trimmed
+    of all-padding columns) and return the outputs as [B, R] CPU tensors in row order. An empty micro-batch
+    (a rank with fewer rows than another's micro-batch count) still runs one row for FSDP's collectives."""
+    response_length = data.batch["responses"].shape[-1]
+    pieces, order = [], []
+    for idx in micro_batches:
+        tensors, kept = trimmed(data.select_idxs(idx or [0]), response_length)
+        outputs = forward(tensors, kept)
+        if idx:
+            pieces.append([pad_response(out, response_length).cpu() for out in outputs])
+            order.extend(idx)
+    inverse = np.argsort(np.asarray(order, dtype=np.int64), kind="stable")
+    return tuple(torch.cat(column)[inverse] for column in zip(*pieces))
 
 
 def trimmed(data: DataProto, response_length: int) -> tuple[dict, int]:
@@ -161,10 +208,10 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save_checkpoint(path: str, model: nn.Module, optimizer, extra: dict, rank: int) -> None:
-    """Sharded model + optimizer state through torch.distributed.checkpoint, and each rank's `extra`
-    (LR schedule, RNG states, ...) beside it, written into PATH.tmp and renamed to PATH when every rank
-    is done: a checkpoint directory is complete or absent."""
+def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int, extra: dict | None = None) -> None:
+    """Sharded model + optimizer state through torch.distributed.checkpoint, and each rank's LR schedule,
+    RNG states and `extra` beside it, written into PATH.tmp and renamed to PATH when every rank is done:
+    a checkpoint directory is complete or absent."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -179,6 +226,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, extra: dict, rank: i
     if optimizer is not None:
         state["optimizer"] = optim_state
     dcp.save(state, checkpoint_id=tmp)
+    extra = {**(extra or {}), "lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state()}
     torch.save(extra, os.path.join(tmp, f"extra_rank{rank}.pt"))
     _barrier()
     if rank == 0:
@@ -190,8 +238,9 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, extra: dict, rank: i
     _barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, optimizer, rank: int) -> dict:
-    """Restore what save_checkpoint wrote (any world size for the model and optimizer); returns `extra`."""
+def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int) -> dict:
+    """Restore what save_checkpoint wrote (any world size for the model and optimizer), the LR schedule and
+    the RNG states; returns the rest of `extra`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -205,7 +254,12 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, rank: int) -> dict:
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}))
     extra_file = os.path.join(path, f"extra_rank{rank}.pt")
-    return torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else {}
+    extra = torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else {}
+    if "lr_scheduler" in extra:
+        lr_scheduler.load_state_dict(extra.pop("lr_scheduler"))
+    if "rng" in extra:
+        set_rng_state(extra.pop("rng"))
+    return extra
 
 
 def export_hf(path: str, hf_model: nn.Module, wrapped: nn.Module, strip_prefix: str, tokenizer, rank: int) -> None:

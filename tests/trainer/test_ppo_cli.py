@@ -1,7 +1,6 @@
 """python -m pyrl.ppo end to end: the default run (shortened), every estimator, verl command lines, bad
 input failing clearly and leaving nothing behind."""
 
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq

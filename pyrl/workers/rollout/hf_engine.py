@@ -8,6 +8,7 @@ from typing import Iterable
 
 import torch
 
+from pyrl.protocol import left_padded
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 
@@ -23,12 +24,8 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
-        width = max(len(ids) for ids in prompt_ids)
-        input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for i, ids in enumerate(prompt_ids):  # left padding, as the prompts came
-            input_ids[i, width - len(ids):] = torch.as_tensor(ids)
-            attention_mask[i, width - len(ids):] = 1
+        input_ids, attention_mask = left_padded(prompt_ids, self.pad_token_id)  # left padding, as the prompts came
+        width = input_ids.shape[1]
         config = copy.deepcopy(self.model.generation_config)
         config.update(max_new_tokens=spec.max_tokens, num_return_sequences=spec.n, pad_token_id=self.pad_token_id,
                       do_sample=not spec.greedy, output_scores=spec.logprobs, return_dict_in_generate=True)
