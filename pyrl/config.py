@@ -260,7 +260,9 @@ class TrainerConfig:
     project_name: str = "pyrl_examples"
     experiment_name: str = "toy"
     logger: Any = field(default_factory=lambda: ["console"])
-    log_val_generations: int = 0
+    log_val_generations: int = 0  # validation samples shown per validation (console, wandb, tensorboard)
+    rollout_data_dir: Optional[str] = None  # every training sample of step k -> DIR/k.jsonl
+    validation_data_dir: Optional[str] = None  # every validation sample -> DIR/k.jsonl
     nnodes: int = 1
     n_gpus_per_node: int = -1  # -1: the GPUs this machine has, 0 (no GPU) meaning CPU workers on gloo
     n_cpu_workers_per_node: int = 1  # worker processes per node when n_gpus_per_node is 0
@@ -287,6 +289,31 @@ class PPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def check_supported(config: PPOConfig) -> None:
+    """verl keys pyrl accepts so that verl command lines parse, but whose non-default values it does not
+    implement: such a value stops the run at start instead of being silently ignored."""
+    fsdp_configs = {"actor_rollout_ref.actor": config.actor_rollout_ref.actor.fsdp_config,
+                    "actor_rollout_ref.ref": config.actor_rollout_ref.ref.fsdp_config,
+                    "critic": config.critic.fsdp_config, "reward_model": config.reward_model.fsdp_config}
+    checks = [("actor_rollout_ref.hybrid_engine", config.actor_rollout_ref.hybrid_engine, True,
+               "actor, rollout and reference always share their workers (verl requires this too)"),
+              ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+               config.actor_rollout_ref.actor.ulysses_sequence_parallel_size, 1,
+               "Ulysses sequence parallelism is not implemented")]
+    checks += [(f"{key}.fsdp_config.fsdp_size", fsdp.fsdp_size, -1,
+                "pyrl shards over every data-parallel rank (no hybrid sharding groups)")
+               for key, fsdp in fsdp_configs.items()]
+    everything = ["model", "optimizer", "extra"]
+    for key, ckpt in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor.checkpoint),
+                      ("critic", config.critic.checkpoint)):
+        checks += [(f"{key}.checkpoint.{name}", sorted(getattr(ckpt, name)), sorted(everything),
+                    "checkpoints always hold the model, the optimizer and the extra state")
+                   for name in ("save_contents", "load_contents")]
+    for key, value, supported, why in checks:
+        if value != supported:
+            raise ValueError(f"{key}={value!r} is not supported: {why}; leave it at {supported!r}")
 
 
 TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",

@@ -15,7 +15,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import PPOConfig
+from pyrl.config import PPOConfig, check_supported
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
 log = logging.getLogger("pyrl")
@@ -34,6 +34,7 @@ def load_class(path: str, name: str, key: str):
 
 def resolve_defaults(config: PPOConfig) -> None:
     """Fill what depends on this machine: the toy task files, the rollout engine, the step count."""
+    check_supported(config)
     if not config.data.train_files:
         from pyrl.data import toy_task_files
 

@@ -16,6 +16,7 @@ from pyrl import ops
 from pyrl.algos import get_adv_estimator_fn, get_kl_controller
 from pyrl.protocol import DataProto, balanced_partitions
 from pyrl.trainer import metrics as M
+from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.tracking import Tracking, truncate_metrics
 
 log = logging.getLogger("pyrl")
@@ -94,6 +95,7 @@ class PPOTrainer:
                                        config.data.seed)
         self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
@@ -142,6 +144,7 @@ class PPOTrainer:
                 gen.batch["token_level_scores"] = scores
                 for key, values in extra.items():
                     gen.non_tensor_batch[key] = np.asarray(values, dtype=object)
+                self.reward_extra_keys.update(extra)
                 for key, value in reward_metrics.items():
                     metrics[key] = metrics.get(key, 0) + value
             if not algorithm.filter_groups.enable:
@@ -191,25 +194,44 @@ class PPOTrainer:
         return batch, metrics
 
     # ---- validation ----
-    def validate(self) -> dict:
+    def validate(self) -> tuple[dict, list[dict]]:
+        """-> (val-core / val-aux metrics, per-sample records when validation_data_dir or
+        log_val_generations asks for them)."""
         if self.val_dataset is None:
-            return {}
+            return {}, []
+        trainer = self.config.trainer
+        keep_records = bool(trainer.validation_data_dir) or trainer.log_val_generations > 0
         val = self.config.actor_rollout_ref.rollout.val_kwargs
         size = self.config.data.val_batch_size or len(self.val_dataset)
-        sources, scores, uids, lengths = [], [], [], []
+        sources, scores, uids, lengths, records = [], [], [], [], []
         for start in range(0, len(self.val_dataset), size):
             indices = list(range(start, min(start + size, len(self.val_dataset))))
             batch = self.val_dataset.batch(indices, self.pad_token_id)
             batch.non_tensor_batch["uid"] = np.asarray([f"val-{i}" for i in indices], dtype=object)
             out = self.generate(batch, n=val.n, temperature=val.temperature, top_k=val.top_k, top_p=val.top_p,
                                 do_sample=val.do_sample, seed=self.config.actor_rollout_ref.rollout.seed)
-            token_scores, _, _ = self.val_reward_fn(out)
-            scores += token_scores.sum(-1).tolist()
+            token_scores, extra, _ = self.val_reward_fn(out)
+            sequence_scores = token_scores.sum(-1)
+            scores += sequence_scores.tolist()
             sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])
             uids += list(out.non_tensor_batch["uid"])
             lengths += out.batch["response_mask"].sum(-1).tolist()
+            if keep_records:
+                for key, values in extra.items():
+                    out.non_tensor_batch[key] = np.asarray(values, dtype=object)
+                records += generation_records(self.tokenizer, out, sequence_scores, self.global_steps, extra)
         self.workers.actor.sleep_rollout()
-        return M.validation_metrics(sources, scores, uids, val.n, lengths)
+        return M.validation_metrics(sources, scores, uids, val.n, lengths), records
+
+    def run_validation(self, tracker) -> dict:
+        """validate(), then dump its generations and hand the chosen few to the loggers."""
+        metrics, records = self.validate()
+        trainer = self.config.trainer
+        if trainer.validation_data_dir and records:
+            dump_generations(records, trainer.validation_data_dir, self.global_steps)
+        if trainer.log_val_generations > 0:
+            tracker.log_generations(pick_for_logging(records, trainer.log_val_generations), self.global_steps)
+        return metrics
 
     # ---- checkpoints ----
     def save_checkpoint(self) -> None:
@@ -274,7 +296,7 @@ class PPOTrainer:
         last_val: dict = {}
         try:
             if trainer.val_before_train and self.global_steps == 0:
-                last_val = self.validate()
+                last_val = self.run_validation(tracker)
                 tracker.log(last_val, step=0, advance=False)
             if trainer.val_only:
                 return last_val
@@ -283,10 +305,15 @@ class PPOTrainer:
                 timing: dict = {}
                 with M.timer("step", timing):
                     batch, metrics = self.train_step(timing)
+                    if trainer.rollout_data_dir:
+                        with M.timer("dump_rollout_generations", timing):
+                            records = generation_records(self.tokenizer, batch, batch.batch["token_level_scores"].sum(-1),
+                                                         self.global_steps, sorted(self.reward_extra_keys))
+                            dump_generations(records, trainer.rollout_data_dir, self.global_steps)
                     last_step = self.global_steps == self.total_steps
                     if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or last_step):
                         with M.timer("testing", timing):
-                            last_val = self.validate()
+                            last_val = self.run_validation(tracker)
                             metrics.update(last_val)
                     if trainer.save_freq > 0 and (self.global_steps % trainer.save_freq == 0 or last_step):
                         with M.timer("save_checkpoint", timing):

@@ -1,6 +1,7 @@
 """Where metrics go (trainer.logger): console (a compact line per step, a header every 20 steps, under a
 progress bar over steps), jsonl (RUN_DIR/metrics.jsonl, one object per step with a `step` field),
-wandb (honours WANDB_MODE=offline) and tensorboard (RUN_DIR/tensorboard)."""
+wandb (honours WANDB_MODE=offline) and tensorboard (RUN_DIR/tensorboard). Validation generations
+(trainer.log_val_generations) go to the console, a wandb table and tensorboard text."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ def truncate_metrics(run_dir: str, last_step: int) -> None:
     with open(tmp, "w") as f:
         f.writelines(kept)
     os.replace(tmp, path)
+
+
+def _markdown_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 class Tracking:
@@ -74,6 +79,25 @@ class Tracking:
             self._console(clean, step)
             if advance:
                 self.bar.update()
+
+    def log_generations(self, records: list[dict], step: int) -> None:
+        """A few validation samples: input, output, score (and ground truth) as text / a table."""
+        if not records:
+            return
+        columns = ["step", "input", "output", "gts", "score"]
+        rows = [[step, r["input"], r["output"], str(r.get("gts")), r["score"]] for r in records]
+        if "console" in self.backends:
+            self.bar.write(f"validation generations at step {step}:")
+            for _, text_in, text_out, gts, score in rows:
+                self.bar.write(f"  score {score:.3g}  {text_in!r} -> {text_out!r}  (expected {gts})")
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({"val/generations": wandb.Table(columns=columns, data=rows)}, step=step)
+        if self.tensorboard is not None:
+            table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            table += ["| " + " | ".join(_markdown_cell(v) for v in row) + " |" for row in rows]
+            self.tensorboard.add_text("val/generations", "\n".join(table), step)
 
     def _console(self, metrics: dict, step: int) -> None:
         def pick(pattern):

@@ -194,27 +194,29 @@ class ActorRolloutRefWorker(Worker):
         response_length = data.batch["responses"].shape[-1]
         history: dict[str, list] = {}
         self.policy.train()
-        for mini in fsdp.mini_batches(data, mini_batch, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed, "update_actor", hint):
-            info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
-            sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
-            self.optimizer.zero_grad(set_to_none=True)
-            for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
-                                                cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
-                sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
-                                         on_policy)
-            grad_norm = fsdp.optimizer_step(self.policy, self.optimizer, cfg.grad_clip)
-            sums = fsdp.all_reduce(sums.to(self.device)).cpu()
-            sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
-            sums[5] /= self.world_size
-            names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
-            if need_entropy:
-                names.append("actor/entropy")
-            for name, value in zip(names, sums.tolist()):
-                history.setdefault(name, []).append(value)
-            if cfg.use_kl_loss:
-                history.setdefault("actor/kl_loss", []).append(sums[5].item())
-                history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
-            history.setdefault("actor/grad_norm", []).append(grad_norm)
+        with fsdp.optimizer_state_on(self.optimizer, self.device, cfg.fsdp_config):
+            for mini in fsdp.mini_batches(data, mini_batch, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed,
+                                          "update_actor", hint):
+                info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
+                sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
+                                                    cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
+                    sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
+                                             on_policy)
+                grad_norm = fsdp.optimizer_step(self.policy, self.optimizer, cfg.grad_clip)
+                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
+                sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
+                sums[5] /= self.world_size
+                names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
+                if need_entropy:
+                    names.append("actor/entropy")
+                for name, value in zip(names, sums.tolist()):
+                    history.setdefault(name, []).append(value)
+                if cfg.use_kl_loss:
+                    history.setdefault("actor/kl_loss", []).append(sums[5].item())
+                    history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
+                history.setdefault("actor/grad_norm", []).append(grad_norm)
         history["actor/lr"] = [self.lr_scheduler.get_last_lr()[0]]
         self.lr_scheduler.step()
         metrics = {k: float(np.mean(v)) for k, v in history.items()}

@@ -88,29 +88,31 @@ class CriticWorker(Worker):
         response_length = data.batch["responses"].shape[-1]
         history: dict[str, list] = {}
         self.critic.train()
-        for mini in fsdp.mini_batches(data, cfg.ppo_mini_batch_size * self.rollout_n // self.world_size, cfg.ppo_epochs,
-                                      cfg.shuffle, cfg.data_loader_seed, "update_critic"):
-            info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
-            sums = torch.zeros(3, dtype=torch.float64)  # vf_loss, vf_clipfrac, vpred_mean
-            self.optimizer.zero_grad(set_to_none=True)
-            for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
-                                                cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
-                tensors, kept = fsdp.trimmed(mini.select_idxs(idx or [0]), response_length)
-                values = self._values(tensors, kept)
-                to = lambda key: tensors[key].to(self.device).float()  # noqa: E731
-                mb_mask = to("response_mask") * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
-                loss, clipfrac = ops.value_loss(values, to("values"), to("returns"), mb_mask, cfg.cliprange_value,
-                                                cfg.loss_agg_mode, global_batch_info=info)
-                loss.backward()
-                share = float(mb_mask.sum()) / max(info["batch_num_tokens"], 1)
-                sums += torch.tensor([loss.item(), float(clipfrac) * share,
-                                      float(ops.masked_mean(values.detach(), mb_mask)) * share], dtype=torch.float64)
-            grad_norm = fsdp.optimizer_step(self.critic, self.optimizer, cfg.grad_clip)
-            sums = fsdp.all_reduce(sums.to(self.device)).cpu()
-            sums[0] /= self.world_size
-            for name, value in zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), sums.tolist()):
-                history.setdefault(name, []).append(value)
-            history.setdefault("critic/grad_norm", []).append(grad_norm)
+        mini_batch = cfg.ppo_mini_batch_size * self.rollout_n // self.world_size
+        with fsdp.optimizer_state_on(self.optimizer, self.device, cfg.fsdp_config):
+            for mini in fsdp.mini_batches(data, mini_batch, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed,
+                                          "update_critic"):
+                info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
+                sums = torch.zeros(3, dtype=torch.float64)  # vf_loss, vf_clipfrac, vpred_mean
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
+                                                    cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
+                    tensors, kept = fsdp.trimmed(mini.select_idxs(idx or [0]), response_length)
+                    values = self._values(tensors, kept)
+                    to = lambda key: tensors[key].to(self.device).float()  # noqa: E731
+                    mb_mask = to("response_mask") * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
+                    loss, clipfrac = ops.value_loss(values, to("values"), to("returns"), mb_mask, cfg.cliprange_value,
+                                                    cfg.loss_agg_mode, global_batch_info=info)
+                    loss.backward()
+                    share = float(mb_mask.sum()) / max(info["batch_num_tokens"], 1)
+                    sums += torch.tensor([loss.item(), float(clipfrac) * share,
+                                          float(ops.masked_mean(values.detach(), mb_mask)) * share], dtype=torch.float64)
+                grad_norm = fsdp.optimizer_step(self.critic, self.optimizer, cfg.grad_clip)
+                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
+                sums[0] /= self.world_size
+                for name, value in zip(("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"), sums.tolist()):
+                    history.setdefault(name, []).append(value)
+                history.setdefault("critic/grad_norm", []).append(grad_norm)
         history["critic/lr"] = [self.lr_scheduler.get_last_lr()[0]]
         self.lr_scheduler.step()
         return DataProto(meta_info={"metrics": {k: float(np.mean(v)) for k, v in history.items()}})

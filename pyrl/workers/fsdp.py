@@ -4,6 +4,7 @@ torch.distributed.checkpoint save/load."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -148,6 +149,30 @@ def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size
     counts = all_reduce(torch.tensor([float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())],
                                      dtype=torch.float64, device=device))
     return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size}
+
+
+@contextlib.contextmanager
+def optimizer_state_on(optimizer, device: torch.device, fsdp_config):
+    """fsdp_config.optimizer_offload: the optimizer's state (Adam's moments) waits on the CPU between
+    updates and comes to the device only for them (verl's load/offload_fsdp_optimizer). With param_offload
+    FSDP2 keeps the state on the CPU already; on CPU workers there is nothing to move."""
+    if not fsdp_config.optimizer_offload or fsdp_config.param_offload or device.type == "cpu":
+        yield
+        return
+    _move_optimizer_state(optimizer, device)
+    try:
+        yield
+    finally:
+        _move_optimizer_state(optimizer, torch.device("cpu"))
+
+
+def _move_optimizer_state(optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":  # Adam keeps its step count on the CPU
+                state[key] = value.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def optimizer_step(model: nn.Module, optimizer, grad_clip: float) -> float:

@@ -1,7 +1,11 @@
 """python -m pyrl.ppo end to end: the default run (shortened), every estimator, verl command lines, bad
 input failing clearly and leaving nothing behind."""
 
+import glob
+import json
+import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -96,6 +100,22 @@ def test_verl_command_lines_are_accepted():
     assert config.reward_model.custom_reward_function.name == "compute_reward"
 
 
+@pytest.mark.parametrize("override", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                      "actor_rollout_ref.hybrid_engine=false",
+                                      "actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "critic.fsdp_config.fsdp_size=2",
+                                      "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+                                      "critic.checkpoint.load_contents=[model,optimizer,extra,hf_model]"])
+def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
+    from pyrl.config import check_supported
+
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=re.escape(key) + ".* is not supported: .* leave it at"):
+        check_supported(compose(override))
+    check_supported(compose("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",  # verl's defaults pass
+                            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+                            "critic.checkpoint.save_contents=[optimizer,model,extra]"))
+
+
 def write_parquet(path, rows):
     pq.write_table(pa.Table.from_pylist(rows), path)
     return str(path)
@@ -140,3 +160,46 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
         assert str(data) in proc.stderr  # the message names the file
     assert "Traceback" not in proc.stderr.splitlines()[-1]
     assert not run_dir.exists()
+
+
+def test_reward_model_loggers_and_generation_dumps(tmp_path, ray_session, monkeypatch):
+    """reward_model.enable with a model (the tiny one with a fresh score head) scores training samples;
+    validation stays rule-based. All four loggers at once; every training and validation sample dumped;
+    three validation samples shown."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from pyrl.ppo import run_ppo
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    config = compose(*SMALL, "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.rollout.name=hf",
+                     "trainer.total_training_steps=2", "trainer.val_before_train=true", "trainer.test_freq=2",
+                     f"trainer.default_local_dir={run_dir}", "reward_model.enable=true",
+                     "reward_model.model.path=pyrl:tiny", "trainer.logger=[console,jsonl,wandb,tensorboard]",
+                     f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+                     f"trainer.validation_data_dir={tmp_path / 'validation'}", "trainer.log_val_generations=3")
+    run_ppo(config)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    val_key = "val-core/pyrl/toy_addition/reward/mean@1"
+    for step, row in zip((1, 2), rows[1:]):
+        dumped = [json.loads(line) for line in open(tmp_path / "rollouts" / f"{step}.jsonl")]
+        assert len(dumped) == 8 * 4 and {d["step"] for d in dumped} == {step}
+        scores = [d["score"] for d in dumped]
+        assert np.mean(scores) == pytest.approx(row["critic/score/mean"], rel=1e-6)
+        assert any(s not in (0.0, 1.0) for s in scores)  # the reward model's scores, not the rule's 0/1
+        assert all(re.search(r"\d+\+\d+=", d["input"]) and d["gts"].isdigit() for d in dumped)
+    for step, row in ((0, rows[0]), (2, rows[2])):
+        dumped = [json.loads(line) for line in open(tmp_path / "validation" / f"{step}.jsonl")]
+        assert len(dumped) == 256 and {d["score"] for d in dumped} <= {0.0, 1.0}  # validation: the rule
+        assert np.mean([d["score"] for d in dumped]) == pytest.approx(row[val_key], rel=1e-6)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    logged = events.Scalars("critic/score/mean")  # float32 in the event file
+    assert [e.step for e in logged] == [1, 2]
+    assert [e.value for e in logged] == pytest.approx([r["critic/score/mean"] for r in rows[1:]], rel=1e-6)
+    assert [e.step for e in events.Tensors("val/generations/text_summary")] == [0, 2]
+    tables = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "files" / "media" / "table" / "val" / "*.table.json"))
+    assert sorted(len(json.load(open(t))["data"]) for t in tables) == [3, 3]
