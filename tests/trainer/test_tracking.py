@@ -3,6 +3,7 @@
 import glob
 import json
 import math
+import struct
 
 import pytest
 
@@ -13,6 +14,32 @@ STEPS = [{"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "bad": math.nan},
          {"critic/score/mean": 1.0, "actor/pg_loss": 2.0, "label": "not a number"}]
 SAMPLES = [{"input": "12+34=", "output": "<answer>46</answer>", "gts": "46", "score": 1.0},
            {"input": "1|2", "output": "x\ny", "gts": "3", "score": 0.0}]
+
+
+def wandb_history(run_dir) -> dict:
+    """step -> {key: value} from an offline run's transaction log (what `wandb sync` uploads): LevelDB's
+    log format (32 KiB blocks of crc32 / length / type-framed chunks) of wandb Record protobufs."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(f"{run_dir}/run-*.wandb")
+    data, pos, block, records, pending = open(path, "rb").read(), 7, 32768, [], b""  # 7: the ':W&B' header
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # full / first, or middle / last
+        if kind in (1, 4):
+            records.append(pending)
+    history = {}
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return history
 
 
 def log_steps(tracker):
@@ -52,7 +79,13 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert "bad" not in run.summary.keys()
     tracker.close()
     run_dirs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
-    assert len(run_dirs) == 1  # what `wandb sync` uploads later
+    assert len(run_dirs) == 1
+    history = wandb_history(run_dirs[0])
+    assert sorted(history) == [1, 2, 3]
+    for step, metrics in enumerate(STEPS, start=1):
+        expected = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
+        assert {k: v for k, v in history[step].items() if not k.startswith("val/generations")} == expected
+    assert history[3]["val/generations/_type"] == "table-file"  # the table, by reference to its file
     tables = glob.glob(f"{run_dirs[0]}/files/media/table/val/generations_3_*.table.json")
     table = json.load(open(tables[0]))
     assert table["columns"] == ["step", "input", "output", "gts", "score"]
