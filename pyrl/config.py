@@ -139,7 +139,7 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
-    nccl_timeout: int = 600
+    nccl_timeout: int = 600  # seconds a collective waits for the other ranks (gloo too), then fails
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)

@@ -73,7 +73,9 @@ class ResourcePool:
 
 class WorkerGroup:
     def __init__(self, resource_pool: ResourcePool, worker_cls, *args, init_distributed: bool = True,
-                 env: dict | None = None, **kwargs):
+                 env: dict | None = None, dist_timeout_s: float = 600.0, **kwargs):
+        """dist_timeout_s: how long a collective may wait for the other ranks before failing (verl's
+        actor_rollout_ref.nccl_timeout)."""
         self.worker_cls = worker_cls
         self.resource_pool = resource_pool
         self.world_size = resource_pool.world_size
@@ -97,7 +99,7 @@ class WorkerGroup:
         self._bind_registered_methods()
         if init_distributed:
             master = self._gather([self.workers[0].master_address.remote()], "master_address", ranks=[0])[0]
-            self.execute_all("setup_distributed", *master)
+            self.execute_all("setup_distributed", *master, None, dist_timeout_s)
 
     # ---- calling workers ----
     def _gather(self, refs, method: str, ranks=None):

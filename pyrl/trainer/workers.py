@@ -61,16 +61,18 @@ def build_workers(config) -> Workers:
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     if gpus == 0:
         env["OMP_NUM_THREADS"] = max(1, cpus // groups)
+    group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
     role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
         else "actor_rollout"
-    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, env=env)
+    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, **group_options)
     actor.init_model()
     critic = reward_model = None
     if use_critic:
-        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, env=env)
+        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, **group_options)
         critic.init_model()
     if use_rm:
-        reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path, env=env)
+        reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path,
+                                   **group_options)
         reward_model.init_model()
     log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
              " + critic" if use_critic else "", " + reward model" if use_rm else "")

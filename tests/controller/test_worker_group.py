@@ -56,6 +56,13 @@ class EchoWorker(Worker):
         return float(t), torch.distributed.get_backend()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def lone_all_reduce(self, rank):
+        """Only `rank` enters the collective, as when the ranks' code paths diverge."""
+        if self.rank == rank:
+            torch.distributed.all_reduce(torch.ones(1))
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail_on(self, rank):
         if self.rank == rank:
             raise ValueError(f"bad input on rank {rank}")
@@ -120,6 +127,16 @@ def test_killed_worker_ends_the_call_quickly(ray_session):
     with pytest.raises(WorkerError, match=r"EchoWorker rank 0 died during exit_on\(\)"):
         wg.exit_on(0)
     assert time.monotonic() - start < 60
+    wg.kill()
+
+
+def test_a_collective_the_other_ranks_never_join_times_out(ray_session):
+    """dist_timeout_s (verl's actor_rollout_ref.nccl_timeout) bounds the wait: an error, not a hang."""
+    wg = WorkerGroup(ResourcePool([2]), EchoWorker, dist_timeout_s=3)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 raised in lone_all_reduce\(\)"):
+        wg.lone_all_reduce(0)
+    assert time.monotonic() - start < 30
     wg.kill()
 
 
