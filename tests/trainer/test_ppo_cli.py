@@ -4,6 +4,7 @@ input failing clearly and leaving nothing behind."""
 import glob
 import json
 import re
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -114,6 +115,19 @@ def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
     check_supported(compose("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",  # verl's defaults pass
                             "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
                             "critic.checkpoint.save_contents=[optimizer,model,extra]"))
+
+
+def test_without_vllm_the_hf_engine_generates_and_says_so(monkeypatch, caplog):
+    from pyrl.ppo import resolve_defaults
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what find_spec sees when vLLM is not installed
+    config = compose()
+    with caplog.at_level("WARNING", logger="pyrl"):
+        resolve_defaults(config)
+    assert config.actor_rollout_ref.rollout.name == "hf"
+    assert [r.getMessage() for r in caplog.records] == [
+        "vLLM is not installed: generating with the hf engine (transformers generate) instead"]
+    assert config.data.train_files and config.data.val_files  # the toy task, made if missing
 
 
 def write_parquet(path, rows):
