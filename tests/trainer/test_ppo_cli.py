@@ -36,6 +36,8 @@ def test_default_run_shortened(tmp_path):
         assert key in rows[1], key
     assert (run_dir / "metrics.png").stat().st_size > 10_000
     assert f"run directory: {run_dir}" in proc.stdout and "metrics.png" in proc.stdout
+    shown = proc.stdout.split("validation generations at step 3:\n")[1].splitlines()[:3]  # log_val_generations: 3
+    assert all(re.match(r"  score [01] +'.*\d+\+\d+=.*' -> '.*'  \(expected \d+\)$", line) for line in shown), shown
     assert not (tmp_path / "outputs").exists()  # Hydra leaves no output directories behind
 
 
