@@ -129,15 +129,11 @@ class RewardManager:
         _, responses, lengths = self.decoded(data)
         counts = defaultdict(int)
         raw = self.scores(data, responses, counts)
-        extra_info: dict[str, list] = defaultdict(list)
-        values = []
-        for score in raw:
-            if isinstance(score, dict):
-                for key, value in score.items():
-                    extra_info[key].append(value)
-                score = score["score"]
-            values.append(float(score))
-        values = np.asarray(values, dtype=np.float64)
+        for i, score in enumerate(raw):
+            if isinstance(score, dict) and "score" not in score:
+                raise ValueError(f"reward: compute_score returned a dict without 'score' for sample {i}: {score!r:.200}")
+        values = np.asarray([score["score"] if isinstance(score, dict) else score for score in raw], dtype=np.float64)
+        extra_info = extra_fields(raw)
         if self.overlong_buffer.get("enable"):
             values = values + self.overlong_penalty(np.asarray(lengths))
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
@@ -154,6 +150,19 @@ class RewardManager:
             raise ValueError("reward_model.overlong_buffer: enable needs len > 0 and data.max_response_length")
         exceed = lengths - (self.max_response_length - buffer_len)
         return np.minimum(-exceed / buffer_len * float(self.overlong_buffer.get("penalty_factor", 1.0)), 0.0)
+
+
+def extra_fields(raw: list) -> dict[str, list]:
+    """The fields of scorers that return dicts (verl's reward_extra_info), one value per sample. A sample
+    whose scorer failed (or returned a plain number) gets 0.0 for a field that is numeric elsewhere (its
+    score is 0 too) and None otherwise, so every list stays aligned with the batch."""
+    keys = list(dict.fromkeys(key for score in raw if isinstance(score, dict) for key in score))
+    fields = {}
+    for key in keys:
+        present = [score[key] for score in raw if isinstance(score, dict) and key in score]
+        fill = 0.0 if all(isinstance(v, (bool, int, float, np.number)) for v in present) else None
+        fields[key] = [score.get(key, fill) if isinstance(score, dict) else fill for score in raw]
+    return fields
 
 
 class BatchRewardManager(RewardManager):

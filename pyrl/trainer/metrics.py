@@ -47,6 +47,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
         out["critic/vf_explained_var"] = (1 - torch.var(returns - values) / (torch.var(returns) + 1e-5)).item()
     _stats("response_length", response_length, out)
     out["response_length/clip_ratio"] = (response_length == response_width).float().mean().item()
+    if valid.any():
+        _stats("response_length_non_aborted", response_length[valid], out)
+        out["response_length_non_aborted/clip_ratio"] = (response_length[valid] == response_width).float().mean().item()
     _stats("prompt_length", prompt_length, out)
     out["prompt_length/clip_ratio"] = (prompt_length == prompt_mask.shape[-1]).float().mean().item()
     out["response/aborted_ratio"] = (~valid).float().mean().item()
@@ -78,18 +81,81 @@ def reduce_metrics(metrics: dict) -> dict:
     return {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else v for k, v in metrics.items()}
 
 
-def validation_metrics(data_sources, scores, uids, n: int, response_lengths) -> dict:
-    """val-core/{data_source}/reward/mean@n, and with n > 1 the mean over prompts of each prompt's best
-    (val-aux/{data_source}/reward/best@n) and the sample standard deviation (std@n)."""
-    by_source: dict = defaultdict(lambda: defaultdict(list))
-    for source, score, uid in zip(data_sources, scores, uids):
-        by_source[source][uid].append(score)
+def bootstrap_best_worst(values: np.ndarray, subset_size: int, n_bootstrap: int = 1000, seed: int = 42):
+    """verl's bootstrap_metric with reduce_fns [max, min]: n_bootstrap subsets of subset_size drawn with
+    replacement -> ((mean, std) of the subsets' max, (mean, std) of their min). The draws are verl's
+    (np.random.seed(seed), then np.random.choice per subset) from a private RandomState, so the global
+    numpy RNG is left alone."""
+    picks = np.random.RandomState(seed).randint(0, len(values), size=(n_bootstrap, subset_size))
+    subsets = values[picks]
+    best, worst = subsets.max(axis=1), subsets.min(axis=1)
+    return (best.mean(), best.std()), (worst.mean(), worst.std())
+
+
+def bootstrap_majority(values: list, preds: list, subset_size: int, n_bootstrap: int = 1000, seed: int = 42):
+    """verl's maj@N: in each bootstrap subset the most frequent prediction wins (ties: the one seen first
+    in the subset) and the subset scores the value of its first sample with that prediction -> (mean, std)."""
+    picks = np.random.RandomState(seed).randint(0, len(values), size=(n_bootstrap, subset_size))
+    outcomes = []
+    for row in picks.tolist():
+        counts: dict = {}
+        first_value: dict = {}
+        for i in row:
+            counts[preds[i]] = counts.get(preds[i], 0) + 1
+            first_value.setdefault(preds[i], values[i])
+        outcomes.append(first_value[max(counts, key=counts.get)])
+    return float(np.mean(outcomes)), float(np.std(outcomes))
+
+
+def _per_prompt_metrics(values: list, preds: list | None) -> dict:
+    """verl's per-prompt statistics of one variable over the prompt's n responses."""
+    n = len(values)
+    array = np.asarray(values, dtype=np.float64)
+    out = {f"mean@{n}": array.mean()}
+    if n == 1:
+        return out
+    out[f"std@{n}"] = array.std()
+    sizes, size = [], 2
+    while size < n:  # 2, 4, 8, ... below n, then n
+        sizes.append(size)
+        size *= 2
+    for size in sizes + [n]:
+        (out[f"best@{size}/mean"], out[f"best@{size}/std"]), (out[f"worst@{size}/mean"], out[f"worst@{size}/std"]) = \
+            bootstrap_best_worst(array, size)
+        if preds is not None:
+            out[f"maj@{size}/mean"], out[f"maj@{size}/std"] = bootstrap_majority(values, preds, size)
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def validation_metrics(data_sources, uids, infos: dict, response_lengths) -> dict:
+    """verl's validation summary. `infos` maps a variable to one value per sample: "reward" (the sequence
+    score) and the reward function's extra fields; numeric ones are summarised per data source. Per prompt
+    (uid) over its N responses: mean@N, and for N > 1 std@N and, for each size 2, 4, ... < N and N, bootstrap
+    best@size / worst@size (and maj@size when the scorer returns a "pred" field) as /mean and /std; then
+    averaged over prompts. val-core/{source}/{var}/... holds mean, maj and best at the largest N of the core
+    variable ("acc" when the scorer reports it, else "reward"); everything else is val-aux/."""
+    grouped: dict = defaultdict(lambda: defaultdict(list))  # source -> uid -> sample indices
+    for i, (source, uid) in enumerate(zip(data_sources, uids)):
+        grouped[source][uid].append(i)
+    preds = infos.get("pred")
     out = {}
-    for source, groups in by_source.items():
-        all_scores = [s for group in groups.values() for s in group]
-        out[f"val-core/{source}/reward/mean@{n}"] = float(np.mean(all_scores))
-        if n > 1:
-            out[f"val-aux/{source}/reward/best@{n}"] = float(np.mean([max(g) for g in groups.values()]))
-            out[f"val-aux/{source}/reward/std@{n}"] = float(np.mean([np.std(g) for g in groups.values()]))
+    for source, groups in grouped.items():
+        indices = [i for group in groups.values() for i in group]
+        variables = [name for name, values in infos.items() if name != "pred" and all(_is_number(values[i]) for i in indices)]
+        core = "acc" if "acc" in variables else "reward"
+        for name in variables:
+            per_metric: dict = defaultdict(list)
+            for group in groups.values():
+                group_preds = None if preds is None else [preds[i] for i in group]
+                for metric, value in _per_prompt_metrics([float(infos[name][i]) for i in group], group_preds).items():
+                    per_metric[metric].append(value)
+            n_max = max(int(metric.split("@")[1].split("/")[0]) for metric in per_metric)
+            for metric, values in per_metric.items():
+                is_core = name == core and metric.startswith(("mean", "maj", "best")) and f"@{n_max}" in metric
+                out[f"{'val-core' if is_core else 'val-aux'}/{source}/{name}/{metric}"] = float(np.mean(values))
     out["val-aux/response_length/mean"] = float(np.mean(response_lengths))
     return out

@@ -203,7 +203,7 @@ class PPOTrainer:
         keep_records = bool(trainer.validation_data_dir) or trainer.log_val_generations > 0
         val = self.config.actor_rollout_ref.rollout.val_kwargs
         size = self.config.data.val_batch_size or len(self.val_dataset)
-        sources, scores, uids, lengths, records = [], [], [], [], []
+        sources, uids, lengths, records, batch_infos = [], [], [], [], []
         for start in range(0, len(self.val_dataset), size):
             indices = list(range(start, min(start + size, len(self.val_dataset))))
             batch = self.val_dataset.batch(indices, self.pad_token_id)
@@ -212,7 +212,7 @@ class PPOTrainer:
                                 do_sample=val.do_sample, seed=self.config.actor_rollout_ref.rollout.seed)
             token_scores, extra, _ = self.val_reward_fn(out)
             sequence_scores = token_scores.sum(-1)
-            scores += sequence_scores.tolist()
+            batch_infos.append((len(out), {"reward": sequence_scores.tolist(), **extra}))
             sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])
             uids += list(out.non_tensor_batch["uid"])
             lengths += out.batch["response_mask"].sum(-1).tolist()
@@ -221,7 +221,10 @@ class PPOTrainer:
                     out.non_tensor_batch[key] = np.asarray(values, dtype=object)
                 records += generation_records(self.tokenizer, out, sequence_scores, self.global_steps, extra)
         self.workers.actor.sleep_rollout()
-        return M.validation_metrics(sources, scores, uids, val.n, lengths), records
+        # a field some batches lack (a scorer that returns it only sometimes) is None there
+        infos = {key: [v for count, info in batch_infos for v in info.get(key, [None] * count)]
+                 for key in dict.fromkeys(key for _, info in batch_infos for key in info)}
+        return M.validation_metrics(sources, uids, infos, lengths), records
 
     def run_validation(self, tracker) -> dict:
         """validate(), then dump its generations and hand the chosen few to the loggers."""
@@ -245,14 +248,20 @@ class PPOTrainer:
         tmp = os.path.join(step_dir, "data.pt.tmp")
         torch.save(state, tmp)
         os.replace(tmp, os.path.join(step_dir, "data.pt"))
-        latest_tmp = os.path.join(self.run_dir, LATEST + ".tmp")  # the commit point: written last
+
+    def commit_checkpoint(self) -> None:
+        """Make the saved step the one to resume from, once its metrics are logged (a run killed between
+        the two resumes from the checkpoint before and repeats the steps since, so no step's row is lost);
+        then drop checkpoints past max_actor_ckpt_to_keep."""
+        latest_tmp = os.path.join(self.run_dir, LATEST + ".tmp")
         with open(latest_tmp, "w") as f:
             f.write(str(self.global_steps))
         os.replace(latest_tmp, os.path.join(self.run_dir, LATEST))
         keep = self.config.trainer.max_actor_ckpt_to_keep
-        if keep:
-            steps = sorted(int(d.rsplit("_", 1)[1]) for d in os.listdir(self.run_dir) if d.startswith("global_step_"))
-            for old in steps[:-keep]:
+        if keep:  # this one and the keep - 1 before it
+            older = sorted(step for d in os.listdir(self.run_dir) if d.startswith("global_step_")
+                           and (step := int(d.rsplit("_", 1)[1])) < self.global_steps)
+            for old in older[:max(len(older) - keep + 1, 0)]:
                 shutil.rmtree(os.path.join(self.run_dir, f"global_step_{old}"), ignore_errors=True)
 
     def checkpoint_to_resume(self) -> str | None:
@@ -273,8 +282,11 @@ class PPOTrainer:
             return os.path.join(self.run_dir, f"global_step_{int(f.read().strip())}")
 
     def load_checkpoint(self) -> None:
+        """Resume from the checkpoint trainer.resume_mode picks; metrics.jsonl keeps the steps up to it (a
+        fresh start in a used run directory starts it afresh instead of appending a second run)."""
         path = self.checkpoint_to_resume()
         if path is None:
+            truncate_metrics(self.run_dir, -1)
             return
         state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
         self.workers.actor.load_checkpoint(os.path.join(path, "actor"))
@@ -290,6 +302,9 @@ class PPOTrainer:
     def fit(self) -> dict:
         trainer = self.config.trainer
         self.load_checkpoint()
+        if self.global_steps >= self.total_steps:
+            log.info("the checkpoint is at step %d of %d: nothing left to train (trainer.resume_mode=disable starts "
+                     "over)", self.global_steps, self.total_steps)
         self.workers.actor.update_weights()
         tracker = Tracking(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name,
                            dataclasses.asdict(self.config), self.total_steps, initial_step=self.global_steps)
@@ -315,7 +330,8 @@ class PPOTrainer:
                         with M.timer("testing", timing):
                             last_val = self.run_validation(tracker)
                             metrics.update(last_val)
-                    if trainer.save_freq > 0 and (self.global_steps % trainer.save_freq == 0 or last_step):
+                    saved = trainer.save_freq > 0 and (self.global_steps % trainer.save_freq == 0 or last_step)
+                    if saved:
                         with M.timer("save_checkpoint", timing):
                             self.save_checkpoint()
                 metrics.update(M.compute_data_metrics(batch, self.use_critic))
@@ -324,6 +340,8 @@ class PPOTrainer:
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.sampler.epoch
                 tracker.log(metrics, step=self.global_steps)
+                if saved:
+                    self.commit_checkpoint()
         finally:
             tracker.close()
         return last_val

@@ -80,3 +80,23 @@ def test_dict_scores_batch_manager_and_overlong_penalty(tokenizer, tmp_path):
     lengths = data.batch["response_mask"].sum(-1).tolist()
     scores, _, _ = manager(data)
     assert scores.sum(-1).tolist() == pytest.approx([1.0 + min(0.0, -(n - 4) / 4) for n in lengths])
+
+
+def test_extra_fields_stay_aligned_when_a_dict_scorer_fails(tokenizer):
+    """A sample whose scorer raised scores 0 and gets 0.0 for the numeric extra fields, None for the others;
+    a field only some samples return is filled the same way; a dict without 'score' is an error."""
+    def scorer(source, solution, truth, extra=None):
+        if "3" in solution:
+            raise ValueError("cannot parse")
+        out = {"score": 1.0, "acc": True, "pred": solution}
+        if "4" in solution:
+            out["format_ok"] = 0.5
+        return out
+
+    data = rollout(tokenizer, ["<answer>3</answer>", "<answer>4</answer>", "<answer>2</answer>"], ["2"] * 3)
+    scores, extra, metrics = RewardManager(tokenizer, scorer)(data)
+    assert scores.sum(-1).tolist() == [0.0, 1.0, 1.0] and metrics["reward/scorer_errors"] == 1
+    assert extra == {"score": [0.0, 1.0, 1.0], "acc": [0.0, True, True],
+                     "pred": [None, "<answer>4</answer>", "<answer>2</answer>"], "format_ok": [0.0, 0.5, 0.0]}
+    with pytest.raises(ValueError, match="compute_score returned a dict without 'score' for sample 0"):
+        RewardManager(tokenizer, lambda *a: {"acc": 1.0})(data)

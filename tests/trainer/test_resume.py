@@ -44,3 +44,29 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(engine, tmp_path):
     for want, got in zip(reference[2:], resumed[2:]):
         for key in COMPARED:
             assert got[key] == pytest.approx(want[key], rel=TOLERANCE, abs=1e-9), (got["step"], key)
+
+
+def test_rerunning_in_a_used_run_directory(tmp_path, ray_session, caplog):
+    """Without a checkpoint the same command starts over and metrics.jsonl holds the new run only (not the
+    old one with a second run appended); max_actor_ckpt_to_keep keeps the newest checkpoints; with the
+    final checkpoint there is nothing left to train."""
+    from pyrl.ppo import run_ppo
+    from trainer_helpers import compose
+
+    args = [*SMALL, "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
+            f"trainer.default_local_dir={tmp_path}"]
+    run_ppo(compose(*args))
+    first = read_metrics(tmp_path)
+    run_ppo(compose(*args))
+    again = read_metrics(tmp_path)
+    assert [r["step"] for r in again] == [1]
+    assert again[0]["critic/score/mean"] == first[0]["critic/score/mean"]  # the same seeded run
+
+    saving = [*args, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2"]
+    run_ppo(compose(*saving))
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
+    with caplog.at_level("INFO", logger="pyrl"):
+        run_ppo(compose(*saving))
+    assert "the checkpoint is at step 3 of 3: nothing left to train" in caplog.text
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
