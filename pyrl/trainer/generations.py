@@ -26,6 +26,8 @@ def generation_records(tokenizer, data: DataProto, scores, step: int, extra_keys
         record = {"input": text_in, "output": text_out,
                   "gts": None if reward_model is None else reward_model[i].get("ground_truth"),
                   "score": float(scores[i]), "step": step}
+        if "uid" in data.non_tensor_batch:  # which samples answer the same prompt
+            record["uid"] = str(data.non_tensor_batch["uid"][i])
         for key in extra_keys:
             if key in data.non_tensor_batch:
                 record[key] = data.non_tensor_batch[key][i]

@@ -99,19 +99,23 @@ class PPOTrainer:
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
-        batch = self.train_dataset.batch(self.sampler.next_batch(), self.pad_token_id)
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{self.sampler.epoch}-{i}" for i in range(len(batch))],
+        """The sampler's next prompts, each with a uid unique in the run (its epoch and place in the epoch's
+        order), so prompts of several generation batches in one step (dynamic sampling) never share a group."""
+        indices = self.sampler.next_batch()
+        batch = self.train_dataset.batch(indices, self.pad_token_id)
+        first = self.sampler.position - len(indices)
+        batch.non_tensor_batch["uid"] = np.array([f"{self.sampler.epoch}-{first + i}" for i in range(len(indices))],
                                                  dtype=object)
         return batch
 
-    def sampling_meta(self, **overrides) -> dict:
+    def generate(self, batch: DataProto, refill: int = 0, **overrides) -> DataProto:
+        """Rollouts with the configured sampling (`overrides` replace it). The seed depends on the step and on
+        which generation batch of the step this is (`refill`: dynamic sampling's extra batches draw anew), never
+        on what ran before, so a resumed run samples what the uninterrupted one did."""
         rollout = self.config.actor_rollout_ref.rollout
-        meta = {"n": rollout.n, "temperature": rollout.temperature, "seed": rollout.seed + 7919 * self.global_steps}
+        meta = {"n": rollout.n, "temperature": rollout.temperature,
+                "seed": rollout.seed + 7919 * self.global_steps + 1_000_003 * refill}
         meta.update(overrides)
-        return meta
-
-    def generate(self, batch: DataProto, **overrides) -> DataProto:
-        meta = self.sampling_meta(**overrides)
         batch.meta_info.update(meta)
         out = self.workers.actor.generate_sequences(batch)
         # later passes score with the sampling temperature; the rest (seed, n) would clash when batches concat
@@ -128,7 +132,7 @@ class PPOTrainer:
         while True:  # more than once only with dynamic sampling
             prompts = self.next_batch()
             with M.timer("gen", timing):
-                gen = self.generate(prompts)
+                gen = self.generate(prompts, refill=generated_batches)
                 actor.sleep_rollout()
             generated_batches += 1
             if algorithm.adv_estimator == "remax":

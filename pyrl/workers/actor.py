@@ -220,6 +220,7 @@ class ActorRolloutRefWorker(Worker):
         history["actor/lr"] = [self.lr_scheduler.get_last_lr()[0]]
         self.lr_scheduler.step()
         metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        metrics.update(fsdp.memory_metrics(self.device))
         return DataProto(meta_info={"metrics": metrics})
 
     def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, need_entropy,

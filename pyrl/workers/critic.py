@@ -24,7 +24,9 @@ class ResponseValues(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, response_length: int):
         total = input_ids.shape[1]
         out = self.value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        return out.logits[:, total - response_length - 1:total - 1, 0].float()
+        # a copy, not a view of the logits: FSDP2 hooks its backward on the root's output, and an in-place
+        # op on a view would skip that hook
+        return out.logits[:, total - response_length - 1:total - 1, 0].to(torch.float32, copy=True)
 
 
 def load_value_model(model_config, device):

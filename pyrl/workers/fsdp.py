@@ -185,6 +185,18 @@ def optimizer_step(model: nn.Module, optimizer, grad_clip: float) -> float:
     return grad_norm
 
 
+def memory_metrics(device: torch.device) -> dict:
+    """verl's perf/ memory metrics of an update: peak CUDA memory of this process (GPU only) and the
+    machine's used RAM."""
+    import psutil
+
+    out = {"perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
+    if device.type == "cuda":
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+    return out
+
+
 def response_forward(data: DataProto, micro_batches, forward) -> tuple:
     """Run forward(tensors, kept_response_length) -> tuple of [b, kept] tensors on each micro-batch (trimmed
     of all-padding columns) and return the outputs as [B, R] CPU tensors in row order. An empty micro-batch

@@ -79,3 +79,30 @@ def test_preprocess_gsm8k_to_verl_schema(tmp_path):
     bad.write_text('{"question": "q"}\n')
     with pytest.raises(ValueError, match=r"record 0 lacks \['answer'\]"):
         convert("gsm8k", str(bad), out)
+
+
+@pytest.mark.parametrize("kind", ["gsm8k", "math", "countdown"])
+def test_preprocessed_files_load_and_score_end_to_end(kind, tokenizer, tmp_path):
+    """A hub-shaped file -> preprocess -> RLHFDataset batch -> default_compute_score on the batch's own
+    data_source and ground truth: a right answer scores 1, a wrong one does not."""
+    import json
+
+    from pyrl.rewards import default_compute_score
+
+    record, right, wrong = {
+        "gsm8k": ({"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+                  "3 plus 4 is 7\n#### 7", "#### 8"),
+        "math": ({"problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?", "solution": "It is $\\boxed{\\frac{3}{4}}$."},
+                 "so we get \\boxed{\\dfrac34}", "\\boxed{0.75}"),  # verl's Hendrycks rules: no decimal = fraction
+        "countdown": ({"target": 24, "nums": [2, 3, 4]}, "<think>6 times 4</think><answer>2 * 3 * 4</answer>",
+                      "<answer>2 + 3 + 4</answer>"),
+    }[kind]
+    src = tmp_path / f"{kind}.jsonl"
+    src.write_text(json.dumps(record) + "\n")
+    out = str(tmp_path / f"{kind}.parquet")
+    assert convert(kind, str(src), out, split="test") == 1
+    data = RLHFDataset(out, tokenizer, DataConfig(max_prompt_length=4096)).batch([0], tokenizer.pad_token_id)
+    source, truth = data.non_tensor_batch["data_source"][0], data.non_tensor_batch["reward_model"][0]["ground_truth"]
+    assert data.non_tensor_batch["extra_info"][0]["split"] == "test"
+    assert default_compute_score(source, right, truth) == 1.0
+    assert default_compute_score(source, wrong, truth) < 1.0

@@ -17,7 +17,8 @@ from trainer_helpers import SMALL, compose, read_metrics, run_cli
 STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
              "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
              "response_length/mean", "prompt_length/mean", "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob",
-             "timing_s/adv", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step", "perf/throughput"]
+             "timing_s/adv", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step", "perf/throughput",
+             "perf/cpu_memory_used_gb"]
 
 
 def test_default_run_shortened(tmp_path):
@@ -69,6 +70,29 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
         assert "actor/reward_kl_penalty" in rows[-1]
 
 
+def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tmp_path, ray_session):
+    """The distributed path on a CPU machine: 2 FSDP2 ranks over gloo for the actor and for the critic,
+    batches balanced across them, token-budget micro-batches; validation samples 2 answers per prompt."""
+    from pyrl.ppo import run_ppo
+
+    config = compose(*SMALL, "algorithm.adv_estimator=gae", "trainer.n_cpu_workers_per_node=2",
+                     "trainer.total_training_steps=2", "trainer.test_freq=2", "actor_rollout_ref.rollout.name=hf",
+                     "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+                     "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"trainer.default_local_dir={tmp_path}")
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        # 32 samples of equal-length prompts over 2 ranks: the rank totals differ by at most one response
+        assert row["global_seqlen/minmax_diff"] <= 8 and row["global_seqlen/mean"] == row["perf/total_num_tokens"] / 2
+        assert row["perf/throughput"] == pytest.approx(row["perf/total_num_tokens"] / (2 * row["timing_s/step"]))
+        assert "critic/vf_loss" in row and "critic/values/mean" in row
+    for key in ("val-core/pyrl/toy_addition/reward/mean@2", "val-core/pyrl/toy_addition/reward/best@2/mean",
+                "val-aux/pyrl/toy_addition/reward/worst@2/mean", "val-aux/pyrl/toy_addition/reward/std@2"):
+        assert 0 <= rows[-1][key] <= 1, key
+
+
 def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
     """clip-higher, token-mean, overlong reward shaping and dynamic sampling (groups whose samples all
     scored alike are dropped and more prompts generated until the batch is full)."""
@@ -79,12 +103,20 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
                      "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true",
                      "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
                      "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
-                     "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5")
+                     "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
+                     f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["training/num_gen_batches"] >= 1 for r in rows)
+    assert any(r["training/num_gen_batches"] > 1 for r in rows)  # groups were dropped and more generated
     assert any(r["critic/score/min"] < 0 for r in rows)  # responses past max_len - buffer are penalized
+    for step in (1, 2):  # the batch is full: 8 prompts whose 4 samples each scored differently
+        samples = [json.loads(line) for line in open(tmp_path / "rollouts" / f"{step}.jsonl")]
+        groups: dict = {}
+        for sample in samples:
+            groups.setdefault(sample["uid"], []).append(sample)
+        assert len(groups) == 8 and all(len(g) == 4 for g in groups.values())
+        assert all(len({s["input"] for s in g}) == 1 and len({s["score"] for s in g}) > 1 for g in groups.values())
 
 
 def test_verl_command_lines_are_accepted():
