@@ -152,6 +152,11 @@ class RewardManager:
         return np.minimum(-exceed / buffer_len * float(self.overlong_buffer.get("penalty_factor", 1.0)), 0.0)
 
 
+def is_number(value) -> bool:
+    """A plain or numpy number (bools included): what a reward extra field must be to be averaged."""
+    return isinstance(value, (bool, int, float, np.bool_, np.number))
+
+
 def extra_fields(raw: list) -> dict[str, list]:
     """The fields of scorers that return dicts (verl's reward_extra_info), one value per sample. A sample
     whose scorer failed (or returned a plain number) gets 0.0 for a field that is numeric elsewhere (its
@@ -160,7 +165,7 @@ def extra_fields(raw: list) -> dict[str, list]:
     fields = {}
     for key in keys:
         present = [score[key] for score in raw if isinstance(score, dict) and key in score]
-        fill = 0.0 if all(isinstance(v, (bool, int, float, np.number)) for v in present) else None
+        fill = 0.0 if all(is_number(v) for v in present) else None
         fields[key] = [score.get(key, fill) if isinstance(score, dict) else fill for score in raw]
     return fields
 

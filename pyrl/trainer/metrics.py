@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pyrl.protocol import DataProto
+from pyrl.rewards.managers import is_number
 
 
 @contextmanager
@@ -81,21 +82,24 @@ def reduce_metrics(metrics: dict) -> dict:
     return {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else v for k, v in metrics.items()}
 
 
-def bootstrap_best_worst(values: np.ndarray, subset_size: int, n_bootstrap: int = 1000, seed: int = 42):
-    """verl's bootstrap_metric with reduce_fns [max, min]: n_bootstrap subsets of subset_size drawn with
-    replacement -> ((mean, std) of the subsets' max, (mean, std) of their min). The draws are verl's
-    (np.random.seed(seed), then np.random.choice per subset) from a private RandomState, so the global
+def bootstrap_picks(n_values: int, subset_size: int, n_bootstrap: int = 1000, seed: int = 42) -> np.ndarray:
+    """verl's bootstrap draws: [n_bootstrap, subset_size] indices with replacement, the same as verl's
+    np.random.seed(seed) followed by np.random.choice per subset, from a private RandomState so the global
     numpy RNG is left alone."""
-    picks = np.random.RandomState(seed).randint(0, len(values), size=(n_bootstrap, subset_size))
+    return np.random.RandomState(seed).randint(0, n_values, size=(n_bootstrap, subset_size))
+
+
+def bootstrap_best_worst(values: np.ndarray, picks: np.ndarray):
+    """verl's bootstrap_metric with reduce_fns [max, min] over the subsets `picks` -> ((mean, std) of the
+    subsets' max, (mean, std) of their min)."""
     subsets = values[picks]
     best, worst = subsets.max(axis=1), subsets.min(axis=1)
     return (best.mean(), best.std()), (worst.mean(), worst.std())
 
 
-def bootstrap_majority(values: list, preds: list, subset_size: int, n_bootstrap: int = 1000, seed: int = 42):
-    """verl's maj@N: in each bootstrap subset the most frequent prediction wins (ties: the one seen first
-    in the subset) and the subset scores the value of its first sample with that prediction -> (mean, std)."""
-    picks = np.random.RandomState(seed).randint(0, len(values), size=(n_bootstrap, subset_size))
+def bootstrap_majority(values: list, preds: list, picks: np.ndarray):
+    """verl's maj@N: in each subset of `picks` the most frequent prediction wins (ties: the one seen first in
+    the subset) and the subset scores the value of its first sample with that prediction -> (mean, std)."""
     outcomes = []
     for row in picks.tolist():
         counts: dict = {}
@@ -120,15 +124,12 @@ def _per_prompt_metrics(values: list, preds: list | None) -> dict:
         sizes.append(size)
         size *= 2
     for size in sizes + [n]:
+        picks = bootstrap_picks(n, size)
         (out[f"best@{size}/mean"], out[f"best@{size}/std"]), (out[f"worst@{size}/mean"], out[f"worst@{size}/std"]) = \
-            bootstrap_best_worst(array, size)
+            bootstrap_best_worst(array, picks)
         if preds is not None:
-            out[f"maj@{size}/mean"], out[f"maj@{size}/std"] = bootstrap_majority(values, preds, size)
+            out[f"maj@{size}/mean"], out[f"maj@{size}/std"] = bootstrap_majority(values, preds, picks)
     return out
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
 
 
 def validation_metrics(data_sources, uids, infos: dict, response_lengths) -> dict:
@@ -145,7 +146,7 @@ def validation_metrics(data_sources, uids, infos: dict, response_lengths) -> dic
     out = {}
     for source, groups in grouped.items():
         indices = [i for group in groups.values() for i in group]
-        variables = [name for name, values in infos.items() if name != "pred" and all(_is_number(values[i]) for i in indices)]
+        variables = [name for name, values in infos.items() if name != "pred" and all(is_number(values[i]) for i in indices)]
         core = "acc" if "acc" in variables else "reward"
         for name in variables:
             per_metric: dict = defaultdict(list)
