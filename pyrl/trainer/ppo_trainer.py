@@ -18,6 +18,7 @@ from pyrl.protocol import DataProto, balanced_partitions
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.tracking import Tracking, truncate_metrics
+from pyrl.workers.actor import is_on_policy
 
 log = logging.getLogger("pyrl")
 
@@ -46,6 +47,12 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
     metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
     kl_ctrl.update(current_kl, n_steps=len(batch))
     return metrics
+
+
+def packed_tokens(batch: DataProto) -> DataProto:
+    """The batch as it travels to the model workers: prompt + response tokens (input_ids, position_ids) packed,
+    the attention mask turned into their layout, so no padding token is sent; the rest is shared."""
+    return batch.to_packed("attention_mask", keys=["input_ids", "position_ids"])
 
 
 def balance_batch(batch: DataProto, world_size: int) -> dict:
@@ -96,6 +103,14 @@ class PPOTrainer:
         self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
+        rollout_n = config.actor_rollout_ref.rollout.n
+        # each sample used by exactly one optimizer step and nothing else needing the old log-probs before the
+        # update (the KL in the reward): skip the old-log-prob forward, the update's own log-probs serve
+        self.on_policy = (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
+                          and not algorithm.use_kl_in_reward)
+        if self.on_policy:
+            log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
+                     "update's own log-probs serve as old_log_probs")
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
@@ -123,9 +138,10 @@ class PPOTrainer:
         return out
 
     # ---- the step ----
-    def train_step(self, timing: dict) -> tuple[DataProto, dict]:
+    def collect_batch(self, timing: dict, metrics: dict) -> DataProto:
+        """Sample prompts, generate n responses each, score them; with dynamic sampling (DAPO) keep only groups
+        whose rewards vary and generate more until the batch is full."""
         cfg, algorithm = self.config, self.config.algorithm
-        metrics: dict = {}
         actor = self.workers.actor
         wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         batch, generated_batches = None, 0
@@ -143,7 +159,7 @@ class PPOTrainer:
                 gen.batch["reward_baselines"] = baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
             with M.timer("reward", timing):
                 if self.workers.reward_model is not None:
-                    gen.union(self.workers.reward_model.compute_rm_score(gen))
+                    gen.union(self.workers.reward_model.compute_rm_score(packed_tokens(gen)))
                 scores, extra, reward_metrics = self.reward_fn(gen)
                 gen.batch["token_level_scores"] = scores
                 for key, values in extra.items():
@@ -165,20 +181,28 @@ class PPOTrainer:
                                    f"{wanted} samples from groups with varied rewards (algorithm.filter_groups."
                                    f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
         metrics["training/num_gen_batches"] = generated_batches
+        return batch
+
+    def train_step(self, timing: dict) -> tuple[DataProto, dict]:
+        cfg, algorithm = self.config, self.config.algorithm
+        actor = self.workers.actor
+        metrics: dict = {}
+        batch = self.collect_batch(timing, metrics)
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.workers.world_size))
-        with M.timer("old_log_prob", timing):
-            old = actor.compute_log_prob(batch)
-            entropy = ops.agg_loss(old.batch["entropys"], batch.batch["response_mask"].float(),
-                                   cfg.actor_rollout_ref.actor.loss_agg_mode)
-            metrics["actor/entropy"] = entropy.item()
-            batch.union(old.select(["old_log_probs"]))
+        if not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
+            with M.timer("old_log_prob", timing):
+                old = actor.compute_log_prob(packed_tokens(batch))
+                entropy = ops.agg_loss(old.batch["entropys"], batch.batch["response_mask"].float(),
+                                       cfg.actor_rollout_ref.actor.loss_agg_mode)
+                metrics["actor/entropy"] = entropy.item()
+                batch.union(old.select(["old_log_probs"]))
         if self.use_ref:
             with M.timer("ref", timing):
-                batch.union(actor.compute_ref_log_prob(batch))
+                batch.union(actor.compute_ref_log_prob(packed_tokens(batch)))
         if self.use_critic:
             with M.timer("values", timing):
-                batch.union(self.workers.critic.compute_values(batch))
+                batch.union(self.workers.critic.compute_values(packed_tokens(batch)))
         with M.timer("adv", timing):
             if algorithm.use_kl_in_reward:
                 metrics.update(apply_kl_penalty(batch, self.kl_ctrl, algorithm.kl_penalty))
@@ -188,10 +212,10 @@ class PPOTrainer:
                               algorithm.norm_adv_by_std_in_grpo)
         if self.use_critic:
             with M.timer("update_critic", timing):
-                metrics.update(M.reduce_metrics(self.workers.critic.update_critic(batch).meta_info["metrics"]))
+                metrics.update(M.reduce_metrics(self.workers.critic.update_critic(packed_tokens(batch)).meta_info["metrics"]))
         if cfg.trainer.critic_warmup <= self.global_steps:
             with M.timer("update_actor", timing):
-                metrics.update(M.reduce_metrics(actor.update_actor(batch).meta_info["metrics"]))
+                metrics.update(M.reduce_metrics(actor.update_actor(packed_tokens(batch)).meta_info["metrics"]))
             with M.timer("update_weights", timing):
                 push = actor.update_weights()
                 metrics["perf/update_weights_bytes"] = push[0]["perf/update_weights_bytes"]

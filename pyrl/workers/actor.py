@@ -17,14 +17,17 @@ import torch
 from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
 from pyrl.controller import Dispatch, Worker, register
+from pyrl.models import varlen_attention
 from pyrl.protocol import DataProto
-from pyrl.workers import fsdp
+from pyrl.workers import batching, checkpoint, fsdp, optim, perf
+from pyrl.workers.batching import ModelInputs
+from pyrl.workers.distributed import full_tensor, worker_device
 from pyrl.workers.policy import ResponseLogProbs
+from pyrl.workers.update import UpdatePlan, run_update
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.base import prompt_token_lists
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
-LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 
 def require_keys(method: str, data: DataProto, keys) -> None:
@@ -59,16 +62,30 @@ def load_tokenizer(model_config):
     return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
 
 
-def load_policy(model_config, device):
-    """(HF causal LM, ResponseLogProbs over it, FSDP-sharded per decoder layer and at the root)."""
+def model_kwargs(model_config) -> dict:
+    """from_pretrained keywords for a worker's model: float32 master weights, the config overrides, and
+    packed attention when model.use_remove_padding (see pyrl.models.varlen_attention)."""
+    kwargs = {"dtype": torch.float32, "trust_remote_code": model_config.trust_remote_code}
+    if model_config.use_remove_padding:
+        kwargs["attn_implementation"] = varlen_attention.register()
+    return kwargs
+
+
+def load_policy(model_config):
+    """(HF causal LM, ResponseLogProbs over it); the worker shards it."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_config.path), dtype=torch.float32,
-                                              trust_remote_code=model_config.trust_remote_code,
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_config.path), **model_kwargs(model_config),
                                               **dict(model_config.override_config))
     if model_config.enable_gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return lm, ResponseLogProbs(lm)
+
+
+def is_on_policy(actor_config, rollout_n: int, rows: int) -> bool:
+    """Whether an update of `rows` samples takes exactly one optimizer step on each (one epoch, one mini-batch),
+    so that its old log-probs equal its own."""
+    return actor_config.ppo_epochs == 1 and actor_config.ppo_mini_batch_size * rollout_n >= rows
 
 
 class ActorRolloutRefWorker(Worker):
@@ -80,7 +97,8 @@ class ActorRolloutRefWorker(Worker):
         self.has_actor = "actor" in role
         self.has_rollout = "rollout" in role
         self.has_ref = role.endswith("ref")
-        self.device = fsdp.worker_device(self.local_rank)
+        self.device = worker_device(self.local_rank)
+        self.packed = config.model.use_remove_padding
         self.engine = None
 
     # ---- setup ----
@@ -90,12 +108,13 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = load_tokenizer(self.config.model)
         self.model_path = resolve_model_path(self.config.model.path)
         if self.has_actor:
-            self.lm, self.policy = load_policy(self.config.model, self.device)
-            fsdp.fsdp_wrap(self.policy, self.lm.model.layers, self.config.actor.fsdp_config, self.device)
-            self.optimizer = fsdp.build_optimizer(self.policy.parameters(), self.config.actor.optim)
-            self.lr_scheduler = fsdp.build_lr_scheduler(self.optimizer, self.config.actor.optim)
+            self.lm, self.policy = load_policy(self.config.model)
+            self.compute_dtype = fsdp.fsdp_wrap(self.policy, self.lm.model.layers, self.config.actor.fsdp_config,
+                                                self.device)
+            self.optimizer = optim.build_optimizer(self.policy.parameters(), self.config.actor.optim)
+            self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.actor.optim)
         if self.has_ref:
-            ref_lm, self.ref_policy = load_policy(self.config.model, self.device)
+            ref_lm, self.ref_policy = load_policy(self.config.model)
             fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config, self.device)
             self.ref_policy.requires_grad_(False)
         if self.has_rollout:
@@ -141,23 +160,22 @@ class ActorRolloutRefWorker(Worker):
     def _forward(self, module, data: DataProto, temperature: float, return_entropy: bool, micro_batch_size,
                  use_dynamic_bsz: bool, max_token_len: int):
         """Response log-probs (and entropy) over micro-batches, each trimmed of all-padding columns."""
-        micro = fsdp.micro_batch_indices(data.batch["attention_mask"].sum(-1), micro_batch_size, use_dynamic_bsz,
-                                         max_token_len, self.device)
+        micro = batching.micro_batch_indices(batching.row_lengths(data), micro_batch_size, use_dynamic_bsz,
+                                             max_token_len, self.device)
 
         def forward(tensors, kept):
             with torch.no_grad():
-                out = module(tensors["input_ids"].to(self.device), tensors["attention_mask"].to(self.device),
-                             tensors["position_ids"].to(self.device), kept, temperature, return_entropy)
+                out = module(ModelInputs.responses(tensors, kept, self.packed, self.device), temperature, return_entropy)
             return out if return_entropy else (out,)
 
-        outputs = fsdp.response_forward(data, micro, forward)
+        outputs = batching.response_forward(data, micro, forward)
         return outputs if return_entropy else (outputs[0], None)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs and entropys [B, R] of the responses under the current policy."""
         rollout = self.config.rollout
-        require_keys("compute_log_prob", data, LOG_PROB_KEYS)
+        batching.require_tokens("compute_log_prob", data, ["responses"])
         self.policy.eval()
         logp, entropy = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
                                       rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
@@ -167,7 +185,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         ref = self.config.ref
-        require_keys("compute_ref_log_prob", data, LOG_PROB_KEYS)
+        batching.require_tokens("compute_ref_log_prob", data, ["responses"])
         self.ref_policy.eval()
         logp, _ = self._forward(self.ref_policy, data, data.meta_info.get("temperature", self.config.rollout.temperature),
                                 False, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
@@ -182,74 +200,63 @@ class ActorRolloutRefWorker(Worker):
         the mini-batch (see pyrl.ops.agg_loss's global_batch_info), so any rank count or micro-batching
         gives the same step. Returns meta_info["metrics"] with verl's names."""
         cfg = self.config.actor
-        require_keys("update_actor", data, ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                                            "advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else []))
         temperature = data.meta_info.get("temperature", self.config.rollout.temperature)
-        mini_batch = cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size
-        on_policy = cfg.ppo_epochs == 1 and mini_batch >= len(data)  # one mini-batch, one epoch: verl's ratio is exactly 1
-        hint = (f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} "
-                f"/ {self.world_size} ranks)")
+        plan = UpdatePlan("actor", cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size, cfg.ppo_epochs,
+                          cfg.shuffle, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                          cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
+                          hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
+                               f"{self.config.rollout.n} / {self.world_size} ranks)")
+        batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
+                                + (["ref_log_prob"] if cfg.use_kl_loss else []))
+        # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that
+        # generated are the ones being updated), and this forward's own detached log-probs stand in for them
+        on_policy = "old_log_probs" not in data.batch
+        if on_policy and not is_on_policy(cfg, self.config.rollout.n, len(data) * self.world_size):
+            raise KeyError(f"update_actor: the batch lacks old_log_probs, which only an on-policy update (ppo_epochs=1, "
+                           f"one mini-batch) can do without; got ppo_epochs={cfg.ppo_epochs}, "
+                           f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} for "
+                           f"{len(data) * self.world_size} rows")
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy
         response_length = data.batch["responses"].shape[-1]
-        history: dict[str, list] = {}
-        self.policy.train()
-        with fsdp.optimizer_state_on(self.optimizer, self.device, cfg.fsdp_config):
-            for mini in fsdp.mini_batches(data, mini_batch, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed,
-                                          "update_actor", hint):
-                info = fsdp.global_batch_info(mini.batch["response_mask"], self.device, self.world_size)
-                sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss
-                self.optimizer.zero_grad(set_to_none=True)
-                for idx in fsdp.micro_batch_indices(mini.batch["attention_mask"].sum(-1), cfg.ppo_micro_batch_size_per_gpu,
-                                                    cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
-                    sums += self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
-                                             on_policy)
-                grad_norm = fsdp.optimizer_step(self.policy, self.optimizer, cfg.grad_clip)
-                sums = fsdp.all_reduce(sums.to(self.device)).cpu()
-                sums[0] /= self.world_size  # the loss shares were scaled by dp_size for gradient averaging
-                sums[5] /= self.world_size
-                names = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
-                if need_entropy:
-                    names.append("actor/entropy")
-                for name, value in zip(names, sums.tolist()):
-                    history.setdefault(name, []).append(value)
-                if cfg.use_kl_loss:
-                    history.setdefault("actor/kl_loss", []).append(sums[5].item())
-                    history.setdefault("actor/kl_coef", []).append(cfg.kl_loss_coef)
-                history.setdefault("actor/grad_norm", []).append(grad_norm)
-        history["actor/lr"] = [self.lr_scheduler.get_last_lr()[0]]
-        self.lr_scheduler.step()
-        metrics = {k: float(np.mean(v)) for k, v in history.items()}
-        metrics.update(fsdp.memory_metrics(self.device))
+
+        def micro_step(mini: DataProto, idx: list, info: dict) -> dict:
+            return self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, on_policy)
+
+        metrics = run_update(self.policy, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp_config, self.device,
+                             self.world_size, self.lm.config, self.compute_dtype, micro_step)
+        if cfg.use_kl_loss:
+            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        metrics.update(perf.memory_metrics(self.device))
         return DataProto(meta_info={"metrics": metrics})
 
-    def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, need_entropy,
-                    on_policy) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its shares of the mini-batch metrics."""
+    def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, on_policy) -> dict:
+        """Forward and backward of one micro-batch; returns its shares of the mini-batch metrics (actor/ names
+        without the prefix). The loss shares are scaled by dp_size for gradient averaging (see agg_loss), so
+        their metric shares are divided by it."""
         cfg = self.config.actor
-        empty = not idx
-        tensors, kept = fsdp.trimmed(mini.select_idxs(idx or [0]), response_length)
+        # on-policy there was no old-log-prob pass to report actor/entropy: the update does
+        need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy or on_policy
+        tensors, kept = batching.trimmed(mini.select_idxs(idx or [0]), response_length)
         to = lambda key: tensors[key].to(self.device)  # noqa: E731
-        out = self.policy(to("input_ids"), to("attention_mask"), to("position_ids"), kept, temperature, need_entropy)
+        out = self.policy(ModelInputs.responses(tensors, kept, self.packed, self.device), temperature, need_entropy)
         logp, entropy = out if need_entropy else (out, None)
-        mask = to("response_mask").float() * (0.0 if empty else 1.0)  # an empty micro-batch adds zero gradient
+        mask = to("response_mask").float() * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
         old = logp.detach() if on_policy else to("old_log_probs").float()
         pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info)
         loss = pg_loss
         token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
-        shares = torch.zeros(6, dtype=torch.float64)
-        shares[0] = pg_loss.item()
-        for i, key in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"), start=1):
-            shares[i] = float(pg_metrics[key]) * token_share
+        shares = {"pg_loss": pg_loss.item() / info["dp_size"]}
+        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+            shares[key] = float(pg_metrics[key]) * token_share
         if need_entropy:
-            shares[4] = float(ops.masked_mean(entropy.detach(), mask)) * token_share
+            shares["entropy"] = float(ops.masked_mean(entropy.detach(), mask)) * token_share
             if cfg.entropy_coeff:
                 loss = loss - cfg.entropy_coeff * ops.agg_loss(entropy, mask, cfg.loss_agg_mode, global_batch_info=info)
         if cfg.use_kl_loss:
             kl = ops.kl_penalty(logp, to("ref_log_prob").float(), cfg.kl_loss_type)
             kl_loss = ops.agg_loss(kl, mask, cfg.loss_agg_mode, global_batch_info=info)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            shares[5] = kl_loss.item()
+            shares["kl_loss"] = kl_loss.item() / info["dp_size"]
         loss.backward()
         return shares
 
@@ -259,18 +266,18 @@ class ActorRolloutRefWorker(Worker):
         extra = {}
         if self.engine is not None and hasattr(self.engine, "generator"):
             extra["rollout_rng"] = self.engine.generator.get_state()
-        fsdp.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra)
+        checkpoint.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = fsdp.load_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank)
+        extra = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank)
         if "rollout_rng" in extra and self.engine is not None and hasattr(self.engine, "generator"):
             self.engine.generator.set_state(extra["rollout_rng"])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """The current policy as a Hugging Face model directory (loadable by transformers and vLLM)."""
-        fsdp.export_hf(path, self.lm, self.policy, "lm.", self.tokenizer, self.rank)
+        checkpoint.export_hf(path, self.lm, self.policy, "lm.", self.tokenizer, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_digest(self) -> dict:
@@ -279,5 +286,5 @@ class ActorRolloutRefWorker(Worker):
         optim = {}
         for name, param in self.policy.named_parameters():
             for key, value in self.optimizer.state.get(param, {}).items():
-                optim[f"{name}.{key}"] = fsdp.full_tensor(value).cpu().clone() if torch.is_tensor(value) else value
+                optim[f"{name}.{key}"] = full_tensor(value).cpu().clone() if torch.is_tensor(value) else value
         return {"params": params, "optimizer": optim, "lr": self.lr_scheduler.get_last_lr()[0]}

@@ -11,24 +11,28 @@ import torch
 from torch import nn
 
 from pyrl.controller import Dispatch, Worker, register
-from pyrl.protocol import DataProto
-from pyrl.workers import fsdp
-from pyrl.workers.actor import load_tokenizer, require_keys, resolve_model_path
+from pyrl.protocol import DataProto, PackedTensor
+from pyrl.workers import batching, fsdp
+from pyrl.workers.actor import load_tokenizer, model_kwargs, resolve_model_path
+from pyrl.workers.batching import ModelInputs
+from pyrl.workers.distributed import worker_device
 
 
 class LastTokenScore(nn.Module):
-    """[B, L] -> [B]: the classifier's score at each row's last attended position (either padding side)."""
+    """The classifier's score at each row's last attended token -> [rows] (FSDP2 root module)."""
 
     def __init__(self, classifier: nn.Module):
         super().__init__()
         self.classifier = classifier
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        body = getattr(self.classifier, self.classifier.base_model_prefix)
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        columns = torch.arange(input_ids.shape[1], device=input_ids.device)
-        last = (columns * attention_mask.to(columns.dtype)).argmax(-1)
-        return self.classifier.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).float()[:, 0]
+    @property
+    def body(self) -> nn.Module:  # a property: registering the module twice would list its weights twice
+        return getattr(self.classifier, self.classifier.base_model_prefix)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        hidden = self.body(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                           position_ids=inputs.position_ids).last_hidden_state
+        return inputs.scatter(self.classifier.score(inputs.scored_states(hidden)).float())[:, 0, 0]
 
 
 class RewardModelWorker(Worker):
@@ -36,7 +40,7 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = config
         self.policy_tokenizer_path = policy_tokenizer_path
-        self.device = fsdp.worker_device(self.local_rank)
+        self.device = worker_device(self.local_rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -48,11 +52,9 @@ class RewardModelWorker(Worker):
         path = resolve_model_path(model_cfg.path)
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         config.num_labels = 1
-        classifier = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                        trust_remote_code=model_cfg.trust_remote_code)
+        classifier = AutoModelForSequenceClassification.from_pretrained(path, config=config, **model_kwargs(model_cfg))
         self.scorer = LastTokenScore(classifier)
-        fsdp.fsdp_wrap(self.scorer, getattr(classifier, classifier.base_model_prefix).layers, self.config.fsdp_config,
-                       self.device)
+        fsdp.fsdp_wrap(self.scorer, self.scorer.body.layers, self.config.fsdp_config, self.device)
         self.scorer.requires_grad_(False).eval()
         self.rm_tokenizer = load_tokenizer(model_cfg)
         self.policy_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(self.policy_tokenizer_path))
@@ -72,13 +74,16 @@ class RewardModelWorker(Worker):
     @torch.no_grad()
     def compute_rm_score(self, data: DataProto) -> DataProto:
         cfg = self.config
-        require_keys("compute_rm_score", data, ["input_ids", "attention_mask", "position_ids", "response_mask"])
+        batching.require_tokens("compute_rm_score", data, ["response_mask"])
+        if isinstance(data.batch["input_ids"], PackedTensor):  # retokenizing works on the padded view
+            data = data.to_padded()
         ids, mask, positions = self._inputs(data)
         scores = torch.zeros(len(data), dtype=torch.float32)
-        for idx in fsdp.micro_batch_indices(mask.sum(-1), cfg.micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                                            cfg.forward_max_token_len_per_gpu, self.device):
+        for idx in batching.micro_batch_indices(mask.sum(-1), cfg.micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                                cfg.forward_max_token_len_per_gpu, self.device):
             rows = idx or [0]
-            out = self.scorer(ids[rows].to(self.device), mask[rows].to(self.device), positions[rows].to(self.device))
+            out = self.scorer(ModelInputs.last_tokens(ids[rows], mask[rows], positions[rows], cfg.model.use_remove_padding,
+                                                      self.device))
             if idx:
                 scores[idx] = out.cpu()
         response_mask = data.batch["response_mask"]

@@ -119,3 +119,84 @@ def test_missing_field_names_worker_rank_and_method(group):
     batch = random_batch(4, seed=6)
     with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d raised in update_actor\(\).*advantages"):
         group.update_actor(batch)
+
+
+def _with_loss_mask_holes(batch):
+    """Tokens attended to but not trained on (as multi-turn tool output will be): a hole in the middle of
+    row 0's response and the first token of row 2's."""
+    batch = batch.select_idxs(list(range(len(batch))))
+    mask = batch.batch["response_mask"].clone()
+    mask[0, 2], mask[2, 0] = 0, 0
+    batch.batch["response_mask"] = mask
+    batch.batch["advantages"] = batch.batch["advantages"] * mask
+    return batch
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_packed_equals_padded(ray_session, train_batch, ranks):
+    """use_remove_padding=true (packed, varlen attention) and false (padded) give the same log-probs, entropy,
+    loss metrics, gradients (Adam's first moment after one step) and weights after one optimizer step, on 1 rank
+    (padded batches sent) and on 2 (packed batches sent, as the trainer does); responses of lengths 0..6,
+    loss-mask holes."""
+    batch = _with_loss_mask_holes(train_batch)
+    digests, metrics, outputs = {}, {}, {}
+    for packed in (True, False):
+        cfg = make_config(*TRAIN, f"actor_rollout_ref.model.use_remove_padding={packed}",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                          *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20"] if ranks == 2 else
+                            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3"])).actor_rollout_ref
+        if ranks == 1:
+            worker = ActorRolloutRefWorker(cfg, "actor")
+            worker.init_model()
+            outputs[packed] = worker.compute_log_prob(batch)
+            metrics[packed] = worker.update_actor(batch).meta_info["metrics"]
+            digests[packed] = worker.state_digest()
+        else:
+            wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, cfg, "actor")
+            sent = batch.to_packed("attention_mask", keys=["input_ids", "position_ids"])  # as the trainer sends it
+            try:
+                wg.init_model()
+                outputs[packed] = wg.compute_log_prob(sent)
+                metrics[packed] = {k: v[0] for k, v in wg.update_actor(sent).meta_info["metrics"].items()}
+                digests[packed] = wg.state_digest()[0]
+            finally:
+                wg.kill()
+    seen = batch.batch["attention_mask"][:, -6:].bool()
+    for key in ("old_log_probs", "entropys"):
+        torch.testing.assert_close(outputs[True].batch[key][seen], outputs[False].batch[key][seen], atol=1e-5, rtol=0)
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6), key
+    grads = {name: value for name, value in digests[False]["optimizer"].items() if name.endswith("exp_avg")}
+    assert len(grads) >= 20  # every trained tensor (the tied lm_head shares the embedding's)
+    for name, value in grads.items():
+        torch.testing.assert_close(digests[True]["optimizer"][name], value, atol=1e-7, rtol=1e-4, msg=name)
+    for name, value in digests[False]["params"].items():
+        torch.testing.assert_close(digests[True]["params"][name], value, atol=1e-5, rtol=0, msg=name)
+    assert 0 < metrics[True]["perf/mfu/actor"] < 1
+
+
+def test_on_policy_update_skips_old_log_probs(train_batch):
+    """ppo_epochs=1 and one mini-batch: update_actor needs no old_log_probs (its own detached log-probs stand in,
+    so the ratio is 1 and nothing clips) and moves the weights exactly as with the extra pass."""
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8").actor_rollout_ref
+    digests, metrics = [], []
+    for with_old in (True, False):
+        worker = ActorRolloutRefWorker(cfg, "actor")
+        worker.init_model()
+        batch = train_batch.select_idxs(list(range(ROWS)))
+        if with_old:
+            batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
+        else:
+            batch.pop(["old_log_probs"])
+        metrics.append(worker.update_actor(batch).meta_info["metrics"])
+        digests.append(worker.state_digest())
+    for name, value in digests[0]["params"].items():
+        torch.testing.assert_close(digests[1]["params"][name], value, atol=1e-6, rtol=0, msg=name)
+    assert metrics[1]["actor/pg_clipfrac"] == 0 and metrics[1]["actor/ppo_kl"] == pytest.approx(0, abs=1e-7)
+    assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    off_policy = ActorRolloutRefWorker(make_config(*TRAIN).actor_rollout_ref, "actor")  # 2 mini-batches
+    off_policy.init_model()
+    with pytest.raises(KeyError, match="lacks old_log_probs, which only an on-policy update"):
+        off_policy.update_actor(batch)

@@ -77,3 +77,37 @@ def test_reward_model_scores_the_last_token(ray_session, tiny_path):
             continue
         assert row[length - 1].item() == pytest.approx(expected[i].item(), abs=1e-5)
         assert torch.count_nonzero(row) <= 1
+    # the padded path (use_remove_padding=false, one process) scores the same
+    padded = RewardModelWorker(make_config("reward_model.enable=true", "reward_model.model.path=pyrl:tiny",
+                                           "reward_model.model.use_remove_padding=false").reward_model, "pyrl:tiny")
+    padded.init_model()
+    torch.testing.assert_close(padded.compute_rm_score(batch).batch["rm_scores"], scores, atol=1e-5, rtol=0)
+
+
+def test_critic_packed_equals_padded():
+    """Values, loss metrics, gradients (Adam's first moment) and weights after one step: packed == padded, with a
+    hole in the loss mask (a response token attended to but not trained on)."""
+    batch = random_batch(ROWS, seed=13)
+    mask = batch.batch["response_mask"].clone()
+    mask[0, 3] = 0
+    batch.batch["response_mask"] = mask
+    g = torch.Generator().manual_seed(5)
+    batch.batch["values"] = torch.randn(ROWS, 6, generator=g) * 0.1 * mask
+    batch.batch["returns"] = torch.randn(ROWS, 6, generator=g) * mask
+    out = {}
+    for packed in (True, False):
+        worker = CriticWorker(make_config(*CRITIC, "critic.ppo_mini_batch_size=6", "critic.ppo_micro_batch_size_per_gpu=4",
+                                          f"critic.model.use_remove_padding={packed}").critic)
+        worker.init_model()
+        values = worker.compute_values(batch).batch["values"]
+        metrics = worker.update_critic(batch).meta_info["metrics"]
+        state = {name: p.detach().clone() for name, p in worker.critic.named_parameters()}
+        moments = {name: worker.optimizer.state[p]["exp_avg"].clone() for name, p in worker.critic.named_parameters()}
+        out[packed] = values, metrics, state, moments
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
+        assert out[True][1][key] == pytest.approx(out[False][1][key], rel=1e-4, abs=1e-6), key
+    assert 0 < out[True][1]["perf/mfu/critic"] < 1
+    for name, moment in out[False][3].items():
+        torch.testing.assert_close(out[True][3][name], moment, atol=1e-7, rtol=1e-4, msg=name)
+        torch.testing.assert_close(out[True][2][name], out[False][2][name], atol=1e-5, rtol=0, msg=name)

@@ -1,51 +1,129 @@
-"""The fused response log-probs equal log_softmax of the HF model's own logits (float64 reference)."""
+"""The fused response log-probs equal log_softmax of the HF model's own logits (float64 reference), packed
+(remove-padding, varlen attention) and padded alike, values and gradients."""
 
 import pytest
 import torch
 
-from pyrl.models import tiny_model_path
+from pyrl.models import tiny_model_path, varlen_attention
+from pyrl.workers.batching import ModelInputs
 from pyrl.workers.policy import ResponseLogProbs
 
 transformers = pytest.importorskip("transformers")
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
-    path = tiny_model_path(cache_dir=str(tmp_path_factory.mktemp("cache")))
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+def tiny_path(tmp_path_factory):
+    return tiny_model_path(cache_dir=str(tmp_path_factory.mktemp("cache")))
 
 
-def _batch(vocab, prompt=5, response=4):
-    ids = torch.randint(3, vocab, (3, prompt + response))
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding of the prompt
-    mask[1, -1] = 0  # right padding of the response
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_path):
+    """The model with packed attention registered: padded calls (a [B, L] mask) take sdpa's path."""
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32,
+                                                             attn_implementation=varlen_attention.register())
+
+
+@pytest.fixture(scope="module")
+def hf64(tiny_path):
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float64)
+
+
+def _batch(vocab, seed=0, prompt=7, response=6):
+    """Left-padded prompts, right-padded responses of very different lengths (one of length 1)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (4, prompt + response), generator=g)
+    prompt_len = torch.tensor([7, 2, 5, 1])
+    response_len = torch.tensor([6, 1, 3, 6])
+    cols = torch.arange(prompt + response)
+    mask = ((cols >= prompt - prompt_len[:, None]) & (cols < prompt + response_len[:, None])).long()
     position_ids = (mask.cumsum(1) - 1).clamp(min=0)
-    return ids, mask, position_ids, response
+    return {"input_ids": ids * mask, "attention_mask": mask, "position_ids": position_ids}, response
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_matches_hf_logits(tiny_lm, temperature):
-    ids, mask, pos, r = _batch(tiny_lm.config.vocab_size)
-    policy = ResponseLogProbs(tiny_lm)
-    logp, entropy = policy(ids, mask, pos, r, temperature=temperature, return_entropy=True)
-    logits = tiny_lm(input_ids=ids, attention_mask=mask, position_ids=pos).logits.double() / temperature
+def _reference(hf64, tensors, r, temperature):
+    logits = hf64(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
+                  position_ids=tensors["position_ids"]).logits / temperature
     ref = torch.log_softmax(logits[:, -r - 1:-1], -1)
-    expected = ref.gather(-1, ids[:, -r:, None]).squeeze(-1)
-    torch.testing.assert_close(logp.double(), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(entropy.double(), -(ref.exp() * ref).sum(-1), atol=1e-5, rtol=1e-5)
+    return ref.gather(-1, tensors["input_ids"][:, -r:, None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
 
 
-def test_gradients_match_hf(tiny_lm):
-    ids, mask, pos, r = _batch(tiny_lm.config.vocab_size)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_matches_hf_logits(tiny_lm, hf64, packed, temperature):
+    tensors, r = _batch(tiny_lm.config.vocab_size)
     policy = ResponseLogProbs(tiny_lm)
-    tiny_lm.zero_grad()
-    policy(ids, mask, pos, r).sum().backward()
-    ours = {n: p.grad.clone() for n, p in tiny_lm.named_parameters()}
-    tiny_lm.zero_grad()
-    logits = tiny_lm(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    torch.log_softmax(logits[:, -r - 1:-1], -1).gather(-1, ids[:, -r:, None]).sum().backward()
-    for name, p in tiny_lm.named_parameters():
-        torch.testing.assert_close(ours[name], p.grad, atol=2e-5, rtol=1e-4, msg=name)
-    with pytest.raises(ValueError, match="response_length: expected 1..8"):
-        policy(ids, mask, pos, 9)
+    logp, entropy = policy(ModelInputs.responses(tensors, r, packed, CPU), temperature=temperature, return_entropy=True)
+    expected, expected_entropy = _reference(hf64, tensors, r, temperature)
+    mask = tensors["attention_mask"][:, -r:].bool()
+    torch.testing.assert_close(logp.double()[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy.double()[mask], expected_entropy[mask], atol=1e-5, rtol=1e-5)
+    if packed:  # nothing is computed for padding
+        assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()
+
+
+def test_gradients_packed_equal_padded_equal_hf(tiny_lm, hf64):
+    """d(sum of masked log-probs) for every weight: packed == padded == float64 HF, with a loss mask that has a
+    hole (a token attended to but not trained on)."""
+    tensors, r = _batch(tiny_lm.config.vocab_size, seed=1)
+    loss_mask = tensors["attention_mask"][:, -r:].clone()
+    loss_mask[0, 2] = 0  # the hole
+    policy = ResponseLogProbs(tiny_lm)
+    grads = {}
+    for packed in (True, False):
+        tiny_lm.zero_grad()
+        (policy(ModelInputs.responses(tensors, r, packed, CPU)) * loss_mask).sum().backward()
+        grads[packed] = {n: p.grad.clone() for n, p in tiny_lm.named_parameters()}
+    hf64.zero_grad()
+    expected, _ = _reference(hf64, tensors, r, 1.0)
+    (expected * loss_mask).sum().backward()
+    for name, p in hf64.named_parameters():
+        torch.testing.assert_close(grads[True][name].double(), p.grad, atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(grads[True][name], grads[False][name], atol=2e-6, rtol=1e-5, msg=name)
+
+
+def test_bad_inputs_named():
+    tensors, r = _batch(300)
+    with pytest.raises(ValueError, match="response_length: expected 1..12"):
+        ModelInputs.responses(tensors, 13, True, CPU)
+    holes = dict(tensors, attention_mask=tensors["attention_mask"].clone())
+    holes["attention_mask"][2, 7] = 0  # row 2's attended tokens are no longer one run
+    with pytest.raises(ValueError, match="row 2"):
+        ModelInputs.responses(holes, r, True, CPU)
+    no_prompt = {k: v[:, 6:] for k, v in tensors.items()}  # row 1's prompt (2 tokens) is cut off
+    no_prompt["attention_mask"][1, 0] = 0
+    with pytest.raises(ValueError, match="row 1: a response token with no prompt token"):
+        ModelInputs.responses(no_prompt, r, True, CPU)
+
+
+def test_varlen_attention_buckets_cover_every_token_once():
+    lengths = torch.tensor([5, 0, 40, 31, 1, 39, 30, 12])
+    attention = varlen_attention.VarlenAttention.from_lengths(lengths, CPU)
+    seen = torch.cat([gather[valid] for gather, valid in attention.buckets])
+    assert sorted(seen.tolist()) == list(range(int(lengths.sum())))
+    for gather, valid in attention.buckets:
+        real = valid.sum(-1)
+        assert real.min() >= varlen_attention.BUCKET_RATIO * real.max()
+
+
+@pytest.mark.parametrize("packed_model", [True, False], ids=["packed-model", "padded-model"])
+def test_packed_transport_gives_the_same_model_inputs(tiny_lm, packed_model):
+    """A micro-batch sent packed (PackedTensors, no attention mask: what the trainer sends) and the same rows
+    sent padded give the same trimmed response fields and the same log-probs."""
+    from pyrl.protocol import DataProto
+    from pyrl.workers.batching import row_lengths, trimmed
+
+    tensors, r = _batch(tiny_lm.config.vocab_size, seed=2)
+    padded = DataProto.from_dict({**tensors, "response_mask": tensors["attention_mask"][:, -r:]})
+    sent = padded.to_packed("attention_mask", keys=["input_ids", "position_ids"])
+    assert "attention_mask" not in sent.batch
+    assert torch.equal(row_lengths(sent), row_lengths(padded))
+    policy = ResponseLogProbs(tiny_lm)
+    results = []
+    for data in (padded, sent):
+        rows = data.select_idxs([1, 2])  # 2 and 5 prompt tokens, 1 and 3 response tokens: trimming cuts columns
+        fields, kept = trimmed(rows, r)
+        results.append((fields["response_mask"], policy(ModelInputs.responses(fields, kept, packed_model, CPU))))
+    assert results[0][0].shape == results[1][0].shape == (2, 3)
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-6, rtol=0)

@@ -1,0 +1,240 @@
+"""How a worker cuts its rows into work: PPO mini-batches, micro-batches under a token budget (the same count
+on every rank), and each micro-batch as the model sees it (`ModelInputs`): packed (remove-padding: the rows'
+real tokens end to end, position ids restarting per sequence, attention confined to each sequence) or padded
+([rows, columns] with a mask, trimmed of columns that are padding in every row).
+
+Token-level fields (input_ids, position_ids over prompt + response) arrive either padded [B, P + R] with their
+attention_mask, or packed: PackedTensors whose layout (pyrl.protocol) replaces the mask, as the trainer sends
+them. Response-level fields ([B, R]: responses, masks, advantages, ...) are always padded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pyrl.models.varlen_attention import VarlenAttention
+from pyrl.protocol import DataProto, PackedLayout, PackedTensor, balanced_partitions, token_budget_micro_batches
+from pyrl.workers.distributed import all_reduce
+
+
+TOKEN_KEYS = ("input_ids", "position_ids")
+
+
+def require_tokens(method: str, data: DataProto, keys=()) -> None:
+    """The batch must hold the token fields (padded with attention_mask, or packed) and `keys`."""
+    packed = isinstance(data.batch.get("input_ids"), PackedTensor)
+    wanted = list(TOKEN_KEYS) + ([] if packed else ["attention_mask"]) + list(keys)
+    missing = [k for k in wanted if k not in data.batch]
+    if missing:
+        raise KeyError(f"{method}: the batch lacks {missing}; it has {sorted(data.batch)}")
+
+
+def row_lengths(data: DataProto) -> torch.Tensor:
+    """Attended (real) tokens of each row: what token budgets count."""
+    ids = data.batch["input_ids"]
+    return ids.layout.lengths if isinstance(ids, PackedTensor) else data.batch["attention_mask"].sum(-1)
+
+
+def micro_batch_indices(seqlens: torch.Tensor, micro_batch_size: int | None, use_dynamic_bsz: bool,
+                        max_token_len: int, device: torch.device) -> list[list[int]]:
+    """Row indices of each micro-batch. Fixed size, or (dynamic) the fewest token-balanced micro-batches of at
+    most max_token_len real tokens each (seqlens: the rows' attended token counts). FSDP ranks must run the
+    same number of forwards (every forward is a collective), so the count is the maximum over ranks and
+    shorter lists are rebalanced to it."""
+    rows = int(seqlens.numel())
+    if not use_dynamic_bsz:
+        size = micro_batch_size or rows
+        return [list(range(s, min(s + size, rows))) for s in range(0, rows, size)] or [[]]
+    batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
+    count = torch.tensor([len(batches)], dtype=torch.int64, device=device)
+    count = int(all_reduce(count, dist.ReduceOp.MAX).item())
+    if count > len(batches):
+        batches = [sorted(b) for b in balanced_partitions(seqlens.tolist(), min(count, rows), equal_size=False)]
+        batches.sort(key=lambda b: b[0])
+        batches += [[] for _ in range(count - len(batches))]
+    return batches
+
+
+def mini_batches(data: DataProto, size: int, epochs: int, shuffle: bool, seed: int, method: str, hint: str = ""):
+    """The PPO mini-batches of this rank's rows: `epochs` passes, each in order or reshuffled (seeded), in
+    pieces of `size` rows (at most all of them), which must divide the rows."""
+    size = min(len(data), max(1, size))
+    if len(data) % size:
+        raise ValueError(f"{method}: {len(data)} rows per rank is not a multiple of the mini-batch of {size}{hint}")
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(data), generator=generator) if shuffle else torch.arange(len(data))
+        for start in range(0, len(data), size):
+            yield data.select_idxs(order[start:start + size])
+
+
+def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size: int) -> dict:
+    """agg_loss's global_batch_info for a mini-batch: valid tokens and non-empty sequences over all ranks."""
+    counts = all_reduce(torch.tensor([float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())],
+                                     dtype=torch.float64, device=device))
+    return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size}
+
+
+@dataclass
+class ModelInputs:
+    """One micro-batch as the model sees it, and where its outputs go.
+
+    input_ids / position_ids: [1, T] packed (T = the rows' real tokens) or [rows, W] padded; attention_mask:
+    the VarlenAttention mask dict (packed) or the [rows, W] mask. The model's hidden states, flattened to
+    [T or rows x W, H], are read at `score_index` (the state that predicts each scored token); `labels` are
+    those tokens; `scatter` puts the N results into a [rows, width] grid (zeros where nothing was scored)."""
+
+    input_ids: torch.Tensor
+    attention_mask: object
+    position_ids: torch.Tensor
+    score_index: torch.Tensor  # [N] int64
+    labels: torch.Tensor  # [N] int64
+    out_index: torch.Tensor  # [N] int64, flat index into [rows, width]
+    rows: int
+    width: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model runs on (real ones when packed, rows x columns when padded)."""
+        return self.input_ids.numel()
+
+    def scored_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.score_index)
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [rows, width, ...], differentiable."""
+        out = values.new_zeros((self.rows * self.width, *values.shape[1:]))
+        return out.index_copy(0, self.out_index, values).reshape(self.rows, self.width, *values.shape[1:])
+
+    @classmethod
+    def responses(cls, tensors: dict, response_length: int, packed: bool, device: torch.device) -> "ModelInputs":
+        """Score the last `response_length` columns of [rows, P + R] input_ids (left-padded prompt, right-padded
+        response, as a rollout returns them): response token j is predicted by the state before it, as verl.
+        Packed, only attended response tokens are scored; padded, every response column is."""
+        ids, positions = tensors["input_ids"], tensors["position_ids"]
+        if isinstance(ids, PackedTensor) and not packed:  # packed transport, padded model: the padded view
+            mask = ids.layout.mask()
+            ids, positions = ids.to_padded(), positions.to_padded()
+        elif isinstance(ids, PackedTensor):
+            mask = None
+        else:
+            mask = tensors["attention_mask"]
+        layout = ids.layout if isinstance(ids, PackedTensor) else None
+        rows, width = (layout.num_sequences, layout.width) if layout is not None else ids.shape
+        if not 0 < response_length < width:
+            raise ValueError(f"response_length: expected 1..{width - 1}, got {response_length}")
+        prompt_width = width - response_length
+        if packed:
+            if layout is None:
+                layout = PackedLayout.from_mask(mask)
+                index = layout.padded_index()
+                ids, positions = layout.pack(ids, index), layout.pack(positions, index)
+            else:
+                ids, positions = ids.values, positions.values
+            starts, lengths = layout.starts, layout.lengths
+            response_tokens = (starts + lengths - prompt_width).clamp(min=0, max=response_length)
+            col = torch.arange(response_length)
+            row, col = (col[None, :] < response_tokens[:, None]).nonzero(as_tuple=True)
+            token = layout.cu_seqlens[row] + prompt_width + col - starts[row]
+            first = token == layout.cu_seqlens[row]
+            if bool(first.any()):
+                raise ValueError(f"row {int(row[first][0])}: a response token with no prompt token before it has no "
+                                 "state to be scored from")
+            return cls._packed(ids, positions, layout, token - 1, ids[token], row * response_length + col,
+                               response_length, device)
+        columns = torch.arange(prompt_width - 1, width - 1)
+        score = (torch.arange(rows)[:, None] * width + columns[None, :]).reshape(-1)
+        return cls(ids.to(device), mask.to(device), positions.to(device), score.to(device),
+                   ids[:, prompt_width:].reshape(-1).to(device), torch.arange(rows * response_length, device=device),
+                   rows, response_length)
+
+    @classmethod
+    def last_tokens(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    packed: bool, device: torch.device) -> "ModelInputs":
+        """Score each row at its last attended token (either padding side), into a [rows, 1] grid."""
+        rows, width = input_ids.shape
+        has_tokens = (attention_mask != 0).any(-1)
+        out = torch.nonzero(has_tokens).reshape(-1)
+        if packed:
+            layout = PackedLayout.from_mask(attention_mask)
+            index = layout.padded_index()
+            return cls._packed(layout.pack(input_ids, index), layout.pack(position_ids, index), layout,
+                               layout.cu_seqlens[1:][out] - 1, torch.zeros_like(out), out, 1, device)
+        columns = torch.arange(width)
+        last = (columns * (attention_mask != 0)).argmax(-1)
+        return cls(input_ids.to(device), attention_mask.to(device), position_ids.to(device),
+                   (out * width + last[out]).to(device), torch.zeros_like(out).to(device), out.to(device), rows, 1)
+
+    @classmethod
+    def _packed(cls, ids, positions, layout: PackedLayout, score, labels, out, width, device) -> "ModelInputs":
+        """ids / positions: [T] packed by `layout`."""
+        attention = VarlenAttention.from_lengths(layout.lengths, device)
+        return cls(ids[None].to(device), attention.as_mask(), positions[None].to(device), score.to(device),
+                   labels.to(device), out.to(device), layout.num_sequences, width)
+
+
+def trimmed(data: DataProto, response_length: int) -> tuple[dict, int]:
+    """A micro-batch's tensors with the columns that are padding in every row cut off (prompt columns on
+    the left, response columns on the right); returns (tensors, kept response length >= 1). Packed token
+    fields keep their tokens; their layout's columns are trimmed alike."""
+    if isinstance(data.batch["input_ids"], PackedTensor):
+        return _trimmed_packed(data, response_length)
+    mask = data.batch["attention_mask"]
+    prompt_width = mask.shape[1] - response_length
+    prompt_pad = int((mask[:, :prompt_width].cumsum(-1) == 0).sum(-1).min().item()) if prompt_width else 0
+    prompt_pad = min(prompt_pad, prompt_width - 1)
+    kept_response = max(1, int(mask[:, prompt_width:].sum(-1).max().item()))
+    end = prompt_width + kept_response
+    out = {}
+    for key, value in data.batch.items():
+        if value.dim() == 2 and value.shape[1] == mask.shape[1]:
+            out[key] = value[:, prompt_pad:end]
+        elif value.dim() == 2 and value.shape[1] == response_length:
+            out[key] = value[:, :kept_response]
+        else:
+            out[key] = value
+    return out, kept_response
+
+
+def _trimmed_packed(data: DataProto, response_length: int) -> tuple[dict, int]:
+    layout = data.batch["input_ids"].layout
+    prompt_width = layout.width - response_length
+    kept_response = max(1, int((layout.starts + layout.lengths - prompt_width).max().clamp(min=0)))
+    prompt_pad = min(int(layout.starts.min()), prompt_width - 1)
+    new_layout = PackedLayout(layout.cu_seqlens, layout.starts - prompt_pad, prompt_width - prompt_pad + kept_response,
+                              layout.mask_key, layout.mask_dtype, validate=False)
+    out = {}
+    for key, value in data.batch.items():
+        if isinstance(value, PackedTensor):
+            if value.layout is not layout:
+                raise ValueError(f"batch[{key!r}]: packed token fields must share input_ids' layout")
+            out[key] = PackedTensor(value.values, new_layout)
+        elif value.dim() == 2 and value.shape[1] == response_length:
+            out[key] = value[:, :kept_response]
+        else:
+            out[key] = value
+    return out, kept_response
+
+
+def pad_response(values: torch.Tensor, response_length: int) -> torch.Tensor:
+    """[b, r] -> [b, response_length], zeros on the right."""
+    return torch.nn.functional.pad(values, (0, response_length - values.shape[1]))
+
+
+def response_forward(data: DataProto, micro_batches, forward) -> tuple:
+    """Run forward(tensors, kept_response_length) -> tuple of [b, kept] tensors on each micro-batch (trimmed
+    of all-padding columns) and return the outputs as [B, R] CPU tensors in row order. An empty micro-batch
+    (a rank with fewer rows than another's micro-batch count) still runs one row for FSDP's collectives."""
+    response_length = data.batch["responses"].shape[-1]
+    pieces, order = [], []
+    for idx in micro_batches:
+        tensors, kept = trimmed(data.select_idxs(idx or [0]), response_length)
+        outputs = forward(tensors, kept)
+        if idx:
+            pieces.append([pad_response(out, response_length).cpu() for out in outputs])
+            order.extend(idx)
+    inverse = np.argsort(np.asarray(order, dtype=np.int64), kind="stable")
+    return tuple(torch.cat(column)[inverse] for column in zip(*pieces))

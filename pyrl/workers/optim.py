@@ -1,0 +1,85 @@
+"""The optimizer side of an FSDP2 worker: AdamW and verl's LR schedules, gradient clipping with the
+non-finite skip, and optimizer state offload."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import nn
+
+from pyrl.workers.distributed import full_tensor
+
+
+def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
+    if optim_config.optimizer.lower() != "adamw":
+        raise ValueError(f"optim.optimizer: only AdamW is supported, got {optim_config.optimizer!r}")
+    return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas),
+                             weight_decay=optim_config.weight_decay)
+
+
+def build_lr_scheduler(optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over lr_warmup_steps (or lr_warmup_steps_ratio x total_training_steps), then constant,
+    or cosine down to min_lr_ratio over the remaining steps (verl's schedules)."""
+    total = optim_config.total_training_steps
+    warmup = optim_config.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(optim_config.lr_warmup_steps_ratio * max(total, 0))
+    kind = optim_config.lr_scheduler_type
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"optim.lr_scheduler_type: expected 'constant' or 'cosine', got {kind!r}")
+    if kind == "cosine" and total <= 0:
+        raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps > 0")
+    min_ratio, cycles = optim_config.min_lr_ratio, optim_config.num_cycles
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * max(0.0, 0.5 * (1 + math.cos(math.pi * cycles * 2.0 * progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """The global gradient norm (over every rank's shards), gradients scaled to max_norm when above it."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    return float(full_tensor(norm))
+
+
+def optimizer_step(model: nn.Module, optimizer, grad_clip: float) -> float:
+    """Clip, then step; a step whose gradient norm is not finite is skipped (as verl). Returns the norm."""
+    grad_norm = clip_grad_norm(model, grad_clip)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+@contextlib.contextmanager
+def optimizer_state_on(optimizer, device: torch.device, fsdp_config):
+    """fsdp_config.optimizer_offload: the optimizer's state (Adam's moments) waits on the CPU between
+    updates and comes to the device only for them (verl's load/offload_fsdp_optimizer). With param_offload
+    FSDP2 keeps the state on the CPU already; on CPU workers there is nothing to move."""
+    if not fsdp_config.optimizer_offload or fsdp_config.param_offload or device.type == "cpu":
+        yield
+        return
+    _move_optimizer_state(optimizer, device)
+    try:
+        yield
+    finally:
+        _move_optimizer_state(optimizer, torch.device("cpu"))
+
+
+def _move_optimizer_state(optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":  # Adam keeps its step count on the CPU
+                state[key] = value.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,72 @@
+"""The update loop the actor and the critic share: PPO epochs over mini-batches, each accumulated over
+micro-batches, then clip and step; metrics by name, reduced over micro-batches and ranks, averaged over
+mini-batches; the LR schedule steps once per update; MFU of the whole update."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from pyrl.protocol import DataProto
+from pyrl.workers import batching, perf
+from pyrl.workers.distributed import all_reduce
+from pyrl.workers.optim import optimizer_state_on, optimizer_step
+
+
+@dataclass
+class UpdatePlan:
+    """How one update walks the data (the actor's or the critic's keys)."""
+
+    prefix: str  # "actor" / "critic": the metrics' namespace
+    mini_batch_size: int  # rows per rank
+    epochs: int
+    shuffle: bool
+    seed: int
+    micro_batch_size: int | None
+    use_dynamic_bsz: bool
+    max_token_len: int
+    grad_clip: float
+    hint: str = ""  # names the keys behind mini_batch_size in errors
+
+
+def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan: UpdatePlan, fsdp_config,
+               device: torch.device, world_size: int, hf_config, compute_dtype: torch.dtype,
+               micro_step: Callable[[DataProto, list, dict], dict]) -> dict:
+    """micro_step(mini_batch, row indices, global_batch_info) runs one micro-batch's forward and backward and
+    returns {metric name: this micro-batch's share}, shares that sum over the micro-batches of every rank to
+    the mini-batch's value (the same names on every rank and every micro-batch, an empty one included)."""
+    history: dict[str, list] = {}
+    seqlens = []
+    start = time.perf_counter()
+    model.train()
+    with optimizer_state_on(optimizer, device, fsdp_config):
+        for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
+                                          f"update_{plan.prefix}", plan.hint):
+            info = batching.global_batch_info(mini.batch["response_mask"], device, world_size)
+            lengths = batching.row_lengths(mini)
+            seqlens += lengths.tolist()
+            shares: dict[str, float] = {}
+            optimizer.zero_grad(set_to_none=True)
+            for idx in batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
+                                                    plan.max_token_len, device):
+                for name, value in micro_step(mini, idx, info).items():
+                    shares[name] = shares.get(name, 0.0) + value
+            grad_norm = optimizer_step(model, optimizer, plan.grad_clip)
+            names = sorted(shares)
+            totals = all_reduce(torch.tensor([shares[n] for n in names], dtype=torch.float64, device=device)).tolist()
+            for name, value in zip(names, totals):
+                history.setdefault(f"{plan.prefix}/{name}", []).append(value)
+            history.setdefault(f"{plan.prefix}/grad_norm", []).append(grad_norm)
+    elapsed = time.perf_counter() - start
+    history[f"{plan.prefix}/lr"] = [lr_scheduler.get_last_lr()[0]]
+    lr_scheduler.step()
+    metrics = {name: float(np.mean(values)) for name, values in history.items()}
+    achieved = all_reduce(torch.tensor([perf.model_flops(hf_config, seqlens) / max(elapsed, 1e-9),
+                                        perf.peak_flops(device, compute_dtype)], dtype=torch.float64, device=device))
+    metrics[f"perf/mfu/{plan.prefix}"] = float(achieved[0] / achieved[1])
+    return metrics
