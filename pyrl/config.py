@@ -32,7 +32,7 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     fsdp_size: int = -1
     model_dtype: str = "fp32"  # the sharded master parameters
-    dtype: str = "bfloat16"  # compute dtype on CUDA (mixed precision); CPU computes in model_dtype
+    dtype: str = "bfloat16"  # compute dtype (mixed precision): on CUDA, and on CPUs with native bf16 (else model_dtype)
     forward_only: bool = False
 
 

@@ -93,6 +93,14 @@ def make_model(spec: TinyModelSpec, vocab_size: int, eos_token_id: int, pad_toke
     return Qwen2ForCausalLM(config)
 
 
+# The end-to-end benchmark's model (benchmarks/bench_e2e.py): ~24M parameters, large enough that a GRPO step on a
+# 2-core CPU is dominated by the model's compute (generation, forward, backward), not by framework overhead.
+BENCH_SPEC = TinyModelSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
+                           intermediate_size=1536)
+EOS_BIAS_VERSION = 1  # bumped when eos_biased_model_path's construction changes (names its cache directory)
+EOS_CARRIER = 8.0  # the constant residual-stream value that carries the EOS logit (an embedding's others are ~0.02)
+
+
 def default_cache_dir() -> str:
     return os.environ.get("PYRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pyrl"))
 
@@ -104,9 +112,8 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None
     path = os.path.join(root, f"tiny-qwen2-{spec.fingerprint()}")
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-tiny-")
-    try:
+
+    def write(tmp: str) -> None:
         tokenizer = make_tokenizer(spec)
         model = make_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
         model.save_pretrained(tmp)
@@ -114,6 +121,18 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None
         model.generation_config.save_pretrained(tmp)
         with open(os.path.join(tmp, "pyrl_spec.json"), "w") as f:
             json.dump(asdict(spec), f, indent=1)
+
+    _write_once(root, path, write)
+    return path
+
+
+def _write_once(root: str, path: str, write) -> None:
+    """write(tmp) into a temporary directory under `root`, then rename it to `path`, so that a crash never
+    leaves a half-written model behind; a concurrent maker that renamed first wins."""
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-tiny-")
+    try:
+        write(tmp)
         try:
             os.rename(tmp, path)
         except OSError:
@@ -121,4 +140,62 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def eos_biased_model_path(spec: TinyModelSpec = BENCH_SPEC, eos_prob: float = 0.05,
+                          cache_dir: str | None = None) -> str:
+    """Directory holding the model of `spec` changed so that it emits EOS with probability about `eos_prob`
+    at every position, whatever the context; made on first use, atomically, next to the base model.
+
+    A randomly initialised model almost never samples EOS, so its responses all run to the length limit;
+    benchmarks of responses that end at varied lengths need this variant: lengths are then geometric with
+    mean ~1/eos_prob (cut at the response limit). A Qwen2 lm_head has no bias, which both HF and vLLM would
+    load, so the bias is built from weights: residual-stream coordinate 0 is made a constant (EOS_CARRIER in
+    every token's embedding; no attention or MLP writes it, and the layer norms give it zero weight, so
+    no layer reads it), the final norm turns it into a near-constant input of lm_head, and only EOS's
+    lm_head row reads it, with the weight that gives EOS the wanted probability against the other tokens'
+    logits (calibrated on random prompts). Embeddings are untied first so that the EOS row can differ
+    from the EOS embedding."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not 0 < eos_prob < 1:
+        raise ValueError(f"eos_prob: expected a probability in (0, 1), got {eos_prob}")
+    root = cache_dir or default_cache_dir()
+    base = tiny_model_path(spec, root)
+    key = json.dumps({"spec": spec.fingerprint(), "eos_prob": eos_prob, "version": EOS_BIAS_VERSION}, sort_keys=True)
+    path = os.path.join(root, f"tiny-qwen2-eos-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+        model.model.embed_tokens.weight[:, 0] = EOS_CARRIER
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+            layer.input_layernorm.weight[0] = 0.0
+            layer.post_attention_layernorm.weight[0] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[eos] = 0.0
+        generator = torch.Generator().manual_seed(spec.seed)
+        ids = torch.randint(0, len(tokenizer), (8, 64), generator=generator)
+        hidden = model.model(input_ids=ids).last_hidden_state  # after the final norm
+        others = model.lm_head(hidden)
+        others[..., eos] = float("-inf")
+        # EOS's logit b gives probability e^b / (e^b + sum of the others' e^z): b = logit(p) + logsumexp(others)
+        target = torch.logit(torch.tensor(eos_prob)) + torch.logsumexp(others, -1).mean()
+        model.lm_head.weight[eos, 0] = target / hidden[..., 0].mean()
+
+    def write(tmp: str) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        with open(os.path.join(tmp, "pyrl_spec.json"), "w") as f:
+            json.dump({**asdict(spec), "tie_word_embeddings": False, "eos_prob": eos_prob}, f, indent=1)
+
+    _write_once(root, path, write)
     return path

@@ -3,6 +3,7 @@ rollout engine and exports)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import torch
@@ -11,18 +12,46 @@ from torch import nn
 from pyrl.config import torch_dtype
 from pyrl.workers.distributed import full_tensor, is_distributed
 
+log = logging.getLogger("pyrl")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16 instructions): elsewhere bf16
+    matmuls are emulated and slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def compute_dtype(fsdp_config, device: torch.device) -> torch.dtype:
+    """The dtype the forward and backward run in: fsdp_config.dtype (mixed precision over model_dtype master
+    weights), on CUDA, and on a CPU with native bf16 when it is bfloat16; otherwise the master dtype."""
+    master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
+    compute = torch_dtype(fsdp_config.dtype, "fsdp_config.dtype")
+    if device.type == "cpu" and compute != master and not (compute == torch.bfloat16 and cpu_has_bf16()):
+        log.info("fsdp_config.dtype=%s: this CPU has no native %s; computing in %s", fsdp_config.dtype, compute, master)
+        return master
+    return compute
+
 
 def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> torch.dtype:
-    """fully_shard each decoder layer, then the root (embedding, final norm, head), in place. On CUDA the
-    forward runs in fsdp_config.dtype with float32 gradient reduction; CPU runs in the master dtype.
-    Returns the compute dtype."""
+    """fully_shard each decoder layer, then the root (embedding, final norm, head), in place, the forward in
+    compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype.
+    Returns the compute dtype. A single process without a process group is not sharded and computes in the
+    master dtype."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
     model.to(device=device, dtype=master)
-    compute = torch_dtype(fsdp_config.dtype, "fsdp_config.dtype") if device.type == "cuda" else master
     if not is_distributed():
         return master  # a plain single-process module: nothing to shard
+    compute = compute_dtype(fsdp_config, device)
     mp = MixedPrecisionPolicy()
     if compute != master:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)

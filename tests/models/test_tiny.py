@@ -44,3 +44,25 @@ def test_loads_with_transformers_and_has_a_chat_template(tiny_path):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.padding_side == "left"
     out = model(torch.tensor([ids]))
     assert out.logits.shape == (1, len(ids), len(tok)) and torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize("eos_prob", [0.05, 0.3])
+def test_eos_biased_model_emits_eos_at_the_asked_rate(tmp_path, eos_prob):
+    """The benchmark's EOS-biased variant: p(EOS) near eos_prob at every position of fresh random prompts (not
+    the calibration's), untied embeddings, and an invalid probability named."""
+    from pyrl.models.tiny import eos_biased_model_path
+
+    spec = TinyModelSpec()
+    path = eos_biased_model_path(spec, eos_prob, cache_dir=str(tmp_path))
+    assert eos_biased_model_path(spec, eos_prob, cache_dir=str(tmp_path)) == path  # cached
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path(spec, str(tmp_path)), dtype=torch.float32)
+    eos = model.config.eos_token_id
+    ids = torch.randint(3, model.config.vocab_size, (4, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        p_eos = model(input_ids=ids).logits.softmax(-1)[..., eos]
+    assert abs(p_eos.mean().item() - eos_prob) < 0.35 * eos_prob
+    assert p_eos.min().item() > eos_prob / 3 and p_eos.max().item() < min(1.0, 3 * eos_prob)
+    assert not model.config.tie_word_embeddings and base.config.tie_word_embeddings
+    with pytest.raises(ValueError, match="eos_prob: expected a probability in"):
+        eos_biased_model_path(spec, 1.5, cache_dir=str(tmp_path))

@@ -7,6 +7,7 @@ import torch
 
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers.actor import ActorRolloutRefWorker
+from pyrl.workers.fsdp import cpu_has_bf16
 from worker_helpers import check_rollout_fields, hf_response_logprobs, make_config, random_batch, rollout_prompts
 
 ROWS = 8
@@ -200,3 +201,26 @@ def test_on_policy_update_skips_old_log_probs(train_batch):
     off_policy.init_model()
     with pytest.raises(KeyError, match="lacks old_log_probs, which only an on-policy update"):
         off_policy.update_actor(batch)
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
+def test_bf16_mixed_precision_on_cpu(ray_session, train_batch, tiny_path):
+    """fsdp_config.dtype=bfloat16 on a CPU with bf16 instructions: the forward runs in bf16 (log-probs near, not
+    equal to, float64's), the master weights and the optimizer stay float32 and train."""
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16").actor_rollout_ref
+    wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, cfg, "actor")
+    try:
+        wg.init_model()
+        before = wg.state_digest()[0]
+        logp = wg.compute_log_prob(train_batch).batch["old_log_probs"]
+        metrics = wg.update_actor(train_batch).meta_info["metrics"]
+        after = wg.state_digest()[0]
+    finally:
+        wg.kill()
+    expected, _ = hf_response_logprobs(tiny_path, train_batch)
+    mask = train_batch.batch["response_mask"].bool()
+    error = (logp[mask].double() - expected[mask]).abs().max().item()
+    assert 1e-5 < error < 0.1  # bf16 rounding shows, and stays small
+    assert all(v.dtype == torch.float32 for v in after["params"].values())
+    assert max((after["params"][k] - v).abs().max().item() for k, v in before["params"].items()) > 1e-4
+    assert all(torch.isfinite(torch.tensor(v)).all() for v in metrics["actor/pg_loss"])

@@ -14,7 +14,11 @@ def make_config(*overrides: str):
     from pyrl.config import PPOConfig
 
     base = OmegaConf.structured(PPOConfig)
-    defaults = [f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
+    # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups in bf16): the tests
+    # compare against float32 single processes and float64 references
+    fp32 = [f"{role}.fsdp_config.dtype=float32" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic",
+                                                             "reward_model")]
+    defaults = fp32 + [f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
                 "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.path=pyrl:tiny"]
     cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
     return OmegaConf.to_object(cfg)

@@ -1,0 +1,121 @@
+"""Packed (remove-padding) vs padded forward + backward of the policy on a long-tailed micro-batch, and the
+CPU attention choices behind packed training.
+
+1. test_packed_vs_padded_step: ResponseLogProbs (the actor's update forward, fused log-probs) + backward of the
+   summed log-probs on one micro-batch of 64 sequences with log-normal prompts (median 74, max 384 tokens) and
+   geometric responses (mean ~16, cut at 32), packed vs padded to the micro-batch's longest row. Target: the time
+   ratio packed/padded within 1.2x of the token ratio real/padded.
+2. test_varlen_attention: causal attention fwd + bwd over those sequences (8 heads of 64, 2 KV heads): pyrl's
+   length buckets vs one SDPA call per sequence vs one call with a block-diagonal mask (the square of the total)
+   vs the padded batch.
+
+The model is bench_e2e's ~24M-parameter Qwen2 (pyrl.models.BENCH_SPEC); smoke mode (benchmarks disabled, as CI
+runs them) uses the tiny model and 8 sequences.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyrl.models import tiny_model_path, varlen_attention
+from pyrl.models.tiny import BENCH_SPEC, TinyModelSpec
+from pyrl.workers.batching import ModelInputs
+from pyrl.workers.policy import ResponseLogProbs
+
+CPU = torch.device("cpu")
+
+
+def long_tailed_batch(rows: int, vocab: int, seed: int = 0):
+    """Left-padded log-normal prompts and right-padded geometric responses, as a rollout returns them."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = (torch.exp(torch.randn(rows, generator=g) * (math.log(384 / 74) / 2.4) + math.log(74))).round()
+    prompt = prompt.clamp(12, 384).long()
+    response = torch.distributions.Geometric(torch.tensor(1 / 16)).sample((rows,)).long().clamp(1, 32)
+    prompt_width, response_width = int(prompt.max()), int(response.max())
+    cols = torch.arange(prompt_width + response_width)
+    mask = ((cols >= prompt_width - prompt[:, None]) & (cols < prompt_width + response[:, None])).long()
+    ids = torch.randint(3, vocab, mask.shape, generator=g) * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, response_width
+
+
+@pytest.fixture(scope="module")
+def policy(benchmark_disabled):
+    from transformers import AutoModelForCausalLM
+
+    spec = TinyModelSpec() if benchmark_disabled else BENCH_SPEC
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model_path(spec), dtype=torch.float32,
+                                              attn_implementation=varlen_attention.register())
+    return ResponseLogProbs(lm)
+
+
+@pytest.fixture(scope="module")
+def benchmark_disabled(request):
+    return request.config.getoption("benchmark_disable")
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_packed_vs_padded_step(benchmark, policy, benchmark_disabled, packed):
+    tensors, response_width = long_tailed_batch(8 if benchmark_disabled else 64, policy.lm.config.vocab_size)
+    inputs = ModelInputs.responses(tensors, response_width, packed, CPU)
+
+    def step():
+        policy.zero_grad(set_to_none=True)
+        policy(inputs).sum().backward()
+
+    benchmark.group = "policy fwd+bwd, long-tailed micro-batch"
+    benchmark.pedantic(step, rounds=1 if benchmark_disabled else 3, warmup_rounds=0 if benchmark_disabled else 1)
+    real, padded = int(tensors["attention_mask"].sum()), tensors["attention_mask"].numel()
+    benchmark.extra_info.update({"tokens_run": inputs.num_tokens, "real_tokens": real, "padded_tokens": padded,
+                                 "real_over_padded": real / padded})
+    assert inputs.num_tokens == (real if packed else padded)
+
+
+def _attention_inputs(lengths, heads=8, kv_heads=2, head_dim=64):
+    total = int(lengths.sum())
+    q = torch.randn(1, heads, total, head_dim, requires_grad=True)
+    k = torch.randn(1, kv_heads, total, head_dim, requires_grad=True)
+    v = torch.randn(1, kv_heads, total, head_dim, requires_grad=True)
+    return q, k, v
+
+
+class _Module:  # what transformers passes as `module`
+    num_key_value_groups = 4
+
+
+@pytest.mark.parametrize("method", ["buckets", "per_sequence", "block_diagonal", "padded"])
+def test_varlen_attention(benchmark, benchmark_disabled, method):
+    tensors, _ = long_tailed_batch(8 if benchmark_disabled else 64, 300)
+    lengths = tensors["attention_mask"].sum(-1)
+    q, k, v = _attention_inputs(lengths)
+    groups = q.shape[1] // k.shape[1]
+    cu = [0] + lengths.cumsum(0).tolist()
+    if method == "buckets":
+        attention = varlen_attention.VarlenAttention.from_lengths(lengths, CPU)
+
+        def run():
+            varlen_attention.varlen_attention_forward(_Module, q, k, v, attention)[0].sum().backward()
+    elif method == "per_sequence":
+        def run():
+            outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e].repeat_interleave(groups, 1),
+                                                   v[:, :, s:e].repeat_interleave(groups, 1), is_causal=True)
+                    for s, e in zip(cu[:-1], cu[1:])]
+            torch.cat(outs, 2).sum().backward()
+    elif method == "block_diagonal":
+        segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        mask = (segment[:, None] == segment[None, :]) & torch.ones(len(segment), len(segment), dtype=torch.bool).tril()
+
+        def run():
+            F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1),
+                                           attn_mask=mask).sum().backward()
+    else:
+        width = int(lengths.max())
+        qp = torch.randn(len(lengths), q.shape[1], width, q.shape[-1], requires_grad=True)
+        kp = torch.randn(len(lengths), q.shape[1], width, q.shape[-1], requires_grad=True)
+
+        def run():
+            F.scaled_dot_product_attention(qp, kp, kp, is_causal=True).sum().backward()
+
+    benchmark.group = "causal attention fwd+bwd, long-tailed sequences"
+    benchmark.pedantic(run, rounds=1 if benchmark_disabled else 3, warmup_rounds=0 if benchmark_disabled else 1)
