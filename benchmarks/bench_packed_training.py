@@ -95,7 +95,7 @@ def test_varlen_attention(benchmark, benchmark_disabled, method):
         attention = varlen_attention.VarlenAttention.from_lengths(lengths, CPU)
 
         def run():
-            varlen_attention.varlen_attention_forward(_Module, q, k, v, attention)[0].sum().backward()
+            varlen_attention.varlen_attention_forward(_Module, q, k, v, None, **attention.as_kwargs())[0].sum().backward()
     elif method == "per_sequence":
         def run():
             outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e].repeat_interleave(groups, 1),

@@ -1,10 +1,10 @@
 """Attention over packed sequences (remove-padding): B sequences laid end to end as one row of T tokens,
 each attending causally to its own tokens only, never across a boundary.
 
-A Hugging Face model loaded with ``attn_implementation="pyrl_varlen"`` runs it: the caller passes a
-:class:`VarlenAttention` (the sequences' cu_seqlens) in place of the attention mask, for every layer type,
-with position ids that restart at 0 for each sequence. Without one (a padded batch with a [B, L] mask) the
-model behaves exactly as with ``sdpa``.
+A Hugging Face model loaded with ``attn_implementation="pyrl_varlen"`` runs it: the caller passes no
+attention mask, the keyword ``pyrl_varlen=`` a :class:`VarlenAttention` (the sequences' cu_seqlens), which
+transformers hands through every decoder layer to the attention function, and position ids that restart at 0
+for each sequence. Without it (a padded batch with a [B, L] mask) the model behaves exactly as with ``sdpa``.
 
 The cost is the sum of the sequences' costs, not the square of the total:
 - CUDA with flash-attn installed: ``flash_attn_varlen_func`` on the packed tokens.
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 NAME = "pyrl_varlen"
+KWARG = "pyrl_varlen"
 BUCKET_RATIO = 0.75  # a bucket's shortest sequence is at least this fraction of its longest
 
 
@@ -42,13 +43,9 @@ class VarlenAttention:
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
         return cls(cu.to(device), int(lengths.max()) if lengths.numel() else 0, _buckets(lengths, cu, device))
 
-    @property
-    def shape(self):  # transformers inspects mask shapes in a few places; a packed row has none
-        return None
-
-    def as_mask(self) -> dict:
-        """What to pass as the model's attention_mask: this object for every layer type."""
-        return {"full_attention": self, "sliding_attention": self}
+    def as_kwargs(self) -> dict:
+        """The model's keyword arguments for a packed call (with attention_mask=None)."""
+        return {KWARG: self}
 
 
 def _buckets(lengths: torch.Tensor, cu: torch.Tensor, device: torch.device) -> list:
@@ -72,18 +69,21 @@ def _buckets(lengths: torch.Tensor, cu: torch.Tensor, device: torch.device) -> l
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                              sliding_window=None, **kwargs):
     """transformers attention interface: query [1, H, T, D], key/value [1, H_kv, T, D] -> ([1, T, H, D], None)."""
-    if not isinstance(attention_mask, VarlenAttention):
+    packed = kwargs.pop(KWARG, None)
+    if packed is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if sliding_window is not None:
-        raise NotImplementedError("packed attention (use_remove_padding=true) does not implement sliding-window "
-                                  "layers; set model.use_remove_padding=false for this model")
+    attention_mask = packed
+    if sliding_window is not None and attention_mask.max_seqlen > sliding_window:  # shorter: the window is moot
+        raise NotImplementedError(f"packed attention (use_remove_padding=true): a sequence of {attention_mask.max_seqlen} "
+                                  f"tokens exceeds the model's sliding window ({sliding_window}), which the packed path "
+                                  "does not implement; set model.use_remove_padding=false for this model")
     if query.shape[0] != 1:
         raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
-    if q.is_cuda and _flash_varlen() is not None:
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         cu = attention_mask.cu_seqlens.to(torch.int32)
         out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,
                               dropout_p=dropout, softmax_scale=scaling, causal=True)
@@ -118,6 +118,11 @@ def register() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    def mask(*, attention_mask=None, **kwargs):
+        # packed calls pass no mask (their sequences restart the position ids, from which transformers would
+        # build a [T, T] block mask nobody reads); padded calls get sdpa's masks
+        return None if attention_mask is None else sdpa_mask(attention_mask=attention_mask, **kwargs)
+
     AttentionInterface.register(NAME, varlen_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # padded calls get sdpa's masks
+    AttentionMaskInterface.register(NAME, mask)
     return NAME

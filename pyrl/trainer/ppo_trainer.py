@@ -51,8 +51,11 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
 
 def packed_tokens(batch: DataProto) -> DataProto:
     """The batch as it travels to the model workers: prompt + response tokens (input_ids, position_ids) packed,
-    the attention mask turned into their layout, so no padding token is sent; the rest is shared."""
-    return batch.to_packed("attention_mask", keys=["input_ids", "position_ids"])
+    the attention mask turned into their layout, and without the left-padded `prompts` (a copy of input_ids'
+    first columns that no worker reads); response-level [B, R] fields stay as they are (shared)."""
+    out = batch.to_packed("attention_mask", keys=["input_ids", "position_ids"])
+    out.batch.pop("prompts", None)
+    return out
 
 
 def balance_batch(batch: DataProto, world_size: int) -> dict:

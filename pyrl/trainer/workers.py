@@ -35,9 +35,12 @@ def gpus_per_node(trainer_config) -> int:
 
 
 def build_workers(config) -> Workers:
+    import torch
+
     from pyrl.controller import ResourcePool, WorkerGroup, init_ray
     from pyrl.workers.actor import ActorRolloutRefWorker
     from pyrl.workers.critic import CriticWorker
+    from pyrl.workers.perf import peak_flops
     from pyrl.workers.reward_model import RewardModelWorker
 
     trainer = config.trainer
@@ -57,6 +60,10 @@ def build_workers(config) -> Workers:
     if rows % world:
         raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {rows} must be divisible by the "
                          f"{world} worker processes")
+    if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
+        # nothing else runs: workers measuring it at once would each see a fraction of it
+        for dtype in (torch.float32, torch.bfloat16):
+            peak_flops(torch.device("cpu"), dtype)
     # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     if gpus == 0:

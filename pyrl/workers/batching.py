@@ -9,7 +9,7 @@ them. Response-level fields ([B, R]: responses, masks, advantages, ...) are alwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -83,9 +83,10 @@ class ModelInputs:
     """One micro-batch as the model sees it, and where its outputs go.
 
     input_ids / position_ids: [1, T] packed (T = the rows' real tokens) or [rows, W] padded; attention_mask:
-    the VarlenAttention mask dict (packed) or the [rows, W] mask. The model's hidden states, flattened to
-    [T or rows x W, H], are read at `score_index` (the state that predicts each scored token); `labels` are
-    those tokens; `scatter` puts the N results into a [rows, width] grid (zeros where nothing was scored)."""
+    None (packed: model_kwargs carries the VarlenAttention) or the [rows, W] mask. The model's hidden states,
+    flattened to [T or rows x W, H], are read at `score_index`; `labels` are the tokens scored there (the
+    responses; zeros when only the states matter, as for a reward model's last token); `scatter` puts the N
+    results into a [rows, width] grid (zeros where nothing was scored)."""
 
     input_ids: torch.Tensor
     attention_mask: object
@@ -95,11 +96,17 @@ class ModelInputs:
     out_index: torch.Tensor  # [N] int64, flat index into [rows, width]
     rows: int
     width: int
+    model_kwargs: dict = field(default_factory=dict)  # packed: the VarlenAttention the attention layers read
 
     @property
     def num_tokens(self) -> int:
         """Tokens the model runs on (real ones when packed, rows x columns when padded)."""
         return self.input_ids.numel()
+
+    def hidden_states(self, body) -> torch.Tensor:
+        """The model body (an HF base model) run on these inputs: its last hidden states."""
+        return body(input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
+                    **self.model_kwargs).last_hidden_state
 
     def scored_states(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.score_index)
@@ -172,8 +179,8 @@ class ModelInputs:
     def _packed(cls, ids, positions, layout: PackedLayout, score, labels, out, width, device) -> "ModelInputs":
         """ids / positions: [T] packed by `layout`."""
         attention = VarlenAttention.from_lengths(layout.lengths, device)
-        return cls(ids[None].to(device), attention.as_mask(), positions[None].to(device), score.to(device),
-                   labels.to(device), out.to(device), layout.num_sequences, width)
+        return cls(ids[None].to(device), None, positions[None].to(device), score.to(device), labels.to(device),
+                   out.to(device), layout.num_sequences, width, attention.as_kwargs())
 
 
 def trimmed(data: DataProto, response_length: int) -> tuple[dict, int]:
@@ -209,7 +216,7 @@ def _trimmed_packed(data: DataProto, response_length: int) -> tuple[dict, int]:
     out = {}
     for key, value in data.batch.items():
         if isinstance(value, PackedTensor):
-            if value.layout is not layout:
+            if not value.layout.same_as(layout):
                 raise ValueError(f"batch[{key!r}]: packed token fields must share input_ids' layout")
             out[key] = PackedTensor(value.values, new_layout)
         elif value.dim() == 2 and value.shape[1] == response_length:

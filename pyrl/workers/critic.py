@@ -36,8 +36,7 @@ class ResponseValues(nn.Module):
         return getattr(self.value_model, "score", None) or self.value_model.classifier
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        hidden = self.body(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                           position_ids=inputs.position_ids).last_hidden_state
+        hidden = inputs.hidden_states(self.body)
         return inputs.scatter(self.head(inputs.scored_states(hidden))[:, 0].float())
 
 

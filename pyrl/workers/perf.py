@@ -38,9 +38,9 @@ def memory_metrics(device: torch.device) -> dict:
     return out
 
 
-def model_flops(hf_config, seqlens, backward: bool = True) -> float:
+def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True) -> float:
     """verl's FLOP estimate of running a dense decoder on sequences of these lengths (forward + backward,
-    or forward only)."""
+    or forward only); lm_head=False for a value or reward model, whose head is one wide."""
     hidden = hf_config.hidden_size
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
@@ -48,7 +48,7 @@ def model_flops(hf_config, seqlens, backward: bool = True) -> float:
     layers = hf_config.num_hidden_layers
     attn_linear = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     mlp = 3 * hidden * hf_config.intermediate_size
-    dense = (attn_linear + mlp) * layers + 2 * hf_config.vocab_size * hidden
+    dense = (attn_linear + mlp) * layers + (2 * hf_config.vocab_size * hidden if lm_head else hidden)
     seqlens = [int(s) for s in seqlens]
     flops = 6 * dense * sum(seqlens) + 12 * sum(s * s for s in seqlens) * head_dim * heads * layers
     return flops if backward else flops / 3

@@ -23,8 +23,7 @@ class ResponseLogProbs(nn.Module):
     def forward(self, inputs: ModelInputs, temperature: float = 1.0, return_entropy: bool = False):
         """Log-probs [rows, width] of the tokens `inputs` scores (the responses: see ModelInputs.responses),
         and their entropy [rows, width] with return_entropy; zeros where nothing was scored."""
-        hidden = self.lm.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                               position_ids=inputs.position_ids).last_hidden_state
+        hidden = inputs.hidden_states(self.lm.model)
         out = fused_linear_logprobs(inputs.scored_states(hidden), self.lm.lm_head.weight, inputs.labels,
                                     temperature=temperature, return_entropy=return_entropy)
         # scatter writes new tensors, not views: FSDP2 warns that an in-place op on a view output would skip

@@ -30,8 +30,7 @@ class LastTokenScore(nn.Module):
         return getattr(self.classifier, self.classifier.base_model_prefix)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        hidden = self.body(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                           position_ids=inputs.position_ids).last_hidden_state
+        hidden = inputs.hidden_states(self.body)
         return inputs.scatter(self.classifier.score(inputs.scored_states(hidden)).float())[:, 0, 0]
 
 

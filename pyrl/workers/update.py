@@ -66,7 +66,8 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     history[f"{plan.prefix}/lr"] = [lr_scheduler.get_last_lr()[0]]
     lr_scheduler.step()
     metrics = {name: float(np.mean(values)) for name, values in history.items()}
-    achieved = all_reduce(torch.tensor([perf.model_flops(hf_config, seqlens) / max(elapsed, 1e-9),
+    flops = perf.model_flops(hf_config, seqlens, lm_head=plan.prefix == "actor")
+    achieved = all_reduce(torch.tensor([flops / max(elapsed, 1e-9),
                                         perf.peak_flops(device, compute_dtype)], dtype=torch.float64, device=device))
     metrics[f"perf/mfu/{plan.prefix}"] = float(achieved[0] / achieved[1])
     return metrics
