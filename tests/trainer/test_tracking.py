@@ -4,6 +4,7 @@ import glob
 import json
 import math
 import struct
+import time
 
 import pytest
 
@@ -80,7 +81,11 @@ def test_wandb_offline(tmp_path, monkeypatch):
     tracker.close()
     run_dirs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     assert len(run_dirs) == 1
-    history = wandb_history(run_dirs[0])
+    # wandb's service process writes the transaction log on its own: finish() can return before the last records
+    # reach the file, so read until they are all there (or give up after 20 s and show what arrived)
+    deadline = time.monotonic() + 20
+    while sorted(history := wandb_history(run_dirs[0])) != [1, 2, 3] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert sorted(history) == [1, 2, 3]
     for step, metrics in enumerate(STEPS, start=1):
         expected = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
