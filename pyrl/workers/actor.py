@@ -30,12 +30,6 @@ from pyrl.workers.rollout.base import prompt_token_lists
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
 
 
-def require_keys(method: str, data: DataProto, keys) -> None:
-    missing = [k for k in keys if k not in data.batch]
-    if missing:
-        raise KeyError(f"{method}: the batch lacks {missing}; it has {sorted(data.batch)}")
-
-
 def resolve_model_path(path: str) -> str:
     """A local HF model directory, or one of pyrl's own models, made on first use: "pyrl:tiny" (the tiny
     Qwen2, random weights) or "pyrl:tiny-toy-sft" (warm-started on the toy task, the default run's policy)."""
@@ -136,7 +130,7 @@ class ActorRolloutRefWorker(Worker):
         """prompts: input_ids / attention_mask (/ position_ids), left-padded. meta_info may override the
         rollout config's sampling (n, temperature, top_k, top_p, do_sample, response_length,
         calculate_log_probs). Returns n rows per prompt (interleaved) with verl's rollout fields."""
-        require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
+        batching.require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
         spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
         if spec.seed is not None:  # each rank draws its own samples
             spec = dataclasses.replace(spec, seed=spec.seed + 1_000_003 * self.rank)

@@ -23,13 +23,16 @@ from pyrl.workers.distributed import all_reduce
 TOKEN_KEYS = ("input_ids", "position_ids")
 
 
+def require_keys(method: str, data: DataProto, keys) -> None:
+    missing = [k for k in keys if k not in data.batch]
+    if missing:
+        raise KeyError(f"{method}: the batch lacks {missing}; it has {sorted(data.batch)}")
+
+
 def require_tokens(method: str, data: DataProto, keys=()) -> None:
     """The batch must hold the token fields (padded with attention_mask, or packed) and `keys`."""
     packed = isinstance(data.batch.get("input_ids"), PackedTensor)
-    wanted = list(TOKEN_KEYS) + ([] if packed else ["attention_mask"]) + list(keys)
-    missing = [k for k in wanted if k not in data.batch]
-    if missing:
-        raise KeyError(f"{method}: the batch lacks {missing}; it has {sorted(data.batch)}")
+    require_keys(method, data, list(TOKEN_KEYS) + ([] if packed else ["attention_mask"]) + list(keys))
 
 
 def row_lengths(data: DataProto) -> torch.Tensor:
