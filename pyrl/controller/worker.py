@@ -5,12 +5,26 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import traceback
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+class RemoteError(Exception):
+    """An exception a worker raised, as text: its type's name, its message and the worker's traceback. Always
+    picklable, so it always reaches the driver (the original may not be: vLLM's pydantic validation errors hold
+    objects that cannot be pickled, and Ray would deliver only "isn't serializable")."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str):
+        super().__init__(type_name, message, traceback_text)
+        self.type_name, self.message, self.traceback_text = type_name, message, traceback_text
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
 
 
 class Worker:
@@ -22,6 +36,14 @@ class Worker:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+    def call_method(self, method: str, *args, **kwargs):
+        """How the driver calls every worker method: `method(*args, **kwargs)`, any exception it raises turned
+        into a RemoteError carrying its type, message and traceback."""
+        try:
+            return getattr(self, method)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever it is, it must reach the driver intact
+            raise RemoteError(type(e).__name__, str(e), traceback.format_exc()) from None
 
     def master_address(self) -> tuple[str, int]:
         """This process's node address and a free port, for rank 0 to host the rendezvous."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
 from dataclasses import dataclass, field
 
 import ray
@@ -17,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
+from pyrl.controller.worker import RemoteError
 
 
 class WorkerError(RuntimeError):
@@ -24,13 +27,26 @@ class WorkerError(RuntimeError):
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
-    """Join the cluster at `address` (e.g. "auto" or "ray://head:10001"), or start a local one."""
+    """Join the cluster at `address` ("auto", "host:port", "ray://head:10001") or, without one, at $RAY_ADDRESS
+    (ray.init reads it, which is how verl joins one); otherwise start a private local instance with num_cpus
+    CPUs. Never joins by accident: a bare ray.init() would also attach to whatever cluster Ray's temp dir
+    advertises (someone's `ray start --head`, a crashed run's leftover address file) and then reject num_cpus."""
     if ray.is_initialized():
         return
+    address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, **kwargs)
+        ray.init(address=address, **kwargs)  # the cluster has its own resources: num_cpus does not apply
+        return
+    # Ray (2.60 here) turns token authentication on for every new local cluster and warns each time that it did;
+    # keep Ray's secure default, without the warning. (RAY_AUTH_MODE, Ray's switch, is read when ray is imported:
+    # "token" set later breaks the start, GCS waiting for a token that was never made; "disabled" drops auth.)
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth_log.level
+    auth_log.setLevel(logging.ERROR)
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, **kwargs)
+    finally:
+        auth_log.setLevel(level)
 
 
 @dataclass
@@ -98,7 +114,7 @@ class WorkerGroup:
         resource_pool._users += 1
         self._bind_registered_methods()
         if init_distributed:
-            master = self._gather([self.workers[0].master_address.remote()], "master_address", ranks=[0])[0]
+            master = self._gather(self._submit("master_address", [()], [{}], [0]), "master_address", ranks=[0])[0]
             self.execute_all("setup_distributed", *master, None, dist_timeout_s)
 
     # ---- calling workers ----
@@ -116,15 +132,17 @@ class WorkerGroup:
                 results[ref] = ray.get(ref)
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None) or e
-                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} raised in {method}(): "
-                                  f"{type(cause).__name__}: {cause}") from e
+                detail = f"{type(cause).__name__}: {cause}"
+                if isinstance(cause, RemoteError):
+                    detail = f"{cause}\n--- the worker's traceback ---\n{cause.traceback_text.rstrip()}"
+                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} raised in {method}(): {detail}") from None
             except ray.exceptions.RayActorError as e:
                 raise WorkerError(f"{self.worker_cls.__name__} rank {rank} died during {method}() "
                                   f"(its process exited): {e}") from e
         return [results[ref] for ref in refs]
 
     def _submit(self, method: str, per_rank_args, per_rank_kwargs, ranks):
-        return [getattr(self.workers[r], method).remote(*per_rank_args[i], **per_rank_kwargs[i])
+        return [self.workers[r].call_method.remote(method, *per_rank_args[i], **per_rank_kwargs[i])
                 for i, r in enumerate(ranks)]
 
     def execute_all(self, method: str, *args, **kwargs) -> list:

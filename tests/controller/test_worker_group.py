@@ -1,6 +1,7 @@
 """The single controller on real Ray actors: dispatch modes, torch.distributed over gloo, errors."""
 
 import os
+import re
 import sys
 import time
 
@@ -22,7 +23,26 @@ def _reverse_split(world_size, args, kwargs):
 register_dispatch_mode("reverse_split", _reverse_split, lambda outputs, ctx: sorted(outputs))
 
 
+class UnpicklableError(Exception):
+    """Like vLLM's pydantic ValidationError: holds something pickle cannot take."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.hook = lambda: None
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle ArgsKwargs")
+
+
+def raise_deep(rank):
+    raise UnpicklableError(f"prompt + response exceed the context on rank {rank}")
+
+
 class EchoWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_unpicklable(self):
+        raise_deep(self.rank)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self, tag):
         return (tag, self.rank, self.world_size)
@@ -119,6 +139,15 @@ def test_worker_exception_names_class_rank_and_method(group):
     with pytest.raises(WorkerError, match=r"EchoWorker rank 1 raised in fail_on\(\): ValueError: bad input on rank 1"):
         group.fail_on(1)
     assert group.fail_on(5) == [0, 1]  # the group still works
+
+
+def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(group):
+    with pytest.raises(WorkerError) as info:
+        group.fail_unpicklable()
+    text = str(info.value)
+    assert re.match(r"EchoWorker rank \d raised in fail_unpicklable\(\): UnpicklableError: prompt \+ response exceed "
+                    r"the context on rank \d", text), text
+    assert "the worker's traceback" in text and "in raise_deep" in text and "isn't serializable" not in text
 
 
 def test_killed_worker_ends_the_call_quickly(ray_session):
