@@ -23,9 +23,9 @@ register_adv_est, get_adv_estimator_fn = make_registry("advantage estimator", AD
 
 
 def group_ids(index, device) -> torch.Tensor:
-    """Group labels (uids of any hashable kind) -> int64 ids on `device`."""
+    """Group labels (uids of any hashable kind, or a tensor) -> int64 ids 0..G-1 on `device`, one per label."""
     if isinstance(index, torch.Tensor):
-        return index.to(device=device, dtype=torch.int64)
+        return torch.unique(index.reshape(-1), return_inverse=True)[1].to(device)
     _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
     return torch.from_numpy(inverse.astype(np.int64).reshape(-1)).to(device)
 
@@ -45,6 +45,7 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
 
 
 @register_adv_est("grpo")
+@register_adv_est("grpo_vectorized")  # verl's vectorized twin: the same numbers (this one has no loop either)
 def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, **_):
     """A_i = (s_i - mean_g) / (std_g + eps) (or s_i - mean_g for Dr.GRPO), broadcast over valid tokens."""
     return _outcome(token_level_rewards, response_mask, index, "grpo", norm_by_std=norm_adv_by_std_in_grpo, eps=epsilon)
@@ -60,6 +61,49 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, ind
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """A_i = s_i - mean_{j != i in g} s_j; a singleton keeps s_i."""
     return _outcome(token_level_rewards, response_mask, index, "rloo")
+
+
+@register_adv_est("rloo_vectorized")
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **_):
+    """A_i = s_i - mean_{j != i in g} s_j; a singleton gets 0 (verl's vectorized RLOO; its loop version, `rloo`,
+    keeps s_i)."""
+    advantages, _ = _outcome(token_level_rewards, response_mask, index, "rloo")
+    ids = group_ids(index, advantages.device)
+    advantages = advantages * (torch.bincount(ids)[ids] > 1).unsqueeze(-1)
+    return advantages, advantages
+
+
+@register_adv_est("gdpo")
+def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, config=None, non_tensor_batch=None, **_):
+    """A = whiten(sum_k w_k A_k m, m) * m (GDPO): A_k is the GRPO advantage of reward component k alone, so a
+    dominant component cannot drown the others; whiten over the batch's valid tokens. Components:
+    non_tensor_batch[key] (one score per sample) for key in config.gdpo_reward_keys, weights
+    config.gdpo_reward_weights (default 1 each); without config or non_tensor_batch, the one component
+    token_level_rewards.sum(-1)."""
+    device = token_level_rewards.device
+    if config is None or non_tensor_batch is None:
+        components, weights = [token_level_rewards.sum(-1)], [1.0]
+    else:
+        keys = config.gdpo_reward_keys
+        if not keys:
+            raise ValueError("gdpo: algorithm.gdpo_reward_keys must list the reward components, fields of the dicts "
+                             "compute_score returns (e.g. ['format_reward', 'accuracy_reward'])")
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError(f"gdpo: reward component {key!r} (algorithm.gdpo_reward_keys) is not in the batch, "
+                               f"which has {sorted(non_tensor_batch)}; compute_score must return a dict holding it")
+        components = [torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=device)
+                      for key in keys]
+        weights = config.gdpo_reward_weights if config.gdpo_reward_weights is not None else [1.0] * len(keys)
+        if len(weights) != len(keys):
+            raise ValueError(f"gdpo: {len(weights)} algorithm.gdpo_reward_weights for {len(keys)} gdpo_reward_keys")
+    ids = group_ids(index, device)
+    combined = sum(float(weight) * ops.group_advantages(scores, ids, "grpo", norm_adv_by_std_in_grpo, epsilon)
+                   for weight, scores in zip(weights, components))
+    advantages = combined.unsqueeze(-1) * response_mask
+    advantages = ops.masked_whiten(advantages, response_mask) * response_mask
+    return advantages, advantages
 
 
 @register_adv_est("opo")
@@ -106,3 +150,69 @@ def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, respo
         returns = masked.flip(-1).cumsum(-1).flip(-1)
         advantages = returns - reward_baselines.to(torch.float32).unsqueeze(-1) * response_mask
     return advantages, returns
+
+
+# estimators that read the old policy's per-token statistics before the update: old_log_probs and the actor's
+# sum_pi_squared (actor_rollout_ref.actor.calculate_sum_pi_squared)
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def _optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                            rollout_is_weights, handle_zero_tail, epsilon, by_valid_token):
+    """The two OTB estimators; by_valid_token: a token's time step counts only the valid tokens before it (and a
+    response with none is in no group), else it is the column."""
+    with torch.no_grad():
+        # float64: w is near 0 on near-certain tokens, and the baseline is a ratio of sums of them
+        mask = response_mask.double()
+        returns = (token_level_rewards.double() * mask).flip(-1).cumsum(-1).flip(-1)
+        w = 1 - 2 * old_log_probs.double().exp() + sum_pi_squared.double()
+        if rollout_is_weights is not None:
+            w = w * rollout_is_weights.double() ** 2
+        path_variance = (w * mask).cumsum(-1) * mask  # W_t on valid tokens, 0 elsewhere
+        rows, width = mask.shape
+        lengths = mask.sum(-1).long()
+        ids = group_ids(index, mask.device)
+        groups = int(ids.max()) + 1 if rows else 0
+        if by_valid_token:
+            step = (mask.cumsum(-1) - 1).clamp(min=0).long()
+        else:
+            step = torch.arange(width, device=mask.device).expand(rows, width)
+        slot = (ids[:, None] * width + step).reshape(-1)  # (group, time step) of each token
+        numerator = mask.new_zeros(groups * width).index_add_(0, slot, (returns * path_variance).reshape(-1))
+        denominator = mask.new_zeros(groups * width).index_add_(0, slot, path_variance.reshape(-1))
+        baselines = (numerator / (denominator + epsilon))[slot].reshape(rows, width)
+        members = lengths > 0 if by_valid_token else torch.ones_like(lengths, dtype=torch.bool)
+        size = torch.bincount(ids, weights=members.double(), minlength=groups)[ids]
+        baselines = baselines * (size > 1).unsqueeze(-1)  # a lone response keeps its return
+        if handle_zero_tail:  # a group's unique longest response: no baseline past the second longest's length
+            longest = lengths.new_zeros(groups).scatter_reduce(0, ids, lengths, "amax")[ids]
+            is_longest = lengths == longest
+            unique = torch.bincount(ids[is_longest], minlength=groups)[ids] == 1
+            second = lengths.new_zeros(groups).scatter_reduce(0, ids, torch.where(is_longest, 0, lengths), "amax")[ids]
+            tail = (is_longest & unique & (size > 1)).unsqueeze(-1) & (step >= second.unsqueeze(-1))
+            baselines = baselines.masked_fill(tail, 0.0)
+        advantages = torch.where(response_mask.bool(), returns - baselines, 0.0)
+    return advantages.float(), returns.float()
+
+
+@register_adv_est("optimal_token_baseline")
+def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                             rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **_):
+    """A_t = G_t - B_t, B_t = sum_{i in g} G_{i,t} W_{i,t} m_{i,t} / (sum_{i in g} W_{i,t} m_{i,t} + eps) per
+    column t (Optimal Token Baseline): G_t = sum_{t' >= t} r_t' m_t' the return, W_t = sum_{j <= t} w_j m_j the
+    path variance with w_j = (1 - 2 pi_j + sum_v pi_v^2) rho_j^2 (pi_j = exp(old_log_probs), rho the rollout IS
+    weights or 1); a singleton group has B = 0; handle_zero_tail: a group's unique longest response has B = 0
+    from the second longest's length on. returns = G."""
+    return _optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                   rollout_is_weights, handle_zero_tail, epsilon, by_valid_token=False)
+
+
+@register_adv_est("tir_optimal_token_baseline")
+def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
+                                                        sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
+                                                        epsilon=1e-8, **_):
+    """optimal_token_baseline with time counted in valid tokens (multi-turn / tool-use responses whose mask has
+    holes): B_k = sum_{i in g} G_{i,(k)} W_{i,(k)} / (sum_{i in g} W_{i,(k)} + eps), (k) = a response's k-th valid
+    token; responses with no valid token are left out of their group. returns = G."""
+    return _optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                   rollout_is_weights, handle_zero_tail, epsilon, by_valid_token=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _check_pair(values, mask, name="values"):
@@ -58,42 +58,49 @@ def agg_loss(
     loss_scale_factor: float | None = None,
     global_batch_info: dict | None = None,
 ) -> torch.Tensor:
-    """Aggregate a [B, T] per-token loss into a scalar.
+    """Aggregate a [B, T] per-token loss into a scalar (verl 0.9.1's core_algos.agg_loss). With S the number of
+    rows holding a valid token and N the number of valid tokens:
 
-    token-mean:              sum(l * m) / (sum(m) + 1e-8)
-    seq-mean-token-sum:      mean over non-empty rows of sum_t(l * m)
-    seq-mean-token-mean:     mean over non-empty rows of sum_t(l * m) / (sum_t(m) + 1e-8)
-    seq-mean-token-sum-norm: sum(l * m) / C, C = loss_scale_factor or T (Dr.GRPO's constant)
-    An input with no unmasked token gives 0.
+    token-mean:              sum(l * m) / N
+    token-sum:               sum(l * m)
+    seq-mean-token-sum:      sum_i sum_t(l * m) / S
+    seq-mean-token-mean:     sum_i [sum_t(l * m) / (sum_t(m) + 1e-8)] / S
+    seq-mean-token-sum-norm: seq-mean-token-sum / C, C = loss_scale_factor (Dr.GRPO's constant), else
+                             global_batch_info["loss_scale_factor"], else T
+    An input with no valid token gives 0 (verl divides 0 by 0 there when not given global sizes).
 
-    global_batch_info {"batch_num_tokens": N, "global_batch_size": S, "dp_size": D} makes this one micro-batch's
-    share of the whole (data-parallel, gradient-accumulated) batch's aggregate: the means divide by the batch's
-    N valid tokens / S non-empty sequences instead of this input's, times D because data-parallel training
-    averages gradients over the D ranks. Summing the shares over micro-batches and averaging over ranks gives
-    the global token or sequence mean exactly, however the batch was split (verl's engine-path losses).
+    global_batch_info {"batch_num_tokens": N, "global_batch_size": S, "dp_size": D[, "loss_scale_factor": C]} makes
+    this one micro-batch's share of the whole (data-parallel, gradient-accumulated) batch's aggregate: the means
+    divide by the batch's N valid tokens / S non-empty sequences instead of this input's, times D because
+    data-parallel training averages gradients over the D ranks (token-sum too is times D: the sum over the
+    whole batch). Summing the shares over micro-batches and averaging over ranks gives the global aggregate
+    exactly, however the batch was split.
     """
     _check_pair(loss_mat, loss_mask, "loss_mat")
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode: unknown mode {loss_agg_mode!r}, expected one of {', '.join(LOSS_AGG_MODES)}")
-    dp_size = 1
-    if global_batch_info:
-        dp_size = global_batch_info.get("dp_size", 1)
-        if loss_agg_mode == "token-mean":
-            return masked_sum(loss_mat, loss_mask) / max(global_batch_info["batch_num_tokens"], 1) * dp_size
+    info = global_batch_info or {}
+    dp_size = info.get("dp_size", 1)
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
     if loss_agg_mode == "token-mean":
+        if global_batch_info:
+            return masked_sum(loss_mat, loss_mask) / max(info["batch_num_tokens"], 1) * dp_size
         return masked_mean(loss_mat, loss_mask)
     if loss_mat.dim() < 2:
         raise ValueError(f"loss_mat: {loss_agg_mode} needs [batch, tokens], got shape {tuple(loss_mat.shape)}")
     seq_sums = masked_sum(loss_mat, loss_mask, axis=-1)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1]
-        if not scale > 0:
-            raise ValueError(f"loss_scale_factor: must be > 0, got {scale}")
-        return seq_sums.sum() / scale * dp_size
     tokens = loss_mask.sum(-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_sums = seq_sums / (tokens + 1e-8)
     non_empty = (tokens > 0).to(seq_sums.dtype)
     if global_batch_info:
-        return (seq_sums * non_empty).sum() / max(global_batch_info["global_batch_size"], 1) * dp_size
-    return (seq_sums * non_empty).sum() / non_empty.sum().clamp(min=1)
+        loss = (seq_sums * non_empty).sum() / max(info["global_batch_size"], 1) * dp_size
+    else:
+        loss = (seq_sums * non_empty).sum() / non_empty.sum().clamp(min=1)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        scale = next((c for c in (loss_scale_factor, info.get("loss_scale_factor")) if c is not None), loss_mat.shape[-1])
+        if not scale > 0:
+            raise ValueError(f"loss_scale_factor: must be > 0, got {scale}")
+        loss = loss / scale
+    return loss

@@ -7,8 +7,10 @@ Let delta = clamp(logp - old_logp, -20, 20), ratio = exp(delta), A = advantages.
   cispo:   l = -sg(clip(ratio, 1 - low, 1 + high)) A logp; pg_clipfrac = mean[clip(ratio) != ratio]
   gpg:     l = -A logp (no ratio, metrics 0)
   gspo:    sequence ratio s_i = exp(sg(mean_t delta_i) + logp - sg(logp)) (capped at exp(10)), clipped as
-           vanilla without dual clip; always aggregated seq-mean-token-mean
-ppo_kl = mean(-delta). Means over unmasked tokens; the loss is agg_loss(l, mask, loss_agg_mode).
+           vanilla without dual clip (aggregated by loss_agg_mode, as verl 0.9.1; the GSPO paper's is
+           seq-mean-token-mean)
+ppo_kl = mean(-delta). Means over unmasked tokens; the loss is agg_loss(w l, mask, loss_agg_mode), w =
+rollout_is_weights (verl's decoupled-mode rollout-correction IS weights, [B, T]; 1 when None), metrics without w.
 
 vanilla/cispo/gpg run one fused kernel that writes the per-token loss, its derivative and the metric sums;
 gspo (sequence-level) is composed from torch ops.
@@ -64,15 +66,19 @@ def ppo_policy_loss(
     loss_agg_mode="token-mean",
     loss_mode="vanilla",
     global_batch_info=None,
+    rollout_is_weights=None,
 ):
     """(loss, metrics) with metrics {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} as 0-dim float32 tensors.
     Differentiable wrt log_prob (and wrt the other inputs too, through the torch formulation, when they
-    require grad). global_batch_info: see agg_loss."""
+    require grad; rollout_is_weights are constants unless they require grad). global_batch_info: see agg_loss."""
     check_tensor("log_prob", log_prob)
     check_tensor("old_log_prob", old_log_prob)
     check_tensor("advantages", advantages)
     check_tensor("response_mask", response_mask, floating=False)
-    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask)
+    if rollout_is_weights is not None:
+        check_tensor("rollout_is_weights", rollout_is_weights)
+    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask,
+                     rollout_is_weights=rollout_is_weights)
     if loss_mode not in POLICY_LOSS_MODES:
         raise ValueError(f"loss_mode: unknown {loss_mode!r}, expected one of {', '.join(POLICY_LOSS_MODES)}")
     for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
@@ -87,6 +93,7 @@ def ppo_policy_loss(
         loss, metrics = reference.ppo_policy_loss(
             log_prob.float(), old_log_prob.float(), advantages.float(), response_mask.float(),
             clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, loss_mode, global_batch_info,
+            None if rollout_is_weights is None else rollout_is_weights.float(),
         )
         return loss.float(), {k: v.detach().float() for k, v in metrics.items()}
     mask = float32_contiguous(response_mask)
@@ -95,6 +102,8 @@ def ppo_policy_loss(
         float32_contiguous(advantages).view(-1), mask.view(-1), float(clip_ratio_low), float(clip_ratio_high), float(clip_ratio_c),
     )
     loss_mat = PerTokenLossFunction.apply(log_prob, loss_flat, dloss)
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights.float()
     denom = sums[3] + 1e-8
     zero = torch.zeros((), dtype=torch.float32, device=log_prob.device)
     if loss_mode == "gpg":

@@ -135,46 +135,50 @@ def ppo_policy_loss(
     loss_agg_mode="token-mean",
     loss_mode="vanilla",
     global_batch_info=None,
+    rollout_is_weights=None,
 ):
-    """verl's compute_policy_loss_{vanilla,gspo,gpg,cispo}: (loss, metrics)."""
+    """verl's compute_policy_loss_{vanilla,gspo,gpg,cispo}: (loss, metrics); the per-token loss is multiplied by
+    rollout_is_weights (when given) before aggregation."""
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    if loss_mode == "gpg":
-        loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, global_batch_info=global_batch_info)
-        return loss, {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
     delta = log_prob - old_log_prob
-    if loss_mode == "gspo":
+    if loss_mode == "gpg":
+        loss_mat = -log_prob * advantages
+        metrics = {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
+    elif loss_mode == "gspo":
         lengths = response_mask.sum(-1).clamp(min=1)
         seq_delta = (delta * response_mask).sum(-1) / lengths
         log_ratio = log_prob - log_prob.detach() + seq_delta.detach().unsqueeze(-1)
         ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
         l1 = -advantages * ratio
         l2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-        loss = agg_loss(torch.maximum(l1, l2), response_mask, "seq-mean-token-mean", global_batch_info=global_batch_info)
-        metrics = {"pg_clipfrac": masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask), "pg_clipfrac_lower": zero}
-        metrics["ppo_kl"] = masked_mean(-delta, response_mask)
-        return loss, metrics
-    delta = torch.clamp(delta, min=-20.0, max=20.0)
-    ratio = torch.exp(delta)
-    ppo_kl = masked_mean(-delta, response_mask)
-    clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    if loss_mode == "cispo":
-        loss_mat = -clipped_ratio.detach() * advantages * log_prob
-        clipfrac = masked_mean(torch.ne(ratio, clipped_ratio).to(ratio.dtype), response_mask)
-        loss = agg_loss(loss_mat, response_mask, loss_agg_mode, global_batch_info=global_batch_info)
-        return loss, {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": zero, "ppo_kl": ppo_kl}
-    if loss_mode != "vanilla":
+        loss_mat = torch.maximum(l1, l2)
+        metrics = {"pg_clipfrac": masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask), "pg_clipfrac_lower": zero,
+                   "ppo_kl": masked_mean(-delta, response_mask)}
+    elif loss_mode in ("cispo", "vanilla"):
+        delta = torch.clamp(delta, min=-20.0, max=20.0)
+        ratio = torch.exp(delta)
+        ppo_kl = masked_mean(-delta, response_mask)
+        clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+        if loss_mode == "cispo":
+            loss_mat = -clipped_ratio.detach() * advantages * log_prob
+            clipfrac = masked_mean(torch.ne(ratio, clipped_ratio).to(ratio.dtype), response_mask)
+            metrics = {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": zero, "ppo_kl": ppo_kl}
+        else:
+            l1 = -advantages * ratio
+            l2 = -advantages * clipped_ratio
+            clip1 = torch.maximum(l1, l2)
+            l3 = -advantages * clip_ratio_c
+            clip2 = torch.min(l3, clip1)
+            loss_mat = torch.where(advantages < 0, clip2, clip1)
+            metrics = {
+                "pg_clipfrac": masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask),
+                "pg_clipfrac_lower": masked_mean(torch.gt(clip1, l3).to(l1.dtype) * (advantages < 0), response_mask),
+                "ppo_kl": ppo_kl,
+            }
+    else:
         raise ValueError(f"loss_mode: unknown {loss_mode!r}")
-    l1 = -advantages * ratio
-    l2 = -advantages * clipped_ratio
-    clip1 = torch.maximum(l1, l2)
-    l3 = -advantages * clip_ratio_c
-    clip2 = torch.min(l3, clip1)
-    loss_mat = torch.where(advantages < 0, clip2, clip1)
-    metrics = {
-        "pg_clipfrac": masked_mean(torch.gt(l2, l1).to(l1.dtype), response_mask),
-        "pg_clipfrac_lower": masked_mean(torch.gt(clip1, l3).to(l1.dtype) * (advantages < 0), response_mask),
-        "ppo_kl": ppo_kl,
-    }
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights
     return agg_loss(loss_mat, response_mask, loss_agg_mode, global_batch_info=global_batch_info), metrics
 
 
