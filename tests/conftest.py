@@ -51,3 +51,31 @@ def ray_session():
     init_ray(num_cpus=4)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory):
+    """A Hugging Face hub cache (what HF_HUB_CACHE names) holding pyrl's tiny model as the hub model `id`,
+    laid out as huggingface_hub writes one: files as blobs named by their hash, a snapshot of links to them per commit,
+    refs/main naming the commit. `env` points a subprocess at it, offline."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from pyrl.models import tiny_model_path
+
+    hub_id, src = "pyrl-test/tiny-qwen2", tiny_model_path()
+    root = tmp_path_factory.mktemp("hf")
+    repo = root / "hub" / f"models--{hub_id.replace('/', '--')}"
+    commit = hashlib.sha1(hub_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for name in os.listdir(src):
+        data = open(os.path.join(src, name), "rb").read()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {"HF_HOME": str(root), "HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"}
+    return SimpleNamespace(id=hub_id, snapshot=str(snapshot), source=src, env=env)

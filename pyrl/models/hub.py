@@ -1,0 +1,79 @@
+"""Where a model or tokenizer path points: a local Hugging Face model directory, one of pyrl's own models
+("pyrl:tiny", "pyrl:tiny-toy-sft", made on first use), or a Hugging Face hub id ("Qwen/Qwen2.5-0.5B-Instruct")
+fetched into, or found in, the Hugging Face cache (HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 uses the cache only).
+
+The driver resolves every path of a run once, before workers start (pyrl.ppo.resolve_model_paths), so that workers,
+vLLM and the checkpoints all see one local directory and no worker contacts the hub.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+# files neither transformers nor vLLM reads from a model repository (other frameworks' weights, raw originals)
+IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
+
+
+def resolve_model_path(path: str, key: str = "model.path") -> str:
+    """The local directory of `path`; errors name the config `key` it came from."""
+    if path == "pyrl:tiny":
+        from pyrl.models.tiny import tiny_model_path
+
+        return str(tiny_model_path())
+    if path == "pyrl:tiny-toy-sft":
+        from pyrl.models.warm_start import toy_warm_start_path
+
+        return toy_warm_start_path()
+    if not path:
+        raise ValueError(f"{key} is empty: give a local Hugging Face model directory, a Hugging Face hub id, or "
+                         "pyrl:tiny / pyrl:tiny-toy-sft")
+    if os.path.isdir(path):
+        return path
+    if not is_hub_id(path):
+        raise FileNotFoundError(f"{key}={path!r}: no such directory")
+    return hub_snapshot(path, key)
+
+
+def is_hub_id(path: str) -> bool:
+    """"org/name" or "name" as the hub spells repositories; anything path-like ("./x", "/x", "a/b/c") is not."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        return False
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)  # the critic's and the actor's path are usually the same id: look it up once
+def _snapshot(repo_id: str) -> str:
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    ignored = list(IGNORED)
+    if not constants.HF_HUB_OFFLINE:
+        try:  # repositories often hold the weights twice; both loaders prefer safetensors
+            if any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo_id)):
+                ignored += ["*.bin", "*.pt", "*.pth"]
+        except Exception:  # noqa: BLE001 - hub unreachable or no such repo: snapshot_download says which below
+            pass
+    # online it downloads what the cache lacks; offline (HF_HUB_OFFLINE=1, or the hub unreachable) it returns
+    # the cached snapshot of the main revision, or raises
+    return snapshot_download(repo_id, ignore_patterns=ignored)
+
+
+def hub_snapshot(repo_id: str, key: str) -> str:
+    from huggingface_hub import constants
+
+    try:
+        return _snapshot(repo_id)
+    except Exception as e:  # noqa: BLE001 - one clear error whatever the hub client raised
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        offline = "HF_HUB_OFFLINE=1: the hub is not contacted" if constants.HF_HUB_OFFLINE else "HF_HUB_OFFLINE is off"
+        raise FileNotFoundError(
+            f"{key}={repo_id!r} is neither a local directory nor a Hugging Face hub model found in the cache "
+            f"{constants.HF_HUB_CACHE} or downloadable ({offline}; {reason}). Download it where the hub is "
+            f"reachable (hf download {repo_id}) into this cache (HF_HOME / HF_HUB_CACHE), or give a local "
+            "directory") from None
