@@ -1,14 +1,18 @@
-"""trainer.logger backends: console, jsonl, wandb (offline), tensorboard; each read back."""
+"""trainer.logger backends: console (terminal or not), jsonl, file, wandb (offline), tensorboard, mlflow (a local
+file store); each read back."""
 
 import glob
+import io
 import json
 import math
 import struct
+import sys
 import time
 
 import pytest
 
-from pyrl.trainer.tracking import Tracking, truncate_metrics
+from pyrl.trainer import tracking
+from pyrl.trainer.tracking import Tracking, check_backends, truncate_metrics
 
 STEPS = [{"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "bad": math.nan},
          {"critic/score/mean": 0.5, "actor/pg_loss": 0.125, "val-core/toy/reward/mean@1": 0.75},
@@ -116,8 +120,17 @@ def test_tensorboard(tmp_path):
 
 
 def test_unknown_backend_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"trainer.logger: unknown \['mlflow'\]"):
-        Tracking(["console", "mlflow"], str(tmp_path), "p", "e", {}, total_steps=1)
+    with pytest.raises(ValueError, match=r"trainer.logger: unknown \['mlfow'\], expected some of \['console', 'jsonl', "
+                                         r"'file', 'wandb', 'tensorboard', 'mlflow'\]"):
+        Tracking(["console", "mlfow"], str(tmp_path), "p", "e", {}, total_steps=1)
+    assert check_backends("file") == ["file"]
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    real = tracking.importlib.util.find_spec
+    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name))
+    with pytest.raises(ImportError, match=r"trainer.logger=mlflow needs the mlflow package.*'pyrl\[tracking\]'"):
+        check_backends(["console", "mlflow"])
 
 
 def test_truncate_metrics_keeps_steps_up_to_the_checkpoint(tmp_path):
@@ -127,3 +140,99 @@ def test_truncate_metrics_keeps_steps_up_to_the_checkpoint(tmp_path):
     truncate_metrics(str(tmp_path), 2)
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
     assert not (tmp_path / "metrics.jsonl.tmp").exists()
+
+
+def test_console_off_a_terminal_prints_plain_lines(tmp_path, capsys):
+    """stdout to a file / CI / nohup: the table and the samples as plain lines, no progress bar redraws."""
+    assert not sys.stdout.isatty()  # capsys's capture
+    tracker = Tracking(["console"], str(tmp_path), "p", "e", {}, total_steps=3)
+    log_steps(tracker)
+    tracker.close()
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err and captured.err == ""
+    lines = captured.out.splitlines()
+    assert lines[0].split() == ["step", "score", "val", "pg_loss", "entropy", "ppo_kl", "vf_loss", "resp_len", "gen_s",
+                                "step_s"]
+    assert [line.split()[:3] for line in lines[1:4]] == [["1", "0.25", "-"], ["2", "0.5", "0.75"], ["3", "1", "-"]]
+    assert lines[4:] == ["validation generations at step 3:",
+                         "  score 1  '12+34=' -> '<answer>46</answer>'  (expected 46)",
+                         "  score 0  '1|2' -> 'x\\ny'  (expected 3)"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_console_on_a_terminal_keeps_the_bar(tmp_path, monkeypatch):
+    out, err = _Terminal(), _Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    tracker = Tracking(["console"], str(tmp_path), "p", "e", {}, total_steps=3)
+    log_steps(tracker)
+    tracker.close()
+    assert "\r" in err.getvalue() and "3/3" in err.getvalue()  # the bar, redrawn on stderr
+    assert [line.split()[0] for line in out.getvalue().splitlines()[:4]] == ["step", "1", "2", "3"]
+
+
+def test_file_backend_writes_verls_lines_to_verls_path(tmp_path, monkeypatch):
+    """verl's FileLogger: $VERL_FILE_LOGGER_ROOT (default .)/project/experiment.jsonl, or $VERL_FILE_LOGGER_PATH;
+    one compact (orjson's layout) {"step": k, "data": {...}} line per step, appended."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.delenv("VERL_FILE_LOGGER_ROOT", raising=False)
+    for _ in range(2):  # a second run appends
+        tracker = Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=3)
+        log_steps(tracker)
+        tracker.close()
+    lines = (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()
+    assert lines[:3] == ['{"step":1,"data":{"critic/score/mean":0.25,"actor/pg_loss":-0.5}}',
+                         '{"step":2,"data":{"critic/score/mean":0.5,"actor/pg_loss":0.125,'
+                         '"val-core/toy/reward/mean@1":0.75}}',
+                         '{"step":3,"data":{"critic/score/mean":1.0,"actor/pg_loss":2.0}}']
+    assert lines[3:] == lines[:3]
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / "root"))
+    Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=1).log({"x": 1}, step=1)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "logs" / "metrics.jsonl"))
+    tracker = Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=1)
+    tracker.log({"x": 2}, step=1)  # on disk before close: written through every step
+    assert (tmp_path / "logs" / "metrics.jsonl").read_text() == '{"step":1,"data":{"x":2.0}}\n'
+    tracker.close()
+    assert (tmp_path / "root" / "proj" / "exp.jsonl").read_text() == '{"step":1,"data":{"x":1.0}}\n'
+
+
+@pytest.mark.parametrize("store", ["default ./mlruns", "MLFLOW_TRACKING_URI=file://"])
+def test_mlflow_local_file_store(tmp_path, monkeypatch, store):
+    """mlflow-skinny offline: experiment = project, run name = experiment, the config as params, metrics under
+    verl's sanitised names, the generations as verl's val_step{k}.json artifact; read back with mlflow's client."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # Tracking opts in; monkeypatch unsets it again afterwards
+    uri = (tmp_path / "mlruns").as_uri()
+    if store.startswith("MLFLOW_TRACKING_URI"):
+        uri = (tmp_path / "elsewhere").as_uri()
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = {"data": {"train_batch_size": 8, "train_files": ["a.parquet", "b.parquet"]},
+              "trainer": {"logger": ["mlflow"]}}
+    tracker = Tracking(["mlflow"], str(tmp_path / "run"), "proj", "exp", config, total_steps=3)
+    log_steps(tracker)
+    tracker.close()
+
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.info.run_name == "exp" and run.info.status == "FINISHED"
+    assert run.data.params == {"data/train_batch_size": "8", "data/train_files/list_len": "2",
+                               "data/train_files/0": "a.parquet", "data/train_files/1": "b.parquet",
+                               "trainer/logger/list_len": "1", "trainer/logger/0": "mlflow"}
+    history = lambda key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]  # noqa: E731
+    assert history("actor/pg_loss") == [(1, -0.5), (2, 0.125), (3, 2.0)]
+    assert history("val-core/toy/reward/mean_at_1") == [(2, 0.75)]  # "@" is not allowed in mlflow names
+    assert set(run.data.metrics) == {"critic/score/mean", "actor/pg_loss", "val-core/toy/reward/mean_at_1"}
+    path = client.download_artifacts(run.info.run_id, "val_step3.json", str(tmp_path))
+    assert json.load(open(path)) == [{"input": "12+34=", "output": "<answer>46</answer>", "score": 1.0},
+                                     {"input": "1|2", "output": "x\ny", "score": 0.0}]
