@@ -145,7 +145,7 @@ def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") 
     from transformers import AutoTokenizer
 
     from pyrl.config import DataConfig
-    from pyrl.data import RLHFDataset
+    from pyrl.data import PromptBatches, RLHFDataset
     from pyrl.models.tiny import BENCH_SPEC, TinyModelSpec, eos_biased_model_path
 
     spec = TinyModelSpec() if workload.smoke else BENCH_SPEC
@@ -168,7 +168,7 @@ def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") 
     pq.write_table(pa.Table.from_pylist(rows), train_file)
 
     data_config = DataConfig(max_prompt_length=max(workload.prompt_lengths))
-    pyrl_ids = RLHFDataset(train_file, tokenizer, data_config).prompt_ids
+    pyrl_ids = PromptBatches(RLHFDataset(train_file, tokenizer, data_config), tokenizer, data_config).prompt_ids
     trl_ids = tokenizer.apply_chat_template([r["prompt"] for r in rows], add_generation_prompt=True, tokenize=True,
                                             return_dict=True)["input_ids"]  # as TRL's GRPOTrainer._tokenize_prompts
     for i, (ours, theirs, length) in enumerate(zip(pyrl_ids, trl_ids, lengths)):
@@ -200,8 +200,12 @@ def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str
             f"actor_rollout_ref.rollout.max_num_seqs={w.prompts * w.n}",
             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={w.micro_batch}",
             "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
-            f"reward_model.custom_reward_function.path={REWARD_FILE}",
-            "reward_model.custom_reward_function.name=compute_score",
+            f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
+            "reward.num_workers=1", "data.dataloader_num_workers=0",
+            # as the measurements in RESULTS.md were taken (pyrl's defaults were these before they became verl's)
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.use_fused_kernels=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=false", "actor_rollout_ref.rollout.enforce_eager=true",
+            "actor_rollout_ref.rollout.load_format=auto",
             f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=0",

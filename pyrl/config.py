@@ -39,28 +39,56 @@ class FSDPConfig:
 @dataclass
 class CheckpointConfig:
     save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    load_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list = "${.save_contents}"  # type: ignore[assignment]
 
 
 @dataclass
 class ModelConfig:
-    path: str = "pyrl:tiny-toy-sft"  # or pyrl:tiny, or a local HF model directory
+    # a local HF model directory, a hub id, pyrl:tiny or pyrl:tiny-toy-sft; empty (no model given, with no data given:
+    # the toy preset)
+    path: str = ""
     tokenizer_path: Optional[str] = None
     trust_remote_code: bool = False
     use_remove_padding: bool = True
-    enable_gradient_checkpointing: bool = False
-    use_fused_kernels: bool = True
+    enable_gradient_checkpointing: bool = True
+    use_fused_kernels: bool = False  # true: log-probs from hidden states without [tokens, vocab] logits
     override_config: dict = field(default_factory=dict)
+    custom_chat_template: Optional[str] = None  # a Jinja chat template used instead of the tokenizer's
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """verl 0.9.1's algorithm.rollout_correction: correcting for the rollout engine's log-probs differing from the
+    trainer's (pyrl.algos.rollout_correction; needs actor_rollout_ref.rollout.calculate_log_probs)."""
+
+    rollout_is: Optional[str] = None  # token | sequence: importance weights pi / mu into the policy loss
+    rollout_is_threshold: Any = 2.0  # U (truncate at U) or "L_U" (zero outside [L, U])
+    rollout_rs: Optional[str] = None  # rejection options, comma-separated (token_k1, seq_mean_k3, ...)
+    rollout_rs_threshold: Any = None
+    bypass_mode: bool = False  # the rollout's log-probs are the old ones: no old-log-prob pass, loss bypass_mode
+    loss_type: str = "ppo_clip"  # bypass_mode's loss: ppo_clip | reinforce
+    rollout_is_batch_normalize: bool = False
 
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"
+    """verl 0.9.1's actor.policy_loss: the loss's name and the options of the losses that read them."""
+
+    loss_mode: str = "vanilla"  # a pyrl.algos.POLICY_LOSS_REGISTRY name
+    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: candidates have lb < covariance < ub
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens (top covariance) given the KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: coefficient of |log ratio| on those tokens
+    dro_beta: Optional[float] = None  # dro: quadratic log-ratio penalty, required (> 0) by loss_mode=dro
+    # not a key to set: pyrl copies algorithm.rollout_correction here at start for the bypass_mode loss (as verl's
+    # apply_bypass_mode does)
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = "fsdp2"
+    strategy: str = "fsdp"  # fsdp | fsdp2: both run FSDP2
     ppo_mini_batch_size: int = 256  # prompts; x rollout.n inside the worker
     ppo_micro_batch_size_per_gpu: Optional[int] = None
     use_dynamic_bsz: bool = False
@@ -72,16 +100,21 @@ class ActorConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
-    loss_scale_factor: Optional[float] = None
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (None: the response width)
     entropy_coeff: float = 0.0
+    tau_pos: float = 1.0  # sapo: gate temperature where A > 0
+    tau_neg: float = 1.05  # sapo: gate temperature where A <= 0
     calculate_entropy: bool = False
+    # the old-log-prob pass also returns sum_pi_squared [B, R] (sum over the vocabulary of pi^2), which the
+    # optimal-token-baseline estimators need
+    calculate_sum_pi_squared: bool = False
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
-    data_loader_seed: int = 1
+    data_loader_seed: int = 42
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -107,7 +140,7 @@ class SamplingConfig:
 @dataclass
 class RolloutConfig:
     name: str = "vllm"  # vllm | hf
-    mode: str = "sync"
+    mode: str = "async"  # async | sync: the same in-process generation (verl 0.9.1 serves both asynchronously too)
     n: int = 1
     temperature: float = 1.0
     top_k: int = -1
@@ -124,15 +157,15 @@ class RolloutConfig:
     max_model_len: Optional[int] = None
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
-    enforce_eager: bool = True
+    enforce_eager: bool = False
     free_cache_engine: bool = True
-    load_format: str = "auto"
+    load_format: str = "dummy"  # dummy: random weights until the actor's first push
     logprobs_mode: str = "processed_logprobs"
-    calculate_log_probs: bool = False
+    calculate_log_probs: bool = True
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    seed: int = 0
+    seed: int = 42
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -149,7 +182,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticConfig:
     enable: Optional[bool] = None  # None: on exactly when algorithm.adv_estimator is gae
-    strategy: str = "fsdp2"
+    strategy: str = "fsdp"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="${actor_rollout_ref.model.path}"))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
@@ -162,35 +195,76 @@ class CriticConfig:
     shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (None: the response width)
     grad_clip: float = 1.0
-    data_loader_seed: int = 1
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    data_loader_seed: int = 42
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # verl 0.9.1's name (actor and ref: fsdp_config)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 @dataclass
-class CustomRewardFunctionConfig:
+class CustomClassConfig:
+    """A class loaded from a Python file: path to the file, name of the class (or function)."""
+
     path: Optional[str] = None
-    name: str = "compute_score"
+    name: Optional[str] = None
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None  # a Python file
+    name: Optional[str] = "compute_score"  # the function in it
+    reward_kwargs: dict = field(default_factory=dict)  # bound to the function as keywords
+
+
+@dataclass
+class RewardManagerConfig:
+    """verl 0.9.1's reward.reward_manager: which manager scores the responses."""
+
+    source: str = "register"  # pyrl's registered managers (verl's importlib source: a class of verl's own API)
+    name: str = "naive"  # naive | dapo | batch
+    module: CustomClassConfig = field(default_factory=lambda: CustomClassConfig(name="custom_reward_manager"))
+
+
+@dataclass
+class RewardModelSwitchConfig:
+    """verl 0.9.1's reward.reward_model: whether a model scores the responses, and which (its worker's settings
+    are pyrl's reward_model.* section)."""
+
+    enable: bool = False
+    model_path: Optional[str] = None
+
+
+@dataclass
+class RewardConfig:
+    """verl 0.9.1's reward section (its legacy spellings, reward_model.reward_manager, custom_reward_function,
+    reward_model.enable / model.path / overlong_buffer, are moved here at start as verl's migrate_legacy_reward_impl
+    does)."""
+
+    num_workers: int = 8  # processes scoring a batch's samples in parallel (1: in the driver)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_model: RewardModelSwitchConfig = field(default_factory=RewardModelSwitchConfig)
+    # the manager's options; dapo: overlong_buffer_cfg {enable, len, penalty_factor} and max_resp_len
     reward_kwargs: dict = field(default_factory=dict)
+    strict: bool = False  # pyrl: a scorer that raises or times out stops the run instead of scoring 0
+    timeout_s: float = 10.0  # pyrl: per-sample scorer time limit
 
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = False
+    """The reward model worker (pyrl's FSDP sequence-classification scorer). enable, reward_manager,
+    overlong_buffer and model.path are verl's legacy spellings of reward.* keys (None / empty: not given)."""
+
+    enable: Optional[bool] = None
     strategy: str = "fsdp2"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
     micro_batch_size_per_gpu: Optional[int] = None
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
-    reward_manager: str = "naive"  # naive | batch | dapo
-    launch_reward_fn_async: bool = False
-    strict: bool = False  # a scorer that raises or times out stops the run instead of scoring 0
-    timeout_s: float = 10.0  # per-sample scorer time limit
+    reward_manager: Optional[str] = None
+    # verl's DAPO recipe spelling of reward.reward_kwargs.overlong_buffer_cfg (moved there when enabled)
     overlong_buffer: dict = field(default_factory=lambda: {"enable": False, "len": 0, "penalty_factor": 1.0})
-    # the same as the top-level custom_reward_function (some verl versions nest it here); this one wins when set
-    custom_reward_function: CustomRewardFunctionConfig = field(
-        default_factory=lambda: CustomRewardFunctionConfig(name="compute_score"))
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(forward_only=True))
 
 
@@ -207,8 +281,8 @@ class FilterGroupsConfig:
     """DAPO's dynamic sampling: drop groups whose `metric` is the same for every sample, generate more."""
 
     enable: bool = False
-    metric: str = "score"
-    max_num_gen_batches: int = 10  # <= 0: no limit
+    metric: str = "reward"  # reward: the sequence score; another name: that reward_extra_info field
+    max_num_gen_batches: int = 0  # <= 0: no limit
 
 
 @dataclass
@@ -221,14 +295,11 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-
-
-@dataclass
-class CustomClassConfig:
-    """A class loaded from a Python file: path to the file, name of the class (or function)."""
-
-    path: Optional[str] = None
-    name: Optional[str] = None
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    # gdpo: the reward components (fields of the dicts compute_score returns) normalized within each group one
+    # by one before their weighted sum; weights default to 1 each
+    gdpo_reward_keys: Optional[list[str]] = None
+    gdpo_reward_weights: Optional[list[float]] = None
 
 
 @dataclass
@@ -242,14 +313,19 @@ class DataConfig:
     max_response_length: int = 512
     train_batch_size: int = 1024
     val_batch_size: Optional[int] = None
-    return_raw_chat: bool = False
+    return_raw_chat: bool = True
     shuffle: bool = True
-    seed: int = 1
-    dataloader_num_workers: int = 0
+    seed: Optional[int] = None  # None: a fresh seed each run (kept in checkpoints)
+    dataloader_num_workers: int = 8
     filter_overlong_prompts: bool = False
     truncation: str = "error"  # error | left | right | middle
     apply_chat_template: bool = True
-    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)  # a RLHFDataset subclass
+    apply_chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {enable_thinking: false}
+    train_max_samples: int = -1  # > 0: that many rows (a seeded random subset when shuffling)
+    val_max_samples: int = -1
+    # a Dataset class (verl's constructor: data_files, tokenizer, processor, config, max_samples) whose items are
+    # verl's dicts with raw_prompt
+    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
 
 
 @dataclass
@@ -257,16 +333,16 @@ class TrainerConfig:
     balance_batch: bool = True
     total_epochs: int = 30
     total_training_steps: Optional[int] = None
-    project_name: str = "pyrl_examples"
-    experiment_name: str = "toy"
-    logger: Any = field(default_factory=lambda: ["console"])
+    project_name: str = "verl_examples"
+    experiment_name: str = "gsm8k"
+    logger: Any = field(default_factory=lambda: ["console", "wandb"])
     log_val_generations: int = 0  # validation samples shown per validation (console, wandb, tensorboard)
     rollout_data_dir: Optional[str] = None  # every training sample of step k -> DIR/k.jsonl
     validation_data_dir: Optional[str] = None  # every validation sample -> DIR/k.jsonl
     nnodes: int = 1
     n_gpus_per_node: int = -1  # -1: the GPUs this machine has, 0 (no GPU) meaning CPU workers on gloo
     n_cpu_workers_per_node: int = 1  # worker processes per node when n_gpus_per_node is 0
-    ray_address: Optional[str] = None  # join this Ray cluster; None starts a local one
+    ray_address: Optional[str] = None  # join this Ray cluster (auto, host:port); None: $RAY_ADDRESS, else a private local one
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
@@ -285,35 +361,105 @@ class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    # verl's legacy spelling of reward.custom_reward_function
+    custom_reward_function: CustomRewardFunctionConfig = field(
+        default_factory=lambda: CustomRewardFunctionConfig(name=None))
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
+FSDP2_STRATEGIES = ("fsdp", "fsdp2")  # verl's FSDP1 and FSDP2 both run FSDP2 here: the same numbers
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra")  # always all three; hf_model may be added
+CONTENTS_KEYS = tuple(f"{role}.checkpoint.{name}" for role in ("actor_rollout_ref.actor", "critic")
+                      for name in ("save_contents", "load_contents"))
+
+# verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
+# why). Anything else stops the run at start instead of being silently ignored.
+LIMITS: dict[str, tuple[tuple, str]] = {
+    "actor_rollout_ref.hybrid_engine": ((True,), "actor, rollout and reference always share their workers"),
+    "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch (verl's importlib "
+                                                    "managers are classes of verl's own reward-loop API)"),
+    "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),
+    "reward.reward_manager.module.name": (("custom_reward_manager",), "only with reward.reward_manager.source=importlib"),
+    "data.tokenizer": ((None,), "verl 0.9.1 reads it nowhere either; the tokenizer is "
+                                "actor_rollout_ref.model.tokenizer_path, else the model's own"),
+    "actor_rollout_ref.actor.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
+    "critic.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
+    "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
+    "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ((1,), "each worker runs its own rollout engine on its own "
+                                                                   "device"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ((1,), "Ulysses sequence parallelism is not implemented"),
+    **{f"{key}.fsdp_size": ((-1,), "pyrl shards over every data-parallel rank (no hybrid sharding groups)")
+       for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
+                   "reward_model.fsdp_config")},
+    # forward_only says which models train: the actor and critic do, the reference and reward model never
+    "actor_rollout_ref.actor.fsdp_config.forward_only": ((False,), "the actor trains"),
+    "critic.fsdp.forward_only": ((False,), "the critic trains"),
+    "actor_rollout_ref.ref.fsdp_config.forward_only": ((True,), "the reference model never trains"),
+    "reward_model.fsdp_config.forward_only": ((True,), "the reward model never trains"),
+}
+
+
+def migrate_legacy_reward(config: PPOConfig) -> None:
+    """verl 0.9.1's migrate_legacy_reward_impl: the legacy spellings move to reward.*; one key given both ways
+    with different values is an error naming both."""
+    reward, legacy = config.reward, config.reward_model
+
+    def move(old_key: str, old, new_key: str, set_new, current) -> None:
+        if old is None or old == "":
+            return
+        default = _value(PPOConfig(), new_key)
+        if current != default and current != old:
+            raise ValueError(f"{old_key}={old!r} and {new_key}={current!r} disagree: set only {new_key}")
+        set_new(old)
+
+    move("reward_model.reward_manager", legacy.reward_manager, "reward.reward_manager.name",
+         lambda v: setattr(reward.reward_manager, "name", v), reward.reward_manager.name)
+    move("reward_model.enable", legacy.enable, "reward.reward_model.enable",
+         lambda v: setattr(reward.reward_model, "enable", v), reward.reward_model.enable)
+    move("reward_model.model.path", legacy.model.path, "reward.reward_model.model_path",
+         lambda v: setattr(reward.reward_model, "model_path", v), reward.reward_model.model_path)
+    old_fn = config.custom_reward_function
+    if old_fn.path is not None or old_fn.name is not None or old_fn.reward_kwargs:
+        move("custom_reward_function.path", old_fn.path, "reward.custom_reward_function.path",
+             lambda v: setattr(reward.custom_reward_function, "path", v), reward.custom_reward_function.path)
+        move("custom_reward_function.name", old_fn.name, "reward.custom_reward_function.name",
+             lambda v: setattr(reward.custom_reward_function, "name", v), reward.custom_reward_function.name)
+        if old_fn.reward_kwargs:
+            reward.custom_reward_function.reward_kwargs = {**old_fn.reward_kwargs,
+                                                           **reward.custom_reward_function.reward_kwargs}
+    if legacy.overlong_buffer.get("enable"):
+        if "overlong_buffer_cfg" in reward.reward_kwargs:
+            raise ValueError("reward_model.overlong_buffer and reward.reward_kwargs.overlong_buffer_cfg are both set: "
+                             "set only reward.reward_kwargs.overlong_buffer_cfg")
+        reward.reward_kwargs = {"max_resp_len": config.data.max_response_length, **reward.reward_kwargs,
+                                "overlong_buffer_cfg": dict(legacy.overlong_buffer)}
+    # the worker reads its model where pyrl's reward_model section keeps it
+    legacy.model.path = reward.reward_model.model_path or ""
+
+
+def _value(config, key: str):
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
+
+
 def check_supported(config: PPOConfig) -> None:
-    """verl keys pyrl accepts so that verl command lines parse, but whose non-default values it does not
-    implement: such a value stops the run at start instead of being silently ignored."""
-    fsdp_configs = {"actor_rollout_ref.actor": config.actor_rollout_ref.actor.fsdp_config,
-                    "actor_rollout_ref.ref": config.actor_rollout_ref.ref.fsdp_config,
-                    "critic": config.critic.fsdp_config, "reward_model": config.reward_model.fsdp_config}
-    checks = [("actor_rollout_ref.hybrid_engine", config.actor_rollout_ref.hybrid_engine, True,
-               "actor, rollout and reference always share their workers (verl requires this too)"),
-              ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-               config.actor_rollout_ref.actor.ulysses_sequence_parallel_size, 1,
-               "Ulysses sequence parallelism is not implemented")]
-    checks += [(f"{key}.fsdp_config.fsdp_size", fsdp.fsdp_size, -1,
-                "pyrl shards over every data-parallel rank (no hybrid sharding groups)")
-               for key, fsdp in fsdp_configs.items()]
-    everything = ["model", "optimizer", "extra"]
-    for key, ckpt in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor.checkpoint),
-                      ("critic", config.critic.checkpoint)):
-        checks += [(f"{key}.checkpoint.{name}", sorted(getattr(ckpt, name)), sorted(everything),
-                    "checkpoints always hold the model, the optimizer and the extra state")
-                   for name in ("save_contents", "load_contents")]
-    for key, value, supported, why in checks:
-        if value != supported:
-            raise ValueError(f"{key}={value!r} is not supported: {why}; leave it at {supported!r}")
+    """Every LIMITS key holds an allowed value; checkpoint contents hold model, optimizer and extra."""
+    for key, (allowed, why) in LIMITS.items():
+        value = _value(config, key)
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not supported ({why}); expected "
+                             f"{' or '.join(map(repr, allowed))}")
+    for key in CONTENTS_KEYS:
+        contents = set(_value(config, key))
+        # hf_model: a whole HF model in <checkpoint>/huggingface on save; loading ignores it (verl too)
+        if not set(CHECKPOINT_CONTENTS) <= contents <= {*CHECKPOINT_CONTENTS, "hf_model"}:
+            raise ValueError(f"{key}={sorted(contents)} is not supported: checkpoints always hold "
+                             f"{', '.join(CHECKPOINT_CONTENTS)} (and hf_model if asked)")
 
 
 TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",

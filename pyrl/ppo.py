@@ -15,7 +15,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import PPOConfig, check_supported
+from pyrl.config import PPOConfig, check_supported, migrate_legacy_reward
+from pyrl.models import resolve_model_path
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
 log = logging.getLogger("pyrl")
@@ -32,12 +33,67 @@ def load_class(path: str, name: str, key: str):
     return getattr(module, name)
 
 
+def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int):
+    """The data set (pyrl's RLHFDataset or data.custom_cls, built with verl's constructor) tokenized for rollout."""
+    from pyrl.data import PromptBatches, RLHFDataset
+
+    dataset_cls = RLHFDataset
+    if config.data.custom_cls.path:
+        dataset_cls = load_class(config.data.custom_cls.path, config.data.custom_cls.name, "data.custom_cls")
+    dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=config.data,
+                          max_samples=max_samples)
+    return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template)
+
+
+def resolve_model_paths(config: PPOConfig) -> None:
+    """Every model and tokenizer path the run uses -> its local directory (hub ids through the Hugging Face cache,
+    pyrl:tiny... made on first use), once, in the driver: a missing model stops the run here, naming its key."""
+    from pyrl.trainer.workers import uses_critic
+
+    models = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
+    models += [("critic.model", config.critic.model)] if uses_critic(config) else []
+    models += [("reward.reward_model.model_path", config.reward_model.model)] if config.reward.reward_model.enable else []
+    for key, model in models:
+        model.path = resolve_model_path(model.path, key if key.endswith("model_path") else f"{key}.path")
+        if model.tokenizer_path:
+            model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{key}.tokenizer_path")
+
+
+def apply_rollout_correction_config(config: PPOConfig) -> None:
+    """algorithm.rollout_correction reaches the actor's loss (as verl's apply_bypass_mode does at each step); the
+    modes that compare the engines' log-probs need the rollout engine to return them."""
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    correction = config.algorithm.rollout_correction
+    if actor.policy_loss.rollout_correction is not None:
+        raise ValueError("actor_rollout_ref.actor.policy_loss.rollout_correction is filled from "
+                         "algorithm.rollout_correction: set that instead")
+    actor.policy_loss.rollout_correction = correction
+    used = [key for key, on in (("bypass_mode", correction.bypass_mode), ("rollout_is", correction.rollout_is),
+                                ("rollout_rs", correction.rollout_rs)) if on]
+    if used and not rollout.calculate_log_probs:
+        raise ValueError(f"algorithm.rollout_correction.{used[0]} compares the rollout engine's log-probs with the "
+                         f"trainer's: set actor_rollout_ref.rollout.calculate_log_probs=true")
+    if correction.bypass_mode:
+        if actor.policy_loss.loss_mode not in ("vanilla", "bypass_mode"):
+            raise ValueError(f"algorithm.rollout_correction.bypass_mode=true uses the bypass_mode loss (loss_type="
+                             f"{correction.loss_type}), not actor_rollout_ref.actor.policy_loss.loss_mode="
+                             f"{actor.policy_loss.loss_mode}")
+        actor.policy_loss.loss_mode = "bypass_mode"
+        log.info("algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old ones (no old-log-prob "
+                 "pass), policy loss bypass_mode with loss_type=%s", correction.loss_type)
+
+
 def resolve_defaults(config: PPOConfig) -> None:
     """Fill what depends on this machine: the toy task files, the rollout engine, the step count."""
+    migrate_legacy_reward(config)
     check_supported(config)
+    if not config.actor_rollout_ref.model.path:
+        raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "
+                         "hub id, or pyrl:tiny-toy-sft (or give no data either, for the toy preset)")
     if not config.data.train_files:
         from pyrl.data import toy_task_files
 
+        log.info("data.train_files is empty: training on pyrl's toy task (two-digit addition)")
         config.data.train_files, toy_val = toy_task_files()
         config.data.val_files = config.data.val_files or toy_val
     rollout = config.actor_rollout_ref.rollout
@@ -50,22 +106,23 @@ def resolve_defaults(config: PPOConfig) -> None:
     for optim in (config.actor_rollout_ref.actor.optim, config.critic.optim):
         if optim.total_training_steps < 0 and optim_steps:
             optim.total_training_steps = optim_steps
+    apply_rollout_correction_config(config)
+    resolve_model_paths(config)  # hub ids, pyrl:tiny... -> local directories, once, before workers start
 
 
 def run_ppo(config: PPOConfig) -> dict:
-    from pyrl.data import RLHFDataset
     from pyrl.rewards import load_reward_manager
+    from pyrl.trainer.checks import check_before_workers
     from pyrl.trainer.ppo_trainer import PPOTrainer
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
 
     resolve_defaults(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-    dataset_cls = RLHFDataset
-    if config.data.custom_cls.path:
-        dataset_cls = load_class(config.data.custom_cls.path, config.data.custom_cls.name, "data.custom_cls")
-    train = dataset_cls(config.data.train_files, tokenizer, config.data)
-    val = dataset_cls(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    check_before_workers(config, tokenizer)
+    train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples)
+    val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples) \
+        if config.data.val_files else None
     reward_fn = load_reward_manager(config, tokenizer)
     val_reward_fn = load_reward_manager(config, tokenizer, validation=True)
     run_dir = os.path.abspath(config.trainer.default_local_dir)
@@ -78,6 +135,8 @@ def run_ppo(config: PPOConfig) -> dict:
         final_val = trainer.fit()
     finally:
         workers.shutdown()
+        reward_fn.close()
+        val_reward_fn.close()
     outputs = {"run_dir": run_dir}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_path):
@@ -95,12 +154,39 @@ def run_ppo(config: PPOConfig) -> dict:
     return {**outputs, "val": final_val}
 
 
+TOY_PRESET = "toy"
+SELECTS_TOY = ("data.train_files", "actor_rollout_ref.model.path", "preset")
+
+
+def wants_toy_preset(argv: list[str]) -> bool:
+    """A command line that names no data, no model, no preset and no config of its own runs the toy preset;
+    decided before Hydra composes, so `--cfg job` shows what will run."""
+    keys = {arg.split("=", 1)[0].lstrip("+~") for arg in argv if "=" in arg and not arg.startswith("-")}
+    own_config = any(arg.startswith(("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"))
+                     for arg in argv)
+    return not own_config and not keys.intersection(SELECTS_TOY)
+
+
 @hydra.main(config_path="pkg://pyrl.configs", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
+    if AUTO_PRESET:
+        log.info("no data and no model given: the toy preset (configs/preset/%s.yaml: GRPO on two-digit addition "
+                 "with pyrl's tiny model); name data.train_files and actor_rollout_ref.model.path to train your own",
+                 TOY_PRESET)
     config: PPOConfig = OmegaConf.to_object(cfg)  # resolves interpolations, checks every value's type
     run_ppo(config)
 
 
+def cli() -> None:
+    global AUTO_PRESET
+    AUTO_PRESET = wants_toy_preset(sys.argv[1:])
+    if AUTO_PRESET:
+        sys.argv.append(f"preset={TOY_PRESET}")
+    main()
+
+
+AUTO_PRESET = False
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

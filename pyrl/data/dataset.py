@@ -1,6 +1,7 @@
 """RLHFDataset: parquet files in verl's schema (data_source, prompt as chat messages, ability,
-reward_model {style, ground_truth}, extra_info), read with pyarrow, chat-templated and tokenized once
-at load. Problems name the file, the row and what was expected."""
+reward_model {style, ground_truth}, extra_info, any other column), read with pyarrow, as verl 0.9.1's item
+dicts; PromptBatches: any such dataset's prompts chat-templated and tokenized once at load, batched for
+rollout. Problems name the file (or dataset), the row and what was expected."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ def _read_table(path: str):
         raise ValueError(f"data file {path!r}: not a readable parquet file ({type(e).__name__}: {e})") from e
 
 
-def _check_messages(path: str, row: int, key: str, messages) -> list:
+def where(dataset, i: int) -> str:
+    """Item i's place in error messages: the file and row when the dataset knows them."""
+    return dataset.where(i) if hasattr(dataset, "where") else f"{type(dataset).__name__} item {i}"
+
+
+def _check_messages(place: str, key: str, messages) -> list:
     if isinstance(messages, str):
         return [{"role": "user", "content": messages}]
     if isinstance(messages, np.ndarray):
@@ -33,70 +39,127 @@ def _check_messages(path: str, row: int, key: str, messages) -> list:
     ok = isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
     if not ok:
-        raise ValueError(f"data file {path!r} row {row}: column {key!r} must be a non-empty list of "
+        raise ValueError(f"{place}: column {key!r} must be a non-empty list of "
                          f"{{'role': str, 'content': str}} messages (or a string), got {messages!r:.200}")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 class RLHFDataset:
-    def __init__(self, files, tokenizer, data_config, max_rows: int | None = None):
-        files = [files] if isinstance(files, str) else list(files)
+    """verl 0.9.1's RLHFDataset: the rows of parquet files as verl's item dicts. An item is the row with every
+    column (so any extra column reaches the batch's non_tensor_batch, reward functions' extra_info and kwargs),
+    the prompt column (data.prompt_key) turned into `raw_prompt` chat messages, and verl's `index` /
+    `tools_kwargs` / `interaction_kwargs` from extra_info. Tokenizing is PromptBatches' job, as verl leaves it
+    to its agent loop. The constructor is verl's, so a data.custom_cls written for verl is built the same way.
+    """
+
+    def __init__(self, data_files, tokenizer=None, config=None, processor=None, max_samples: int = -1):
+        files = [data_files] if isinstance(data_files, str) else list(data_files)
         if not files:
             raise ValueError("data: no files given (data.train_files / data.val_files)")
-        self.tokenizer = tokenizer
-        self.max_prompt_length = data_config.max_prompt_length
-        self.prompt_key, self.reward_fn_key = data_config.prompt_key, data_config.reward_fn_key
-        if data_config.truncation not in TRUNCATIONS:
-            raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
-        self.rows: list[dict] = []
-        self.prompt_ids: list[list[int]] = []
-        self.filtered = 0
-        for path in files:
-            self._load(str(path), data_config)
-        if max_rows is not None:
-            self.rows, self.prompt_ids = self.rows[:max_rows], self.prompt_ids[:max_rows]
-        if not self.rows:
-            raise ValueError(f"data: no usable rows in {files} (filtered as overlong: {self.filtered})")
+        self.prompt_key, self.reward_fn_key = config.prompt_key, config.reward_fn_key
+        self.rows: list[tuple[str, int, dict]] = []  # (file, row in the file, the row)
+        for path in map(str, files):
+            table = _read_table(path)
+            if table.num_rows == 0:
+                raise ValueError(f"data file {path!r} has no rows")
+            for column in (self.prompt_key, self.reward_fn_key):
+                if column not in table.column_names:
+                    raise ValueError(f"data file {path!r}: missing column {column!r} (has {table.column_names}); "
+                                     f"see data.prompt_key / data.reward_fn_key")
+            self.rows += [(path, row, record) for row, record in enumerate(table.to_pylist())]
+        if 0 < max_samples < len(self.rows):  # verl: a seeded random subset when shuffling, else the first ones
+            chosen = (np.random.default_rng(*(() if config.seed is None else (config.seed,)))
+                      .choice(len(self.rows), max_samples, replace=False) if config.shuffle else range(max_samples))
+            self.rows = [self.rows[i] for i in chosen]
 
-    def _load(self, path: str, cfg) -> None:
-        table = _read_table(path)
-        if table.num_rows == 0:
-            raise ValueError(f"data file {path!r} has no rows")
-        for column in (self.prompt_key, self.reward_fn_key):
-            if column not in table.column_names:
-                raise ValueError(f"data file {path!r}: missing column {column!r} (has {table.column_names}); "
-                                 f"see data.prompt_key / data.reward_fn_key")
-        for row, record in enumerate(table.to_pylist()):
-            messages = _check_messages(path, row, self.prompt_key, record[self.prompt_key])
-            if not isinstance(record[self.reward_fn_key], str):
-                raise ValueError(f"data file {path!r} row {row}: column {self.reward_fn_key!r} must be a string, "
-                                 f"got {record[self.reward_fn_key]!r:.100}")
-            reward_model = record.get("reward_model") or {}
-            if not isinstance(reward_model, dict):
-                raise ValueError(f"data file {path!r} row {row}: column 'reward_model' must be a struct with "
-                                 f"'ground_truth', got {reward_model!r:.100}")
-            ids = self._tokenize(messages, cfg)
-            if len(ids) > self.max_prompt_length:
-                if cfg.filter_overlong_prompts:
-                    self.filtered += 1
-                    continue
-                ids = self._truncate(ids, cfg.truncation, path, row)
-            self.rows.append({"data_source": record[self.reward_fn_key], "reward_model": reward_model,
-                              "extra_info": record.get("extra_info") or {}, "raw_prompt": messages,
-                              "ability": record.get("ability")})
-            self.prompt_ids.append(ids)
+    def __len__(self) -> int:
+        return len(self.rows)
 
-    def _tokenize(self, messages, cfg) -> list[int]:
-        if cfg.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    def where(self, i: int) -> str:
+        """Item i's place, for error messages."""
+        path, row, _ = self.rows[i]
+        return f"data file {path!r} row {row}"
+
+    def __getitem__(self, i: int) -> dict:
+        item = dict(self.rows[i][2])
+        messages = _check_messages(self.where(i), self.prompt_key, item.pop(self.prompt_key))
+        if not isinstance(item[self.reward_fn_key], str):
+            raise ValueError(f"{self.where(i)}: column {self.reward_fn_key!r} must be a string, "
+                             f"got {item[self.reward_fn_key]!r:.100}")
+        if not isinstance(item.get("reward_model") or {}, dict):
+            raise ValueError(f"{self.where(i)}: column 'reward_model' must be a struct with "
+                             f"'ground_truth', got {item['reward_model']!r:.100}")
+        extra_info = item.get("extra_info") or {}
+        return {**item, "raw_prompt": messages, "extra_info": extra_info, "index": extra_info.get("index", 0),
+                "tools_kwargs": extra_info.get("tools_kwargs") or {},
+                "interaction_kwargs": extra_info.get("interaction_kwargs") or {}}
+
+
+class _Tokenized:
+    """(item, prompt token ids) of a dataset's items: what the data-loader workers compute in parallel."""
+
+    def __init__(self, dataset, tokenizer, data_config, chat_template):
+        self.dataset, self.tokenizer, self.cfg, self.chat_template = dataset, tokenizer, data_config, chat_template
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        item = self.dataset[i]
+        if not isinstance(item, dict) or "raw_prompt" not in item:
+            raise ValueError(f"data: item {i} of {type(self.dataset).__name__} must be a dict with 'raw_prompt' (chat "
+                             f"messages), as verl 0.9.1's RLHFDataset returns; got {str(item)[:200]}")
+        messages = _check_messages(where(self.dataset, i), "raw_prompt", item["raw_prompt"])
+        return item, self._tokenize(messages)
+
+    def _tokenize(self, messages) -> list[int]:
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if self.cfg.apply_chat_template and template:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      chat_template=template, **dict(self.cfg.apply_chat_template_kwargs))
         else:
             text = "\n".join(m["content"] for m in messages)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _truncate(self, ids, mode, path, row):
+
+class PromptBatches:
+    """A dataset's prompts, tokenized once at load (the chat template with data.apply_chat_template_kwargs, or
+    actor_rollout_ref.model.custom_chat_template), truncated or filtered to data.max_prompt_length; `batch`
+    gives verl's rollout input: left-padded prompts + every other item field as non_tensor_batch columns.
+    data.dataloader_num_workers processes (at most one per core and per 64 items) read and tokenize the items
+    (0: this process).
+    """
+
+    def __init__(self, dataset, tokenizer, data_config, chat_template: str | None = None):
+        import torch.utils.data
+
+        self.max_prompt_length = data_config.max_prompt_length
+        if data_config.truncation not in TRUNCATIONS:
+            raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
+        tokenized = _Tokenized(dataset, tokenizer, data_config, chat_template)
+        # no more processes than rows / 64 (a pool for a few rows costs more than it saves) or than this machine's cores
+        workers = min(data_config.dataloader_num_workers, len(dataset) // 64, len(os.sched_getaffinity(0)))
+        if workers:  # the tokenizer's own threads do not survive the fork: say so once, not per worker
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        loader = torch.utils.data.DataLoader(tokenized, batch_size=64, num_workers=workers, collate_fn=list)
+        self.rows: list[dict] = []
+        self.prompt_ids: list[list[int]] = []
+        self.filtered = 0
+        for i, (item, ids) in enumerate(pair for chunk in loader for pair in chunk):
+            if len(ids) > self.max_prompt_length:
+                if data_config.filter_overlong_prompts:
+                    self.filtered += 1
+                    continue
+                ids = self._truncate(ids, data_config.truncation, where(dataset, i))
+            self.rows.append(_non_tensor_fields(item, i, data_config.return_raw_chat))
+            self.prompt_ids.append(ids)
+        if not self.rows:
+            raise ValueError(f"data: no usable rows in {type(dataset).__name__} (filtered as overlong: {self.filtered})")
+
+    def _truncate(self, ids, mode, place: str):
         limit = self.max_prompt_length
         if mode == "error":
-            raise ValueError(f"data file {path!r} row {row}: the prompt has {len(ids)} tokens, over "
+            raise ValueError(f"{place}: the prompt has {len(ids)} tokens, over "
                              f"data.max_prompt_length={limit} (set data.truncation=left|right|middle or "
                              f"data.filter_overlong_prompts=true)")
         if mode == "left":
@@ -109,28 +172,49 @@ class RLHFDataset:
         return len(self.rows)
 
     def batch(self, indices, pad_token_id: int) -> DataProto:
-        return collate([self.prompt_ids[i] for i in indices], [self.rows[i] for i in indices], indices,
-                       self.max_prompt_length, pad_token_id)
+        return collate([self.prompt_ids[i] for i in indices], [self.rows[i] for i in indices], self.max_prompt_length,
+                       pad_token_id)
 
 
-def collate(prompt_ids, rows, indices, width: int, pad_token_id: int) -> DataProto:
+# verl's placeholder so that its DataProto.batch is never empty; pyrl's batch always holds the prompts
+VERL_PLACEHOLDERS = ("dummy_tensor",)
+
+
+def _non_tensor_fields(item: dict, row: int, return_raw_chat: bool) -> dict:
+    import torch
+
+    fields = {}
+    for key, value in item.items():
+        if key in VERL_PLACEHOLDERS or (key == "raw_prompt" and not return_raw_chat):
+            continue
+        if isinstance(value, torch.Tensor):
+            raise ValueError(f"data: item {row} field {key!r} is a tensor; pyrl tokenizes raw_prompt itself and takes "
+                             f"only per-sample values (numbers, strings, dicts, lists) from items")
+        fields[key] = value
+    return fields
+
+
+def collate(prompt_ids, rows, width: int, pad_token_id: int) -> DataProto:
     """Prompts left-padded to `width` (verl pads to max_prompt_length) + the rows' other fields as numpy
-    object columns."""
+    object columns (a field some rows lack is None there)."""
     input_ids, attention_mask = left_padded(prompt_ids, pad_token_id, width)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    non_tensors = {key: np.array([r[key] for r in rows] + [None], dtype=object)[:-1] for key in rows[0]}
-    non_tensors["index"] = np.asarray(indices, dtype=np.int64)
+    keys = list(dict.fromkeys(key for r in rows for key in r))
+    non_tensors = {key: np.array([r.get(key) for r in rows] + [None], dtype=object)[:-1] for key in keys}
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
                                non_tensors=non_tensors)
 
 
 class StatefulSampler:
     """Batches of indices, reshuffled each epoch from (seed, epoch), dropping the last partial batch; its
-    state (epoch, position) goes into checkpoints so a resumed run continues with the same batches."""
+    state (seed, epoch, position) goes into checkpoints so a resumed run continues with the same batches.
+    seed None (verl's data.seed default): a fresh seed for this run."""
 
-    def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int = 1):
+    def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int | None = None):
         if batch_size > size:
             raise ValueError(f"data.train_batch_size={batch_size} is larger than the data set ({size} rows)")
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
         self.epoch, self.position = 0, 0
 
@@ -151,7 +235,8 @@ class StatefulSampler:
         return batch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.seed = int(state.get("seed", self.seed))

@@ -1,17 +1,26 @@
 """Reward managers: a rollout batch -> token-level scores [B, R], each response's score on its last valid
 token (verl's naive / batch / dapo managers).
 
-A scorer that raises or runs past reward_model.timeout_s scores 0 for that sample; the count goes into
-the metrics (reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged
-with the sample's index. With reward_model.strict=true the run stops instead.
+compute_score is called with verl's keywords: compute_score(data_source=, solution_str=, ground_truth=,
+extra_info=, **reward_kwargs) per sample, or compute_score(data_sources=, solution_strs=, ground_truths=,
+extra_infos=, **reward_kwargs) for the batch manager; an `async def` one is awaited. reward.num_workers > 1
+processes score the batch's samples in parallel (in order, the same numbers as one process).
+
+A scorer that raises or runs past reward.timeout_s scores 0 for that sample; the count goes into the metrics
+(reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged with the sample's
+index. With reward.strict=true the run stops instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import importlib.util
+import inspect
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -51,16 +60,45 @@ def time_limit(seconds: float):
 
 
 def load_custom_function(path: str, name: str, kwargs: dict | None = None) -> Callable:
-    """custom_reward_function.path / .name: a function from a Python file, with reward_kwargs bound."""
+    """reward.custom_reward_function.path / .name: a function from a Python file, with reward_kwargs bound."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"custom_reward_function.path: {path!r} does not exist")
+        raise FileNotFoundError(f"reward.custom_reward_function.path: {path!r} does not exist")
     spec = importlib.util.spec_from_file_location("pyrl_custom_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, name):
-        raise AttributeError(f"custom_reward_function.name: {path!r} defines no function {name!r}")
+        raise AttributeError(f"reward.custom_reward_function.name: {path!r} defines no function {name!r}")
     fn = getattr(module, name)
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def call_scorer(fn: Callable, **kwargs):
+    """fn(**kwargs), run to completion when fn is a coroutine function (an `async def` reward, as verl allows)."""
+    result = fn(**kwargs)
+    return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def attempt(fn: Callable, timeout_s: float, call: dict) -> tuple:
+    """(value, None, None), or (None, "errors" | "timeouts", "Type: message") when fn failed or ran too long."""
+    try:
+        with time_limit(timeout_s):
+            return call_scorer(fn, **call), None, None
+    except ScorerTimeout:
+        return None, "timeouts", f"ScorerTimeout: over {timeout_s} s"
+    except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
+        return None, "errors", f"{type(e).__name__}: {e}"
+
+
+def attempt_chunk(scorer: bytes, timeout_s: float, calls: list[dict]) -> list[tuple]:
+    """In a worker process: attempt() on each call with the pickled scorer."""
+    import pickle
+
+    fn = pickle.loads(scorer)
+    return [attempt(fn, timeout_s, call) for call in calls]
 
 
 class RewardManager:
@@ -68,13 +106,16 @@ class RewardManager:
 
     def __init__(self, tokenizer, compute_score: Callable | None = None, reward_fn_key: str = "data_source",
                  strict: bool = False, timeout_s: float = 10.0, max_response_length: int | None = None,
-                 overlong_buffer: dict | None = None):
+                 overlong_buffer: dict | None = None, num_workers: int = 1):
+        """overlong_buffer (dapo): verl's overlong_buffer_cfg {enable, len, penalty_factor}, with
+        max_response_length its max_resp_len."""
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.strict, self.timeout_s = strict, timeout_s
         self.max_response_length = max_response_length
         self.overlong_buffer = overlong_buffer or {}
+        self.num_workers, self.pool = num_workers, None
         self.failures_logged: set[str] = set()
 
     # ---- per-sample inputs ----
@@ -96,30 +137,52 @@ class RewardManager:
         extra = nt["extra_info"][i] if "extra_info" in nt else None
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
 
-    def guarded(self, kind_counts, index: int, fn, *args, failed=0.0):
-        """fn(*args) under the time limit; a failure gives `failed` (a zero score) unless strict."""
-        try:
-            with time_limit(self.timeout_s):
-                return fn(*args)
-        except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
-            kind = "timeouts" if isinstance(e, ScorerTimeout) else "errors"
-            if self.strict:
-                raise RuntimeError(f"reward: the scorer {'timed out' if kind == 'timeouts' else 'raised'} on sample {index} "
-                                   f"(reward_model.strict=true): {type(e).__name__}: {e}") from e
-            kind_counts[kind] += 1
-            if kind not in self.failures_logged:
-                self.failures_logged.add(kind)
-                log.warning("reward: scorer %s on sample %d (%s: %s); it scores 0, and later failures are only counted "
-                            "in reward/scorer_%s", "timed out" if kind == "timeouts" else "raised", index,
-                            type(e).__name__, e, kind)
-            return failed
+    def settle(self, counts, index: int, outcome: tuple, failed=0.0):
+        """An attempt's value; a failure gives `failed` (a zero score), counted and logged once per kind, or
+        stops the run when strict."""
+        value, kind, error = outcome
+        if kind is None:
+            return value
+        if self.strict:
+            raise RuntimeError(f"reward: the scorer {'timed out' if kind == 'timeouts' else 'raised'} on sample {index} "
+                               f"(reward.strict=true): {error}")
+        counts[kind] += 1
+        if kind not in self.failures_logged:
+            self.failures_logged.add(kind)
+            log.warning("reward: scorer %s on sample %d (%s); it scores 0, and later failures are only counted in "
+                        "reward/scorer_%s", "timed out" if kind == "timeouts" else "raised", index, error, kind)
+        return failed
+
+    def run(self, calls: list[dict], counts, failed=0.0) -> list:
+        """compute_score(**call) for every call, in order: here, or spread over the worker processes."""
+        if self.num_workers <= 1 or len(calls) < 2:
+            outcomes = [attempt(self.compute_score, self.timeout_s, call) for call in calls]
+        else:
+            outcomes = self.pool_outcomes(calls)
+        return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
+
+    def pool_outcomes(self, calls: list[dict]) -> list[tuple]:
+        if self.pool is None:  # started once; spawned, not forked: the driver runs Ray's threads
+            self.pool = concurrent.futures.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
+        import ray.cloudpickle  # a custom scorer's module cannot be imported by name in the workers: sent by value
+
+        scorer = ray.cloudpickle.dumps(self.compute_score)
+        size = -(-len(calls) // self.num_workers)
+        chunks = [calls[start:start + size] for start in range(0, len(calls), size)]
+        futures = [self.pool.submit(attempt_chunk, scorer, self.timeout_s, chunk) for chunk in chunks]
+        return [outcome for future in futures for outcome in future.result()]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
 
     def scores(self, data: DataProto, responses, counts) -> list:
-        out = []
+        calls = []
         for i, response in enumerate(responses):
             source, truth, extra = self.sample_fields(data, i)
-            out.append(self.guarded(counts, i, self.compute_score, source, response, truth, extra))
-        return out
+            calls.append({"data_source": source, "solution_str": response, "ground_truth": truth, "extra_info": extra})
+        return self.run(calls, counts)
 
     # ---- the call ----
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict, dict]:
@@ -147,7 +210,7 @@ class RewardManager:
         """DAPO's soft overlong punishment: 0 up to max_len - buffer, then linearly down to -penalty_factor."""
         buffer_len = int(self.overlong_buffer.get("len", 0))
         if buffer_len <= 0 or not self.max_response_length:
-            raise ValueError("reward_model.overlong_buffer: enable needs len > 0 and data.max_response_length")
+            raise ValueError("reward.reward_kwargs.overlong_buffer_cfg: enable needs len > 0 and max_resp_len")
         exceed = lengths - (self.max_response_length - buffer_len)
         return np.minimum(-exceed / buffer_len * float(self.overlong_buffer.get("penalty_factor", 1.0)), 0.0)
 
@@ -171,14 +234,15 @@ def extra_fields(raw: list) -> dict[str, list]:
 
 
 class BatchRewardManager(RewardManager):
-    """One compute_score call for the whole batch: compute_score(data_sources, solution_strs, ground_truths,
-    extra_infos) -> list of scores."""
+    """One compute_score call for the whole batch: compute_score(data_sources=, solution_strs=, ground_truths=,
+    extra_infos=) -> list of scores."""
 
     def scores(self, data: DataProto, responses, counts) -> list:
         fields = [self.sample_fields(data, i) for i in range(len(responses))]
         sources, truths, extras = (list(x) for x in zip(*fields)) if fields else ([], [], [])
-        result = self.guarded(counts, 0, self.compute_score, sources, responses, truths, extras,
-                              failed=[0.0] * len(responses))
+        outcome = attempt(self.compute_score, self.timeout_s, {"data_sources": sources, "solution_strs": responses,
+                                                               "ground_truths": truths, "extra_infos": extras})
+        result = self.settle(counts, 0, outcome, failed=[0.0] * len(responses))
         if not isinstance(result, (list, tuple, np.ndarray)) or len(result) != len(responses):
             raise ValueError(f"reward: the batch compute_score returned {type(result).__name__}, expected a list of "
                              f"{len(responses)} scores")
@@ -189,20 +253,24 @@ MANAGERS = {"naive": RewardManager, "dapo": RewardManager, "batch": BatchRewardM
 
 
 def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardManager:
-    """The manager reward_model.reward_manager names, with custom_reward_function if one is set. Validation
-    never applies the overlong penalty (verl scores validation by the rule alone)."""
-    name = config.reward_model.reward_manager
+    """The manager reward.reward_manager.name names, with reward.custom_reward_function if one is set (see
+    pyrl.config.migrate_legacy_reward for the legacy spellings). Validation never applies the overlong penalty
+    (verl scores validation by the rule alone)."""
+    reward = config.reward
+    name = reward.reward_manager.name
     if name not in MANAGERS:
-        raise ValueError(f"reward_model.reward_manager: unknown {name!r}, expected one of {sorted(MANAGERS)}")
-    custom = config.reward_model.custom_reward_function
-    if not custom.path:
-        custom = config.custom_reward_function
+        raise ValueError(f"reward.reward_manager.name: unknown {name!r}, expected one of {sorted(MANAGERS)}")
+    custom = reward.custom_reward_function
     compute_score = None
     if custom.path:
-        compute_score = load_custom_function(custom.path, custom.name, dict(custom.reward_kwargs))
+        compute_score = load_custom_function(custom.path, custom.name or "compute_score", dict(custom.reward_kwargs))
     elif name == "batch":
-        raise ValueError("reward_model.reward_manager=batch needs custom_reward_function.path (a batched scorer)")
-    overlong = dict(config.reward_model.overlong_buffer) if name == "dapo" and not validation else None
-    return MANAGERS[name](tokenizer, compute_score, config.data.reward_fn_key, strict=config.reward_model.strict,
-                          timeout_s=config.reward_model.timeout_s, max_response_length=config.data.max_response_length,
-                          overlong_buffer=overlong)
+        raise ValueError("reward.reward_manager.name=batch needs reward.custom_reward_function.path (a batched scorer)")
+    overlong = dict(reward.reward_kwargs.get("overlong_buffer_cfg") or {}) if name == "dapo" and not validation else {}
+    max_resp_len = reward.reward_kwargs.get("max_resp_len")
+    if overlong.get("enable") and max_resp_len is None:
+        raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "
+                         "(verl's dapo manager does too)")
+    return MANAGERS[name](tokenizer, compute_score, config.data.reward_fn_key, strict=reward.strict,
+                          timeout_s=reward.timeout_s, max_response_length=max_resp_len, overlong_buffer=overlong,
+                          num_workers=reward.num_workers)

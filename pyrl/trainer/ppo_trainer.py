@@ -14,6 +14,8 @@ import torch
 
 from pyrl import ops
 from pyrl.algos import get_adv_estimator_fn, get_kl_controller
+from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
+from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
 from pyrl.protocol import DataProto, balanced_partitions
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
@@ -25,17 +27,33 @@ log = logging.getLogger("pyrl")
 LATEST = "latest_checkpointed_iteration.txt"
 
 
-def compute_advantage(batch: DataProto, estimator: str, gamma: float, lam: float, norm_adv_by_std_in_grpo: bool) -> None:
-    """advantages and returns [B, R] from the registered estimator, written into the batch."""
+def compute_advantage(batch: DataProto, algorithm) -> dict:
+    """advantages and returns [B, R] from the estimator algorithm.adv_estimator (an AlgorithmConfig), written into
+    the batch; returns gdpo's per-component reward metrics (verl's gdpo/<key>/mean|std|max|min)."""
+    estimator = algorithm.adv_estimator
     fn = get_adv_estimator_fn(estimator)
     kwargs = {"token_level_rewards": batch.batch["token_level_rewards"], "response_mask": batch.batch["response_mask"],
-              "index": batch.non_tensor_batch["uid"], "gamma": gamma, "lam": lam,
-              "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+              "index": batch.non_tensor_batch["uid"], "gamma": algorithm.gamma, "lam": algorithm.lam,
+              "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo, "config": algorithm}
     for optional in ("values", "reward_baselines"):
         if optional in batch.batch:
             kwargs[optional] = batch.batch[optional]
+    if estimator == "gdpo":
+        kwargs["non_tensor_batch"] = batch.non_tensor_batch
+    if estimator in SUM_PI_SQUARED_ESTIMATORS:
+        if "sum_pi_squared" not in batch.batch:
+            raise KeyError(f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass: set "
+                           "actor_rollout_ref.actor.calculate_sum_pi_squared=true (rollout_correction.bypass_mode "
+                           "skips that pass)")
+        kwargs.update(old_log_probs=batch.batch["old_log_probs"], sum_pi_squared=batch.batch["sum_pi_squared"],
+                      rollout_is_weights=batch.batch.get("rollout_is_weights"))
     advantages, returns = fn(**kwargs)
     batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+    if estimator != "gdpo":
+        return {}
+    components = {key: np.asarray(batch.non_tensor_batch[key], dtype=np.float32) for key in algorithm.gdpo_reward_keys}
+    return {f"gdpo/{key}/{stat}": float(getattr(np, stat)(values))
+            for key, values in components.items() for stat in ("mean", "std", "max", "min")}
 
 
 def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
@@ -70,13 +88,16 @@ def balance_batch(batch: DataProto, world_size: int) -> dict:
 
 def filter_groups(batch: DataProto, metric: str) -> DataProto:
     """DAPO's dynamic sampling: keep the groups (same uid) whose `metric` varies; a group where every sample
-    scored the same has zero advantage under group baselines."""
-    if metric == "score":
+    scored the same has zero advantage under group baselines. `metric`: "reward" (verl 0.9.1's canonical one) or
+    "seq_reward" (the DAPO recipe's name): the sequence's score; any other name: that field of what the reward
+    function returned."""
+    if metric in ("reward", "seq_reward"):
         values = batch.batch["token_level_scores"].sum(-1).numpy()
     elif metric in batch.non_tensor_batch:
         values = np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
     else:
-        raise KeyError(f"algorithm.filter_groups.metric: {metric!r} is neither 'score' nor a reward extra field")
+        raise KeyError(f"algorithm.filter_groups.metric: {metric!r} is neither reward, seq_reward nor a field"
+                       f" the reward function returned")
     uids = batch.non_tensor_batch["uid"]
     spread = {}
     for uid, value in zip(uids, values):
@@ -107,10 +128,14 @@ class PPOTrainer:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
         rollout_n = config.actor_rollout_ref.rollout.n
+        needs_sum_pi_squared = algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS
         # each sample used by exactly one optimizer step and nothing else needing the old log-probs before the
-        # update (the KL in the reward): skip the old-log-prob forward, the update's own log-probs serve
+        # update (the KL in the reward, the optimal token baseline, the check against the rollout engine's
+        # log-probs): skip the old-log-prob forward, the update's own log-probs serve
+        self.correction = algorithm.rollout_correction
         self.on_policy = (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
-                          and not algorithm.use_kl_in_reward)
+                          and not algorithm.use_kl_in_reward and not needs_sum_pi_squared
+                          and not config.actor_rollout_ref.rollout.calculate_log_probs)
         if self.on_policy:
             log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
                      "update's own log-probs serve as old_log_probs")
@@ -193,13 +218,18 @@ class PPOTrainer:
         batch = self.collect_batch(timing, metrics)
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.workers.world_size))
-        if not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
+        if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
+            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        elif not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
             with M.timer("old_log_prob", timing):
                 old = actor.compute_log_prob(packed_tokens(batch))
                 entropy = ops.agg_loss(old.batch["entropys"], batch.batch["response_mask"].float(),
                                        cfg.actor_rollout_ref.actor.loss_agg_mode)
                 metrics["actor/entropy"] = entropy.item()
-                batch.union(old.select(["old_log_probs"]))
+                batch.union(old.select([key for key in ("old_log_probs", "sum_pi_squared") if key in old.batch]))
+            if "rollout_log_probs" in batch.batch:  # weights pushed intact: both engines give the same log-probs
+                metrics.update(rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                                  batch.batch["response_mask"]))
         if self.use_ref:
             with M.timer("ref", timing):
                 batch.union(actor.compute_ref_log_prob(packed_tokens(batch)))
@@ -211,8 +241,9 @@ class PPOTrainer:
                 metrics.update(apply_kl_penalty(batch, self.kl_ctrl, algorithm.kl_penalty))
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            compute_advantage(batch, algorithm.adv_estimator, algorithm.gamma, algorithm.lam,
-                              algorithm.norm_adv_by_std_in_grpo)
+            if "rollout_log_probs" in batch.batch and not self.correction.bypass_mode:
+                metrics.update(apply_rollout_correction(batch, self.correction))
+            metrics.update(compute_advantage(batch, algorithm))
         if self.use_critic:
             with M.timer("update_critic", timing):
                 metrics.update(M.reduce_metrics(self.workers.critic.update_critic(packed_tokens(batch)).meta_info["metrics"]))
@@ -373,6 +404,13 @@ class PPOTrainer:
                 tracker.log(metrics, step=self.global_steps)
                 if saved:
                     self.commit_checkpoint()
+        except KeyboardInterrupt:  # Ctrl-C: one line instead of a traceback; run_ppo's finally stops the workers
+            tracker.close()  # first, so the bar's last redraw comes before the line
+            path = self.checkpoint_to_resume()
+            log.warning("interrupted at step %d of %d: %s", self.global_steps, self.total_steps,
+                        f"rerunning the same command resumes from {path}" if path else
+                        "no checkpoint to resume from, a rerun starts over")
+            raise SystemExit(130) from None  # 128 + SIGINT, the shell's code for a Ctrl-C
         finally:
             tracker.close()
         return last_val

@@ -34,6 +34,20 @@ def gpus_per_node(trainer_config) -> int:
     return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
 
 
+def worker_count(trainer_config) -> int:
+    """Worker processes (data-parallel ranks) over all nodes: a GPU each, or n_cpu_workers_per_node."""
+    gpus = gpus_per_node(trainer_config)
+    per_node = gpus if gpus > 0 else trainer_config.n_cpu_workers_per_node
+    if per_node < 1:
+        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
+    return per_node * trainer_config.nnodes
+
+
+def uses_critic(config) -> bool:
+    """critic.enable, or (None) exactly when the estimator is gae."""
+    return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
+
+
 def build_workers(config) -> Workers:
     import torch
 
@@ -45,21 +59,15 @@ def build_workers(config) -> Workers:
 
     trainer = config.trainer
     gpus = gpus_per_node(trainer)
-    use_critic = config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
-    use_rm = config.reward_model.enable
+    use_critic = uses_critic(config)
+    use_rm = config.reward.reward_model.enable
     groups = 1 + use_critic + use_rm
-    per_node = gpus if gpus > 0 else trainer.n_cpu_workers_per_node
-    if per_node < 1:
-        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
+    per_node = worker_count(trainer) // trainer.nnodes
     cpus = max(1, (os.cpu_count() or 1) // per_node)
-    init_ray(trainer.ray_address, num_cpus=None if trainer.ray_address else max(os.cpu_count() or 1, per_node * trainer.nnodes))
+    init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, per_node * trainer.nnodes))  # a local one's CPUs
     pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=cpus,
                         max_colocate_count=groups)
     world = pool.world_size
-    rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
-    if rows % world:
-        raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {rows} must be divisible by the "
-                         f"{world} worker processes")
     if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
         for dtype in (torch.float32, torch.bfloat16):

@@ -8,7 +8,6 @@ Roles: "actor_rollout_ref" (all three), "actor_rollout", "actor", "ref" (referen
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.models import varlen_attention
+from pyrl.models.hub import resolve_model_path  # noqa: F401 - the critic and reward model workers import it from here
 from pyrl.protocol import DataProto
 from pyrl.workers import batching, checkpoint, fsdp, optim, perf
 from pyrl.workers.batching import ModelInputs
@@ -30,29 +30,10 @@ from pyrl.workers.rollout.base import prompt_token_lists
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
 
 
-def resolve_model_path(path: str) -> str:
-    """A local HF model directory, or one of pyrl's own models, made on first use: "pyrl:tiny" (the tiny
-    Qwen2, random weights) or "pyrl:tiny-toy-sft" (warm-started on the toy task, the default run's policy)."""
-    if path == "pyrl:tiny":
-        from pyrl.models import tiny_model_path
-
-        return str(tiny_model_path())
-    if path == "pyrl:tiny-toy-sft":
-        from pyrl.models.warm_start import toy_warm_start_path
-
-        return toy_warm_start_path()
-    if not path:
-        raise ValueError("model.path is empty: give a local Hugging Face model directory, or pyrl:tiny / pyrl:tiny-toy-sft")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model.path {path!r}: no such directory (no model hub is contacted; give a local "
-                                "Hugging Face model directory)")
-    return path
-
-
 def load_tokenizer(model_config):
     from transformers import AutoTokenizer
 
-    path = model_config.tokenizer_path or resolve_model_path(model_config.path)
+    path = resolve_model_path(model_config.tokenizer_path or model_config.path)
     return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
 
 
@@ -73,7 +54,7 @@ def load_policy(model_config):
                                               **dict(model_config.override_config))
     if model_config.enable_gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return lm, ResponseLogProbs(lm)
+    return lm, ResponseLogProbs(lm, model_config.use_fused_kernels)
 
 
 def is_on_policy(actor_config, rollout_n: int, rows: int) -> bool:
@@ -152,29 +133,32 @@ class ActorRolloutRefWorker(Worker):
 
     # ---- log-probs ----
     def _forward(self, module, data: DataProto, temperature: float, return_entropy: bool, micro_batch_size,
-                 use_dynamic_bsz: bool, max_token_len: int):
-        """Response log-probs (and entropy) over micro-batches, each trimmed of all-padding columns."""
+                 use_dynamic_bsz: bool, max_token_len: int, return_sum_pi_squared: bool = False) -> tuple:
+        """Response log-probs, entropy (or None) and, with return_sum_pi_squared, sum_pi_squared [B, R] over
+        micro-batches, each trimmed of all-padding columns."""
         micro = batching.micro_batch_indices(batching.row_lengths(data), micro_batch_size, use_dynamic_bsz,
                                              max_token_len, self.device)
 
         def forward(tensors, kept):
             with torch.no_grad():
-                out = module(ModelInputs.responses(tensors, kept, self.packed, self.device), temperature, return_entropy)
-            return out if return_entropy else (out,)
+                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device)
+                out = module(inputs, temperature, return_entropy, return_sum_pi_squared)
+            return out if isinstance(out, tuple) else (out,)
 
         outputs = batching.response_forward(data, micro, forward)
-        return outputs if return_entropy else (outputs[0], None)
+        return outputs if return_entropy else (outputs[0], None, *outputs[1:])
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """old_log_probs and entropys [B, R] of the responses under the current policy."""
+        """old_log_probs and entropys [B, R] of the responses under the current policy, and sum_pi_squared [B, R]
+        (sum over the vocabulary of pi^2) with actor.calculate_sum_pi_squared."""
         rollout = self.config.rollout
         batching.require_tokens("compute_log_prob", data, ["responses"])
         self.policy.eval()
-        logp, entropy = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
-                                      rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
-                                      rollout.log_prob_max_token_len_per_gpu)
-        return DataProto.from_dict({"old_log_probs": logp, "entropys": entropy})
+        outputs = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
+                                rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                                rollout.log_prob_max_token_len_per_gpu, self.config.actor.calculate_sum_pi_squared)
+        return DataProto.from_dict(dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), outputs)))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -198,13 +182,18 @@ class ActorRolloutRefWorker(Worker):
         plan = UpdatePlan("actor", cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size, cfg.ppo_epochs,
                           cfg.shuffle, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                           cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
+                          cfg.loss_scale_factor or data.batch["responses"].shape[-1],
                           hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
                                f"{self.config.rollout.n} / {self.world_size} ranks)")
         batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
                                 + (["ref_log_prob"] if cfg.use_kl_loss else []))
         # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that
         # generated are the ones being updated), and this forward's own detached log-probs stand in for them
-        on_policy = "old_log_probs" not in data.batch
+        bypass = cfg.policy_loss.loss_mode == "bypass_mode"  # verl's: the rollout's log-probs are the old ones
+        if bypass and "rollout_log_probs" not in data.batch:
+            raise KeyError("update_actor: actor.policy_loss.loss_mode=bypass_mode needs the batch's rollout_log_probs "
+                           "(the rollout engine's log-probs, rollout.calculate_log_probs=true)")
+        on_policy = "old_log_probs" not in data.batch and not bypass
         if on_policy and not is_on_policy(cfg, self.config.rollout.n, len(data) * self.world_size):
             raise KeyError(f"update_actor: the batch lacks old_log_probs, which only an on-policy update (ppo_epochs=1, "
                            f"one mini-batch) can do without; got ppo_epochs={cfg.ppo_epochs}, "
@@ -235,13 +224,18 @@ class ActorRolloutRefWorker(Worker):
         out = self.policy(ModelInputs.responses(tensors, kept, self.packed, self.device), temperature, need_entropy)
         logp, entropy = out if need_entropy else (out, None)
         mask = to("response_mask").float() * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
-        old = logp.detach() if on_policy else to("old_log_probs").float()
-        pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info)
+        if cfg.policy_loss.loss_mode == "bypass_mode":
+            old = to("rollout_log_probs").float()
+        else:
+            old = logp.detach() if on_policy else to("old_log_probs").float()
+        # verl's decoupled-mode rollout-correction IS weights, when the trainer put them in the batch
+        weights = {"rollout_is_weights": to("rollout_is_weights").float()} if "rollout_is_weights" in tensors else {}
+        pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info, **weights)
         loss = pg_loss
         token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
         shares = {"pg_loss": pg_loss.item() / info["dp_size"]}
-        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-            shares[key] = float(pg_metrics[key]) * token_share
+        for key, value in pg_metrics.items():  # token means: pg_clipfrac, pg_clipfrac_lower, ppo_kl and the loss's own
+            shares[key] = float(value) * token_share
         if need_entropy:
             shares["entropy"] = float(ops.masked_mean(entropy.detach(), mask)) * token_share
             if cfg.entropy_coeff:
@@ -260,7 +254,8 @@ class ActorRolloutRefWorker(Worker):
         extra = {}
         if self.engine is not None and hasattr(self.engine, "generator"):
             extra["rollout_rng"] = self.engine.generator.get_state()
-        checkpoint.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra)
+        checkpoint.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra, self.lm,
+                                   "lm.", self.tokenizer, "hf_model" in self.config.actor.checkpoint.save_contents)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

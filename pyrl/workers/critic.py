@@ -68,7 +68,7 @@ class CriticWorker(Worker):
         self.value_model = load_value_model(self.config.model)
         torch.manual_seed(self.config.data_loader_seed + self.rank)
         self.critic = ResponseValues(self.value_model)
-        self.compute_dtype = fsdp.fsdp_wrap(self.critic, self.critic.body.layers, self.config.fsdp_config, self.device)
+        self.compute_dtype = fsdp.fsdp_wrap(self.critic, self.critic.body.layers, self.config.fsdp, self.device)
         self.optimizer = optim.build_optimizer(self.critic.parameters(), self.config.optim)
         self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.optim)
 
@@ -100,7 +100,7 @@ class CriticWorker(Worker):
         response_length = data.batch["responses"].shape[-1]
         plan = UpdatePlan("critic", cfg.ppo_mini_batch_size * self.rollout_n // self.world_size, cfg.ppo_epochs,
                           cfg.shuffle, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                          cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
+                          cfg.ppo_max_token_len_per_gpu, cfg.grad_clip, cfg.loss_scale_factor or response_length,
                           hint=f" (critic.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.rollout_n} "
                                f"/ {self.world_size} ranks)")
 
@@ -116,13 +116,15 @@ class CriticWorker(Worker):
             return {"vf_loss": loss.item() / info["dp_size"], "vf_clipfrac": float(clipfrac) * share,
                     "vpred_mean": float(ops.masked_mean(values.detach(), mask)) * share}
 
-        metrics = run_update(self.critic, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp_config, self.device,
+        metrics = run_update(self.critic, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp, self.device,
                              self.world_size, self.value_model.config, self.compute_dtype, micro_step)
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        checkpoint.save_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank)
+        checkpoint.save_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank, None,
+                                   self.value_model, "value_model.", self.tokenizer,
+                                   "hf_model" in self.config.checkpoint.save_contents)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

@@ -1,6 +1,7 @@
 """The policy forward used by the actor and reference workers: the HF causal LM's body, then the
-log-probs (and entropy) of the response tokens straight from the hidden states with
-pyrl.ops.fused_linear_logprobs, so no [tokens, vocab] fp32 logits tensor ever exists.
+log-probs (and entropy) of the response tokens only. With model.use_fused_kernels they come straight from the
+hidden states (pyrl.ops.fused_linear_logprobs: no [tokens, vocab] logits tensor ever exists); without, from the
+lm_head's logits of the response tokens (pyrl.ops.logprobs_from_logits), as verl's unfused path.
 
 It is one nn.Module so that FSDP2 can shard it as the root: the root's hooks gather the embedding /
 lm_head / final norm around this forward and its backward, the decoder layers are sharded on their own.
@@ -11,21 +12,51 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pyrl.ops import fused_linear_logprobs
+from pyrl.ops import fused_linear_logprobs, logprobs_from_logits
+from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.workers.batching import ModelInputs
 
 
+def sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """sum_v pi_v^2 [N] with pi = softmax(hidden @ weight.T / temperature) (verl's
+    calculate_sum_pi_squared_from_logits), not differentiable. One float32 [rows, V] block of logits at a time,
+    with its hidden-dtype original no bigger than fused_linear_logprobs' block."""
+    n, size = hidden.shape[0], hidden.element_size()
+    rows = default_chunk_size(n, *weight.shape)
+    if size < 4:  # the float32 copy lives beside the block it is made from
+        rows = max(1, rows * size // (size + 4))
+    out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    with torch.no_grad():
+        for start in range(0, n, rows):
+            logits = (hidden[start:start + rows] @ weight.t()).float()
+            # e = exp((z - max z) / T) is in (0, 1] and sums to >= 1: no overflow; sum pi^2 = sum e^2 / (sum e)^2
+            e = logits.sub_(logits.amax(-1, keepdim=True)).div_(temperature).exp_()
+            total = e.sum(-1)
+            out[start:start + rows] = e.square_().sum(-1) / total.square()
+    return out
+
+
 class ResponseLogProbs(nn.Module):
-    def __init__(self, causal_lm: nn.Module):
+    def __init__(self, causal_lm: nn.Module, use_fused_kernels: bool = True):
         super().__init__()
         self.lm = causal_lm
+        self.use_fused_kernels = use_fused_kernels
 
-    def forward(self, inputs: ModelInputs, temperature: float = 1.0, return_entropy: bool = False):
+    def forward(self, inputs: ModelInputs, temperature: float = 1.0, return_entropy: bool = False,
+                return_sum_pi_squared: bool = False):
         """Log-probs [rows, width] of the tokens `inputs` scores (the responses: see ModelInputs.responses),
-        and their entropy [rows, width] with return_entropy; zeros where nothing was scored."""
-        hidden = inputs.hidden_states(self.lm.model)
-        out = fused_linear_logprobs(inputs.scored_states(hidden), self.lm.lm_head.weight, inputs.labels,
-                                    temperature=temperature, return_entropy=return_entropy)
+        and their entropy [rows, width] with return_entropy; zeros where nothing was scored. With
+        return_sum_pi_squared, sum_pi_squared (above) [rows, width] too, last in the tuple."""
+        hidden = inputs.scored_states(inputs.hidden_states(self.lm.model))
+        if self.use_fused_kernels:
+            out = fused_linear_logprobs(hidden, self.lm.lm_head.weight, inputs.labels, temperature=temperature,
+                                        return_entropy=return_entropy)
+        else:
+            out = logprobs_from_logits(self.lm.lm_head(hidden), inputs.labels, temperature=temperature,
+                                       return_entropy=return_entropy)
+        if return_sum_pi_squared:
+            out = (*(out if return_entropy else (out,)), sum_pi_squared(hidden, self.lm.lm_head.weight, temperature))
+            return tuple(inputs.scatter(values) for values in out)
         # scatter writes new tensors, not views: FSDP2 warns that an in-place op on a view output would skip
         # its backward hook
         if return_entropy:

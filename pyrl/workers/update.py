@@ -31,6 +31,9 @@ class UpdatePlan:
     use_dynamic_bsz: bool
     max_token_len: int
     grad_clip: float
+    # seq-mean-token-sum-norm's divisor: the config's loss_scale_factor, else the full response width (a constant
+    # through training, Dr.GRPO's; verl 0.9.1 takes each micro-batch's padded width, which varies with batching)
+    loss_scale_factor: float
     hint: str = ""  # names the keys behind mini_batch_size in errors
 
 
@@ -48,6 +51,7 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
         for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
                                           f"update_{plan.prefix}", plan.hint):
             info = batching.global_batch_info(mini.batch["response_mask"], device, world_size)
+            info["loss_scale_factor"] = plan.loss_scale_factor
             lengths = batching.row_lengths(mini)
             seqlens += lengths.tolist()
             shares: dict[str, float] = {}

@@ -1,9 +1,10 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from pyrl.config import DataConfig
-from pyrl.data import RLHFDataset, StatefulSampler, toy_task_files
+from pyrl.data import PromptBatches, RLHFDataset, StatefulSampler, toy_task_files
 from pyrl.data.preprocess import convert
 
 
@@ -28,9 +29,13 @@ def test_toy_task_is_deterministic_with_disjoint_splits(tmp_path):
     assert rows[0]["reward_model"]["ground_truth"] == str(int(a) + int(b))
 
 
+def prompts(path, tokenizer, config, **kwargs):
+    return PromptBatches(RLHFDataset(path, tokenizer, config, **kwargs), tokenizer, config)
+
+
 def test_dataset_batches_left_padded_prompts(tokenizer):
     train, _ = toy_task_files()
-    ds = RLHFDataset(train, tokenizer, DataConfig(max_prompt_length=32))
+    ds = prompts(train, tokenizer, DataConfig(max_prompt_length=32))
     batch = ds.batch([0, 5], tokenizer.pad_token_id)
     ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
     assert ids.shape == (2, 32) and mask[:, -1].all() and not mask[:, 0].any()
@@ -46,11 +51,11 @@ def test_truncation_modes_and_overlong_filter(tokenizer, tmp_path, mode):
     pq.write_table(pa.Table.from_pylist([
         {"data_source": "s", "prompt": [{"role": "user", "content": "0123456789" * 3}]},
         {"data_source": "s", "prompt": [{"role": "user", "content": "1"}]}]), path)
-    full = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=512, apply_chat_template=False)).prompt_ids[0]
-    ds = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=10, truncation=mode, apply_chat_template=False))
+    full = prompts(path, tokenizer, DataConfig(max_prompt_length=512, apply_chat_template=False)).prompt_ids[0]
+    ds = prompts(path, tokenizer, DataConfig(max_prompt_length=10, truncation=mode, apply_chat_template=False))
     expected = {"left": full[-10:], "right": full[:10], "middle": full[:5] + full[-5:]}[mode]
     assert ds.prompt_ids[0] == expected
-    filtered = RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=10, filter_overlong_prompts=True))
+    filtered = prompts(path, tokenizer, DataConfig(max_prompt_length=10, filter_overlong_prompts=True))
     assert len(filtered) == 1 and filtered.filtered == 1
 
 
@@ -101,8 +106,90 @@ def test_preprocessed_files_load_and_score_end_to_end(kind, tokenizer, tmp_path)
     src.write_text(json.dumps(record) + "\n")
     out = str(tmp_path / f"{kind}.parquet")
     assert convert(kind, str(src), out, split="test") == 1
-    data = RLHFDataset(out, tokenizer, DataConfig(max_prompt_length=4096)).batch([0], tokenizer.pad_token_id)
+    data = prompts(out, tokenizer, DataConfig(max_prompt_length=4096)).batch([0], tokenizer.pad_token_id)
     source, truth = data.non_tensor_batch["data_source"][0], data.non_tensor_batch["reward_model"][0]["ground_truth"]
     assert data.non_tensor_batch["extra_info"][0]["split"] == "test"
     assert default_compute_score(source, right, truth) == 1.0
     assert default_compute_score(source, wrong, truth) < 1.0
+
+
+def test_every_column_reaches_the_batch_and_reward_fn_key_any_column(tokenizer, tmp_path):
+    """Columns beyond verl's known ones reach non_tensor_batch under their own names; data.reward_fn_key
+    names the column the reward manager reads as the data source (the dataset renames nothing)."""
+    from pyrl.rewards.managers import RewardManager
+
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(pa.Table.from_pylist([
+        {"source": "pyrl/toy_addition", "prompt": [{"role": "user", "content": "1+1="}], "difficulty": 3,
+         "reward_model": {"ground_truth": "2"}, "extra_info": {"index": 7, "tools_kwargs": {"calc": {"x": 1}}}},
+        {"source": "pyrl/toy_addition", "prompt": [{"role": "user", "content": "2+2="}], "difficulty": 5,
+         "reward_model": {"ground_truth": "4"}}]), path)
+    config = DataConfig(max_prompt_length=64, reward_fn_key="source")
+    batch = prompts(path, tokenizer, config).batch([0, 1], tokenizer.pad_token_id)
+    nt = batch.non_tensor_batch
+    assert nt["difficulty"].tolist() == [3, 5] and nt["index"].tolist() == [7, 0]
+    assert nt["tools_kwargs"][0] == {"calc": {"x": 1}} and nt["extra_info"][1] == {}
+    assert nt["raw_prompt"][1] == [{"role": "user", "content": "2+2="}] and "prompt" not in nt
+    no_chat = prompts(path, tokenizer, DataConfig(max_prompt_length=64, reward_fn_key="source", return_raw_chat=False))
+    assert "raw_prompt" not in no_chat.batch([0], tokenizer.pad_token_id).non_tensor_batch
+    # the reward manager reads the data source from the same column
+    ids = [tokenizer("<answer>2</answer>", add_special_tokens=False)["input_ids"],
+           tokenizer("<answer>5</answer>", add_special_tokens=False)["input_ids"]]
+    width = max(map(len, ids))
+    responses = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids])
+    response_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
+    batch.batch["prompts"] = batch.batch["input_ids"]
+    batch.batch["responses"], batch.batch["response_mask"] = responses, response_mask
+    batch.batch["attention_mask"] = torch.cat([batch.batch["attention_mask"], response_mask], -1)
+    scores, _, _ = RewardManager(tokenizer, reward_fn_key="source", strict=True)(batch)
+    assert scores.sum(-1).tolist() == [1.0, 0.0]
+
+
+def test_chat_template_kwargs_custom_template_max_samples_and_workers(tokenizer, tmp_path):
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "s", "prompt": [{"role": "user", "content": f"q{i}"}]}
+                                         for i in range(200)]), path)
+    base = prompts(path, tokenizer, DataConfig(max_prompt_length=64, dataloader_num_workers=0))
+    pooled = prompts(path, tokenizer, DataConfig(max_prompt_length=64, dataloader_num_workers=2))
+    assert pooled.prompt_ids == base.prompt_ids and len(base) == 200  # the same items, in order
+    template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if flag %}!{% endif %}"
+    custom = PromptBatches(RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True})),
+                           tokenizer, DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True}), template)
+    assert tokenizer.decode(custom.prompt_ids[3]) == "<<q3>>!"
+    first = prompts(path, tokenizer, DataConfig(max_prompt_length=64, shuffle=False), max_samples=5)
+    assert [r["raw_prompt"][0]["content"] for r in first.rows] == [f"q{i}" for i in range(5)]
+    picked = [prompts(path, tokenizer, DataConfig(max_prompt_length=64, seed=3), max_samples=5).rows for _ in range(2)]
+    assert picked[0] == picked[1] and len(picked[0]) == 5
+
+
+def test_custom_dataset_class_with_verl_constructor_and_items(tokenizer, tmp_path):
+    """A plain torch Dataset written for verl 0.9.1 (its constructor, its item dicts with raw_prompt and a
+    placeholder tensor) works unchanged; an item without raw_prompt is refused naming the class and item."""
+    import torch.utils.data
+
+    class VerlStyle(torch.utils.data.Dataset):
+        def __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1):
+            self.rows = [(f"{i}+{i}=", str(2 * i)) for i in range(max_samples if max_samples > 0 else 10)]
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            question, answer = self.rows[i]
+            return {"raw_prompt": [{"role": "user", "content": question}], "data_source": "mine",
+                    "reward_model": {"ground_truth": answer}, "dummy_tensor": torch.tensor([0], dtype=torch.uint8)}
+
+    config = DataConfig(max_prompt_length=64)
+    batches = PromptBatches(VerlStyle(data_files="unused", tokenizer=tokenizer, config=config, max_samples=4),
+                            tokenizer, config)
+    batch = batches.batch([1, 3], tokenizer.pad_token_id)
+    assert len(batches) == 4 and batch.non_tensor_batch["reward_model"][1] == {"ground_truth": "6"}
+    assert "dummy_tensor" not in batch.non_tensor_batch
+    assert tokenizer.decode(batch.batch["input_ids"][0][batch.batch["attention_mask"][0].bool()]).count("1+1=") == 1
+
+    class NoPrompt(VerlStyle):
+        def __getitem__(self, i):
+            return {"data_source": "mine"}
+
+    with pytest.raises(ValueError, match="item 0 of NoPrompt must be a dict with 'raw_prompt'"):
+        PromptBatches(NoPrompt("unused", tokenizer, config), tokenizer, config)

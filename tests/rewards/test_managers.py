@@ -43,10 +43,10 @@ def test_naive_puts_the_score_on_the_last_valid_token(tokenizer):
 
 
 def test_failing_and_slow_scorers_score_zero_are_counted_and_logged_once(tokenizer, caplog):
-    def flaky(source, solution, truth, extra=None):
-        if "3" in solution:
+    def flaky(data_source, solution_str, ground_truth, extra_info=None):
+        if "3" in solution_str:
             raise ValueError("cannot parse")
-        if "4" in solution:
+        if "4" in solution_str:
             time.sleep(5)
         return 1.0
 
@@ -59,14 +59,15 @@ def test_failing_and_slow_scorers_score_zero_are_counted_and_logged_once(tokeniz
     messages = [r.getMessage() for r in caplog.records]
     assert sum("raised on sample 0" in m for m in messages) == 1 and not any("sample 1" in m for m in messages)
     assert any("timed out on sample 2" in m for m in messages)
-    with pytest.raises(RuntimeError, match="raised on sample 0 .reward_model.strict=true.: ValueError: cannot parse"):
+    with pytest.raises(RuntimeError, match="raised on sample 0 .reward.strict=true.: ValueError: cannot parse"):
         RewardManager(tokenizer, flaky, strict=True)(data)
 
 
 def test_dict_scores_batch_manager_and_overlong_penalty(tokenizer, tmp_path):
     path = tmp_path / "my_reward.py"
-    path.write_text("def compute_reward(sources, solutions, truths, extras, bonus=0.0):\n"
-                    "    return [{'score': float(len(s)) + bonus, 'chars': len(s)} for s in solutions]\n")
+    # verl's batch keywords, in another order than verl passes them
+    path.write_text("def compute_reward(solution_strs, data_sources, extra_infos, ground_truths, bonus=0.0):\n"
+                    "    return [{'score': float(len(s)) + bonus, 'chars': len(s)} for s in solution_strs]\n")
     fn = load_custom_function(str(path), "compute_reward", {"bonus": 0.5})
     data = rollout(tokenizer, ["ab", "abcdef"], ["", ""])
     scores, extra, _ = BatchRewardManager(tokenizer, fn)(data)
@@ -74,7 +75,7 @@ def test_dict_scores_batch_manager_and_overlong_penalty(tokenizer, tmp_path):
     with pytest.raises(AttributeError, match="defines no function 'nope'"):
         load_custom_function(str(path), "nope")
     # DAPO: responses longer than max_len - buffer lose up to penalty_factor, linearly
-    manager = RewardManager(tokenizer, lambda *a: 1.0, max_response_length=8,
+    manager = RewardManager(tokenizer, lambda **kw: 1.0, max_response_length=8,
                             overlong_buffer={"enable": True, "len": 4, "penalty_factor": 1.0})
     data = rollout(tokenizer, ["a", "abcdefghijk"], ["", ""])
     lengths = data.batch["response_mask"].sum(-1).tolist()
@@ -85,11 +86,11 @@ def test_dict_scores_batch_manager_and_overlong_penalty(tokenizer, tmp_path):
 def test_extra_fields_stay_aligned_when_a_dict_scorer_fails(tokenizer):
     """A sample whose scorer raised scores 0 and gets 0.0 for the numeric extra fields, None for the others;
     a field only some samples return is filled the same way; a dict without 'score' is an error."""
-    def scorer(source, solution, truth, extra=None):
-        if "3" in solution:
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        if "3" in solution_str:
             raise ValueError("cannot parse")
-        out = {"score": 1.0, "acc": True, "pred": solution}
-        if "4" in solution:
+        out = {"score": 1.0, "acc": True, "pred": solution_str}
+        if "4" in solution_str:
             out["format_ok"] = 0.5
         return out
 
@@ -99,4 +100,80 @@ def test_extra_fields_stay_aligned_when_a_dict_scorer_fails(tokenizer):
     assert extra == {"score": [0.0, 1.0, 1.0], "acc": [0.0, True, True],
                      "pred": [None, "<answer>4</answer>", "<answer>2</answer>"], "format_ok": [0.0, 0.5, 0.0]}
     with pytest.raises(ValueError, match="compute_score returned a dict without 'score' for sample 0"):
-        RewardManager(tokenizer, lambda *a: {"acc": 1.0})(data)
+        RewardManager(tokenizer, lambda **kw: {"acc": 1.0})(data)
+
+
+def test_custom_reward_gets_verl_keywords_reward_kwargs_and_may_be_async(tokenizer, tmp_path):
+    """A verl reward function declares its parameters in any order (verl passes them by name), takes
+    reward_kwargs, and may be `async def` (awaited)."""
+    path = tmp_path / "verl_reward.py"
+    path.write_text(
+        "import asyncio\n"
+        "def by_name(solution_str, ground_truth, extra_info, data_source, scale=1.0):\n"
+        "    assert data_source == 'pyrl/toy_addition' and extra_info is None\n"
+        "    return scale * float(solution_str.strip() == ground_truth)\n"
+        "async def awaited(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+        "    await asyncio.sleep(0)\n"
+        "    return {'score': scale * float(solution_str.strip() == ground_truth), 'len': len(solution_str)}\n")
+    data = rollout(tokenizer, ["7", "8"], ["7", "7"])
+    for name in ("by_name", "awaited"):
+        fn = load_custom_function(str(path), name, {"scale": 2.0})
+        scores, _, metrics = RewardManager(tokenizer, fn, strict=True)(data)
+        assert scores.sum(-1).tolist() == [2.0, 0.0] and metrics["reward/scorer_errors"] == 0, name
+
+
+def test_worker_processes_score_in_order_with_failures_counted(tokenizer, tmp_path):
+    """reward.num_workers=2: a custom scorer from a file (sent by value to the spawned workers) gives the same
+    scores, extras and failure counts as in the driver; timeouts still apply there."""
+    path = tmp_path / "slow_reward.py"
+    path.write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
+        "    if '3' in solution_str:\n"
+        "        raise ValueError('cannot parse')\n"
+        "    if '4' in solution_str:\n"
+        "        time.sleep(5)\n"
+        "    return {'score': float(solution_str.strip() == ground_truth) + bonus, 'n': len(solution_str)}\n")
+    fn = load_custom_function(str(path), "compute_score", {"bonus": 0.25})
+    data = rollout(tokenizer, ["2", "3", "4", "2", "7", "2"], ["2"] * 6)
+    inline = RewardManager(tokenizer, fn, timeout_s=1.0)(data)
+    manager = RewardManager(tokenizer, fn, timeout_s=1.0, num_workers=2)
+    try:
+        pooled = manager(data)
+    finally:
+        manager.close()
+    assert pooled[0].sum(-1).tolist() == inline[0].sum(-1).tolist() == [1.25, 0.0, 0.0, 1.25, 0.25, 1.25]
+    assert pooled[1] == inline[1] and pooled[2] == inline[2] == {"reward/scorer_errors": 1, "reward/scorer_timeouts": 1}
+
+
+def test_verl_091_reward_keys_and_their_legacy_spellings():
+    """reward.* (verl 0.9.1) and the legacy reward_model.* / custom_reward_function.* keys load the same manager;
+    one key given both ways with different values is an error naming both."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "trainer"))
+    from trainer_helpers import compose
+
+    from pyrl.config import migrate_legacy_reward
+    from pyrl.rewards.managers import load_reward_manager
+
+    new = compose("preset=toy", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                  "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8",
+                  "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny")
+    old = compose("preset=toy", "data.max_response_length=8", "reward_model.reward_manager=dapo",
+                  "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4",
+                  "reward_model.enable=true", "reward_model.model.path=pyrl:tiny")
+    for config in (new, old):
+        migrate_legacy_reward(config)
+        assert config.reward.reward_manager.name == "dapo" and config.reward.reward_model.enable
+        assert config.reward_model.model.path == "pyrl:tiny"  # where the reward model worker reads it
+        manager = load_reward_manager(config, None)
+        assert manager.overlong_buffer["len"] == 4 and manager.max_response_length == 8
+    clash = compose("preset=toy", "reward.custom_reward_function.path=a.py", "custom_reward_function.path=b.py")
+    with pytest.raises(ValueError, match="custom_reward_function.path='b.py' and reward.custom_reward_function.path='a.py' "
+                                         "disagree"):
+        migrate_legacy_reward(clash)
+    missing = compose("preset=toy", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                      "+reward.reward_kwargs.overlong_buffer_cfg.len=4")
+    with pytest.raises(ValueError, match="needs reward.reward_kwargs.max_resp_len"):
+        load_reward_manager(missing, None)

@@ -80,7 +80,7 @@ def test_filter_groups_keeps_exactly_the_groups_whose_scores_differ():
     outcome = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.5, 1.0, -1.0, 2.0])
     batch.batch["token_level_scores"] = torch.zeros(8, 6)
     batch.batch["token_level_scores"][:, 0] = outcome
-    kept = filter_groups(batch, "score")
+    kept = filter_groups(batch, "reward")
     assert kept.batch["row"].tolist() == [0, 1, 2, 6, 7]
     assert list(kept.non_tensor_batch["uid"]) == ["a", "a", "a", "d", "d"]
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pyrl.algos import ADV_ESTIMATOR_REGISTRY
+from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
 from trainer_helpers import SMALL, compose, read_metrics, run_cli
 
 STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
@@ -26,6 +27,7 @@ def test_default_run_shortened(tmp_path):
     toy task, validation before and after; prints its outputs."""
     run_dir = tmp_path / "run"
     proc = run_cli(["trainer.total_training_steps=3", "trainer.test_freq=3", "data.train_batch_size=16",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                     f"trainer.default_local_dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(run_dir)
@@ -40,6 +42,7 @@ def test_default_run_shortened(tmp_path):
     shown = proc.stdout.split("validation generations at step 3:\n")[1].splitlines()[:3]  # log_val_generations: 3
     assert all(re.match(r"  score [01] +'.*\d+\+\d+=.*' -> '.*'  \(expected \d+\)$", line) for line in shown), shown
     assert not (tmp_path / "outputs").exists()  # Hydra leaves no output directories behind
+    assert "no data and no model given: the toy preset" in proc.stdout + proc.stderr
 
 
 ESTIMATORS = sorted(ADV_ESTIMATOR_REGISTRY)
@@ -52,6 +55,15 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
     extra = ["actor_rollout_ref.actor.use_kl_loss=true"] if estimator == "grpo" else []
     if estimator == "reinforce_plus_plus":
         extra = ["algorithm.use_kl_in_reward=true"]  # its usual pairing: KL in the reward, fed to the return
+    if estimator in SUM_PI_SQUARED_ESTIMATORS:
+        extra = ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"]
+    if estimator == "gdpo":  # reward components, normalized one by one: a scorer returning them
+        scorer = tmp_path / "components.py"
+        scorer.write_text("from pyrl.rewards import default_compute_score\n"
+                          "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                          "    score = default_compute_score(data_source, solution_str, ground_truth)\n"
+                          "    return {'score': score, 'acc': score, 'format': float('<answer>' in solution_str)}\n")
+        extra = [f"reward.custom_reward_function.path={scorer}", "algorithm.gdpo_reward_keys=[acc,format]"]
     config = compose(*SMALL, f"algorithm.adv_estimator={estimator}", "trainer.total_training_steps=2",
                      "actor_rollout_ref.rollout.name=hf", f"trainer.default_local_dir={tmp_path}", *extra)
     run_ppo(config)
@@ -125,37 +137,42 @@ def test_verl_command_lines_are_accepted():
                      "data.train_files=/data/train.parquet", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
                      "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "trainer.total_epochs=15",
                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
-                     "reward_model.custom_reward_function.path=my_reward.py",
-                     "reward_model.custom_reward_function.name=compute_reward",
+                     "reward.custom_reward_function.path=my_reward.py",
+                     "reward.custom_reward_function.name=compute_reward",
                      "data.custom_cls.path=my_module.py", "data.custom_cls.name=MyDataset")
     assert config.data.train_batch_size == 256 and config.actor_rollout_ref.actor.optim.lr == 1e-6
     assert config.trainer.project_name == "MyExperiment" and config.algorithm.adv_estimator == "grpo"
     assert config.trainer.logger == ["wandb"] and config.critic.model.path == config.actor_rollout_ref.model.path
     assert config.actor_rollout_ref.rollout.prompt_length == config.data.max_prompt_length
-    assert config.reward_model.custom_reward_function.name == "compute_reward"
+    assert config.reward.custom_reward_function.name == "compute_reward"
 
 
 @pytest.mark.parametrize("override", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                                       "actor_rollout_ref.hybrid_engine=false",
-                                      "actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "critic.fsdp_config.fsdp_size=2",
+                                      "actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "critic.fsdp.fsdp_size=2",
                                       "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
-                                      "critic.checkpoint.load_contents=[model,optimizer,extra,hf_model]"])
+                                      "critic.checkpoint.load_contents=[model,optimizer,extra,lora]",
+                                      "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
+                                      "actor_rollout_ref.rollout.mode=server",
+                                      "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                      "actor_rollout_ref.actor.fsdp_config.forward_only=true"])
 def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
     from pyrl.config import check_supported
 
     key = override.split("=")[0]
-    with pytest.raises(ValueError, match=re.escape(key) + ".* is not supported: .* leave it at"):
+    with pytest.raises(ValueError, match=re.escape(key) + ".* is not supported.*"):
         check_supported(compose(override))
     check_supported(compose("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",  # verl's defaults pass
-                            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
-                            "critic.checkpoint.save_contents=[optimizer,model,extra]"))
+                            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "critic.strategy=fsdp2",
+                            "actor_rollout_ref.rollout.mode=sync",
+                            "critic.checkpoint.save_contents=[optimizer,model,extra,hf_model]"))
 
 
 def test_without_vllm_the_hf_engine_generates_and_says_so(monkeypatch, caplog):
     from pyrl.ppo import resolve_defaults
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # what find_spec sees when vLLM is not installed
-    config = compose()
+    config = compose("preset=toy")
     with caplog.at_level("WARNING", logger="pyrl"):
         resolve_defaults(config)
     assert config.actor_rollout_ref.rollout.name == "hf"

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-SMALL = ["actor_rollout_ref.model.path=pyrl:tiny", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+SMALL = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
          "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 

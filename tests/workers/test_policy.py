@@ -48,11 +48,13 @@ def _reference(hf64, tensors, r, temperature):
     return ref.gather(-1, tensors["input_ids"][:, -r:, None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logits"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_matches_hf_logits(tiny_lm, hf64, packed, temperature):
+def test_matches_hf_logits(tiny_lm, hf64, packed, temperature, fused):
+    """model.use_fused_kernels true (from hidden states) or false (from the lm_head's logits): the same numbers."""
     tensors, r = _batch(tiny_lm.config.vocab_size)
-    policy = ResponseLogProbs(tiny_lm)
+    policy = ResponseLogProbs(tiny_lm, use_fused_kernels=fused)
     logp, entropy = policy(ModelInputs.responses(tensors, r, packed, CPU), temperature=temperature, return_entropy=True)
     expected, expected_entropy = _reference(hf64, tensors, r, temperature)
     mask = tensors["attention_mask"][:, -r:].bool()
@@ -68,18 +70,19 @@ def test_gradients_packed_equal_padded_equal_hf(tiny_lm, hf64):
     tensors, r = _batch(tiny_lm.config.vocab_size, seed=1)
     loss_mask = tensors["attention_mask"][:, -r:].clone()
     loss_mask[0, 2] = 0  # the hole
-    policy = ResponseLogProbs(tiny_lm)
     grads = {}
-    for packed in (True, False):
+    for packed, fused in ((True, True), (False, True), (True, False)):
         tiny_lm.zero_grad()
+        policy = ResponseLogProbs(tiny_lm, use_fused_kernels=fused)
         (policy(ModelInputs.responses(tensors, r, packed, CPU)) * loss_mask).sum().backward()
-        grads[packed] = {n: p.grad.clone() for n, p in tiny_lm.named_parameters()}
+        grads[packed, fused] = {n: p.grad.clone() for n, p in tiny_lm.named_parameters()}
     hf64.zero_grad()
     expected, _ = _reference(hf64, tensors, r, 1.0)
     (expected * loss_mask).sum().backward()
     for name, p in hf64.named_parameters():
-        torch.testing.assert_close(grads[True][name].double(), p.grad, atol=2e-5, rtol=1e-4, msg=name)
-        torch.testing.assert_close(grads[True][name], grads[False][name], atol=2e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(grads[True, True][name].double(), p.grad, atol=2e-5, rtol=1e-4, msg=name)
+        for other in ((False, True), (True, False)):
+            torch.testing.assert_close(grads[True, True][name], grads[other][name], atol=2e-6, rtol=1e-5, msg=name)
 
 
 def test_bad_inputs_named():

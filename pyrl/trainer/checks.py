@@ -1,0 +1,101 @@
+"""What the driver checks before any worker starts, so that a bad value costs seconds, not a worker start-up
+and a first rollout: every registry name, the batch sizes against the worker count, the lengths and the
+vocabulary against each model. Each failure is one line naming the keys and values."""
+
+from __future__ import annotations
+
+from pyrl.trainer.workers import uses_critic, worker_count
+
+
+def check_before_workers(config, tokenizer) -> None:
+    check_names(config)
+    check_batch_sizes(config, worker_count(config.trainer))
+    check_models(config, tokenizer)
+
+
+def _check_name(key: str, value, known) -> None:
+    if value not in known:
+        raise ValueError(f"{key}={value!r} is unknown; expected one of {', '.join(sorted(map(str, known)))}")
+
+
+def check_names(config) -> None:
+    from pyrl import ops
+    from pyrl.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
+    from pyrl.ops.kl_penalty import parse_kind
+    from pyrl.rewards.managers import MANAGERS
+    from pyrl.trainer.tracking import check_backends
+
+    actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
+    _check_name("algorithm.adv_estimator", algorithm.adv_estimator, ADV_ESTIMATOR_REGISTRY)
+    _check_name("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSS_REGISTRY)
+    _check_name("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, ops.LOSS_AGG_MODES)
+    _check_name("critic.loss_agg_mode", config.critic.loss_agg_mode, ops.LOSS_AGG_MODES)
+    _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, ("fixed", "adaptive"))
+    _check_name("reward.reward_manager.name", config.reward.reward_manager.name, MANAGERS)
+    _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, ("ppo_clip", "reinforce"))
+    _check_name("algorithm.rollout_correction.rollout_is", algorithm.rollout_correction.rollout_is, (None, "token", "sequence"))
+    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", algorithm.kl_penalty)):
+        try:
+            parse_kind(kind)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{key}: {e}") from None
+    for key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", config.critic.optim)):
+        _check_name(f"{key}.optimizer", optim.optimizer.lower(), ("adamw",))
+        _check_name(f"{key}.lr_scheduler_type", optim.lr_scheduler_type, ("constant", "cosine"))
+    check_backends(config.trainer.logger)
+    if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
+        # verl fails too, at the first advantage computation
+        raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the actor's sum_pi_squared: set "
+                         "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+    if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and algorithm.rollout_correction.bypass_mode:
+        raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the old-log-prob pass, which "
+                         "algorithm.rollout_correction.bypass_mode=true skips")
+
+
+def check_batch_sizes(config, workers: int) -> None:
+    """Every rank gets whole rows and the same number of whole mini-batches (verl checks the same)."""
+    n = config.actor_rollout_ref.rollout.n
+    train = config.data.train_batch_size
+    if train * n % workers:
+        raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples do "
+                         f"not split over the {workers} worker processes")
+    roles = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor.ppo_mini_batch_size)]
+    if uses_critic(config):
+        roles.append(("critic", config.critic.ppo_mini_batch_size))
+    for key, mini in roles:
+        if mini < 1 or mini > train or train % mini:
+            raise ValueError(f"{key}.ppo_mini_batch_size={mini} must divide data.train_batch_size={train} (whole "
+                             f"mini-batches per step)")
+        if mini * n % workers:
+            raise ValueError(f"{key}.ppo_mini_batch_size x actor_rollout_ref.rollout.n = {mini} x {n} = {mini * n} samples "
+                             f"do not split over the {workers} worker processes")
+
+
+def check_models(config, tokenizer) -> None:
+    """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
+    embeddings (they read the actor's token ids)."""
+    from transformers import AutoConfig
+
+    data = config.data
+    length = data.max_prompt_length + data.max_response_length
+    models = [("actor_rollout_ref.model", config.actor_rollout_ref.model, True)]
+    if uses_critic(config):
+        models.append(("critic.model", config.critic.model, True))
+    if config.reward.reward_model.enable:
+        models.append(("reward_model.model", config.reward_model.model, False))  # may re-tokenize with its own
+    for key, model, reads_actor_ids in models:
+        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        limit = getattr(hf, "max_position_embeddings", None)
+        if limit is not None and length > limit:
+            raise ValueError(f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
+                             f"{data.max_response_length} = {length} exceeds {key}.path's max_position_embeddings="
+                             f"{limit} ({model.path})")
+        vocab = getattr(hf, "vocab_size", None)
+        if reads_actor_ids and vocab is not None and len(tokenizer) > vocab:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {key}.path's vocab_size is {vocab} "
+                             f"({model.path}): its embedding cannot read every token id")
+    max_model_len = config.actor_rollout_ref.rollout.max_model_len
+    if max_model_len is not None and max_model_len < length:
+        raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than data.max_prompt_length"
+                         f" + data.max_response_length = {length}")

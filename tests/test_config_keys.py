@@ -1,0 +1,110 @@
+"""Every key of the config schema does something: it is read outside pyrl/config.py, or pyrl.config.check_supported
+(LIMITS, CONTENTS_KEYS) stops the run at start when it holds a value pyrl does not implement. Registry names are checked before any
+worker starts."""
+
+import dataclasses
+import pathlib
+import re
+import typing
+
+import pytest
+
+from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "pyrl"
+
+
+def leaves(cls, prefix=""):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Union:  # Optional[X]
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = args[0] if len(args) == 1 else hint
+        if dataclasses.is_dataclass(hint):
+            yield from leaves(hint, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_every_schema_key_is_read_or_limited():
+    sources = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "config.py")
+    keys = list(leaves(PPOConfig))
+    assert len(keys) > 200
+    unread = []
+    for key in keys:
+        name = key.rsplit(".", 1)[-1]
+        if key not in LIMITS and key not in CONTENTS_KEYS and not re.search(rf"\.{name}\b|[\"']{name}[\"']", sources):
+            unread.append(key)
+    assert not unread, f"keys neither read outside pyrl/config.py nor limited in pyrl.config.LIMITS: {unread}"
+    for key in LIMITS:
+        assert key in keys, f"LIMITS names {key}, which the schema does not have"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator='grpoo' is unknown; expected one of .*grpo"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=ppo", "loss_mode='ppo' is unknown; expected one of .*vanilla"),
+    ("actor_rollout_ref.actor.loss_agg_mode=mean", "actor.loss_agg_mode='mean' is unknown"),
+    ("critic.loss_agg_mode=sum", "critic.loss_agg_mode='sum' is unknown"),
+    ("actor_rollout_ref.actor.kl_loss_type=k4", "kl_loss_type: kind: unknown KL estimator 'k4'"),
+    ("algorithm.kl_penalty=full", "algorithm.kl_penalty: kind: 'full' needs the whole distributions"),
+    ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.type='pid' is unknown"),
+    ("reward.reward_manager.name=prime", "reward.reward_manager.name='prime' is unknown"),
+    ("reward_model.reward_manager=prime", "reward.reward_manager.name='prime' is unknown"),  # the legacy spelling
+    ("trainer.logger=[console,swanlab]", "trainer.logger: unknown \\['swanlab'\\]"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "optim.lr_scheduler_type='linear' is unknown"),
+    ("critic.optim.optimizer=SGD", "critic.optim.optimizer='sgd' is unknown"),
+    ("algorithm.rollout_correction.rollout_is=batch", "rollout_correction.rollout_is='batch' is unknown"),
+])
+def test_registry_names_checked_before_workers(override, message):
+    from pyrl.trainer.checks import check_names
+    from trainer.trainer_helpers import compose
+
+    from pyrl.config import migrate_legacy_reward
+
+    config = compose("preset=toy", override)
+    migrate_legacy_reward(config)  # as resolve_defaults does first
+    with pytest.raises(ValueError, match=message):
+        check_names(config)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.train_batch_size=6", "actor_rollout_ref.rollout.n=1", "trainer.n_cpu_workers_per_node=4",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=2"], "6 x 1 = 6 samples do not split over the 4 worker"),
+    (["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=24"],
+     "actor.ppo_mini_batch_size=24 must divide data.train_batch_size=64"),
+    (["data.train_batch_size=8", "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+      "trainer.n_cpu_workers_per_node=2"], "ppo_mini_batch_size x actor_rollout_ref.rollout.n = 1 x 1 = 1 samples"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size=48 must divide"),
+])
+def test_batch_sizes_checked_before_workers(overrides, message):
+    from pyrl.trainer.checks import check_batch_sizes
+    from pyrl.trainer.workers import worker_count
+    from trainer.trainer_helpers import compose
+
+    config = compose("preset=toy", *overrides)
+    with pytest.raises(ValueError, match=message):
+        check_batch_sizes(config, worker_count(config.trainer))
+
+
+def test_lengths_and_vocabulary_checked_against_the_models():
+    from transformers import AutoTokenizer
+
+    from pyrl.models import tiny_model_path
+    from pyrl.trainer.checks import check_models
+    from trainer.trainer_helpers import compose
+
+    path = tiny_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = compose("preset=toy", f"actor_rollout_ref.model.path={path}")
+    check_models(config, tokenizer)  # the toy run fits
+    too_long = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "data.max_response_length=100000")
+    with pytest.raises(ValueError, match=r"data.max_prompt_length \+ data.max_response_length = 32 \+ 100000 = 100032 "
+                                         r"exceeds actor_rollout_ref.model.path's max_position_embeddings"):
+        check_models(too_long, tokenizer)
+    short_engine = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.rollout.max_model_len=16")
+    with pytest.raises(ValueError, match="rollout.max_model_len=16 is shorter than"):
+        check_models(short_engine, tokenizer)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
+        check_models(config, tokenizer)
