@@ -205,7 +205,8 @@ def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str
             # as the measurements in RESULTS.md were taken (pyrl's defaults were these before they became verl's)
             "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.use_fused_kernels=true",
             "actor_rollout_ref.rollout.calculate_log_probs=false", "actor_rollout_ref.rollout.enforce_eager=true",
-            "actor_rollout_ref.rollout.load_format=auto",
+            "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.seed=0",
+            "actor_rollout_ref.actor.data_loader_seed=1",
             f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=0",

@@ -1,5 +1,5 @@
 """The reward of benchmarks/bench_e2e.py, the same on both sides: pyrl loads `compute_score` from this file
-(reward_model.custom_reward_function.path/name) and TRL's GRPOTrainer calls `trl_reward`.
+(reward.custom_reward_function.path/name) and TRL's GRPOTrainer calls `trl_reward`.
 
 Cheap and deterministic, so that the benchmark times the trainers, not the scorer; its value is the
 share of the response's characters that are among the prompt's ground-truth letters, which varies

@@ -383,6 +383,11 @@ LIMITS: dict[str, tuple[tuple, str]] = {
                                                     "managers are classes of verl's own reward-loop API)"),
     "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),
     "reward.reward_manager.module.name": (("custom_reward_manager",), "only with reward.reward_manager.source=importlib"),
+    # the critic and the reward model score the actor's tokens: no LM head, no chat template of their own
+    **{f"{role}.use_fused_kernels": ((False,), "no LM head: nothing to fuse") for role in ("critic.model",
+                                                                                           "reward_model.model")},
+    **{f"{role}.custom_chat_template": ((None,), "the prompts are the actor's (actor_rollout_ref.model."
+                                                 "custom_chat_template)") for role in ("critic.model", "reward_model.model")},
     "data.tokenizer": ((None,), "verl 0.9.1 reads it nowhere either; the tokenizer is "
                                 "actor_rollout_ref.model.tokenizer_path, else the model's own"),
     "actor_rollout_ref.actor.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),

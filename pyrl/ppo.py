@@ -40,7 +40,9 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int):
     dataset_cls = RLHFDataset
     if config.data.custom_cls.path:
         dataset_cls = load_class(config.data.custom_cls.path, config.data.custom_cls.name, "data.custom_cls")
-    dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=config.data,
+    # verl's datasets read their options with config.get(key, default): an OmegaConf view, read-only
+    data_config = OmegaConf.structured(config.data, flags={"readonly": True})
+    dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=data_config,
                           max_samples=max_samples)
     return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template)
 
@@ -84,7 +86,10 @@ def apply_rollout_correction_config(config: PPOConfig) -> None:
 
 
 def resolve_defaults(config: PPOConfig) -> None:
-    """Fill what depends on this machine: the toy task files, the rollout engine, the step count."""
+    """Fill what depends on this machine (the toy task files, the rollout engine, the step count, local model
+    paths) and check every value that needs no model."""
+    from pyrl.trainer.checks import check_config
+
     migrate_legacy_reward(config)
     check_supported(config)
     if not config.actor_rollout_ref.model.path:
@@ -107,19 +112,21 @@ def resolve_defaults(config: PPOConfig) -> None:
         if optim.total_training_steps < 0 and optim_steps:
             optim.total_training_steps = optim_steps
     apply_rollout_correction_config(config)
+    check_config(config)  # names and batch sizes: before any model is downloaded or built
     resolve_model_paths(config)  # hub ids, pyrl:tiny... -> local directories, once, before workers start
 
 
 def run_ppo(config: PPOConfig) -> dict:
     from pyrl.rewards import load_reward_manager
-    from pyrl.trainer.checks import check_before_workers
+    from pyrl.rewards.managers import close_scoring_pools
+    from pyrl.trainer.checks import check_models
     from pyrl.trainer.ppo_trainer import PPOTrainer
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
 
     resolve_defaults(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-    check_before_workers(config, tokenizer)
+    check_models(config, tokenizer)  # lengths and vocabulary against the models, before workers start
     train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples)
     val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples) \
         if config.data.val_files else None
@@ -135,8 +142,7 @@ def run_ppo(config: PPOConfig) -> dict:
         final_val = trainer.fit()
     finally:
         workers.shutdown()
-        reward_fn.close()
-        val_reward_fn.close()
+        close_scoring_pools()
     outputs = {"run_dir": run_dir}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_path):

@@ -54,7 +54,9 @@ def test_every_schema_key_is_read_or_limited():
     ("trainer.logger=[console,swanlab]", "trainer.logger: unknown \\['swanlab'\\]"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "optim.lr_scheduler_type='linear' is unknown"),
     ("critic.optim.optimizer=SGD", "critic.optim.optimizer='sgd' is unknown"),
-    ("algorithm.rollout_correction.rollout_is=batch", "rollout_correction.rollout_is='batch' is unknown"),
+    ("algorithm.rollout_correction.rollout_is=batch", "algorithm.rollout_correction.rollout_is: expected token, sequence"),
+    ("algorithm.rollout_correction.rollout_rs=token_k9", "algorithm.rollout_correction.rollout_rs: unknown option"),
+    ("algorithm.adv_estimator=gdpo", "gdpo needs algorithm.gdpo_reward_keys"),
 ])
 def test_registry_names_checked_before_workers(override, message):
     from pyrl.trainer.checks import check_names

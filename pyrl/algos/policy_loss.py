@@ -279,7 +279,6 @@ def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, l
 
 ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                       "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-ROLLOUT_CORRECTION_DEFAULTS = dataclasses.asdict(RolloutCorrectionConfig())
 
 
 def _threshold(spec, key: str, pair: bool) -> tuple:
@@ -299,7 +298,7 @@ def _threshold(spec, key: str, pair: bool) -> tuple:
 
 def _rejection_thresholds(options: list, spec) -> list:
     """(lower log-ratio bound or None, upper bound) per rollout_rs option: one spec shared, or one per option."""
-    key = "policy_loss.rollout_correction.rollout_rs_threshold"
+    key = "algorithm.rollout_correction.rollout_rs_threshold"
     if spec is None:
         raise ValueError(f"{key}: required when rollout_rs is set")
     specs = [part.strip() for part in spec.split(",") if part.strip()] if isinstance(spec, str) else [spec]
@@ -334,8 +333,8 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
     weights = None
     if rollout_is is not None and rollout_is_threshold is not None:
         if rollout_is not in ("token", "sequence"):
-            raise ValueError(f"policy_loss.rollout_correction.rollout_is: expected token, sequence or None, got {rollout_is!r}")
-        lower, upper = _threshold(rollout_is_threshold, "policy_loss.rollout_correction.rollout_is_threshold", pair=True)
+            raise ValueError(f"algorithm.rollout_correction.rollout_is: expected token, sequence or None, got {rollout_is!r}")
+        lower, upper = _threshold(rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold", pair=True)
         per_token = log_ratio if rollout_is == "token" else ops.masked_sum(log_ratio, mask, axis=-1)[:, None]
         raw = torch.exp(per_token.clamp(-20.0, 20.0)).expand_as(log_ratio) * mask
         inside = (raw >= lower) & (raw <= upper) if lower is not None else None
@@ -358,7 +357,7 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
         options = list(dict.fromkeys(part.strip() for part in str(rollout_rs).split(",") if part.strip()))
         unknown = [option for option in options if option not in ROLLOUT_RS_OPTIONS]
         if not options or unknown:
-            raise ValueError(f"policy_loss.rollout_correction.rollout_rs: unknown option(s) {unknown or rollout_rs!r}, "
+            raise ValueError(f"algorithm.rollout_correction.rollout_rs: unknown option(s) {unknown or rollout_rs!r}, "
                              f"expected a comma-separated list of {', '.join(ROLLOUT_RS_OPTIONS)}")
         bounded = log_ratio.clamp(-20.0, 20.0)
         divergences = {"k1": -bounded, "k2": 0.5 * bounded.square(), "k3": torch.exp(bounded) - 1.0 - bounded}
@@ -383,15 +382,17 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                                     global_batch_info=None, *, rollout_is_weights=None):
-    """Bypass mode: old_log_prob is the rollout's log-probs. rollout_correction (policy_loss.rollout_correction's
+    """Bypass mode: old_log_prob is the rollout's log-probs. rollout_correction (algorithm.rollout_correction's
     rollout_is / rollout_rs keys) of log r = log pi - log pi_rollout gives IS weights w and a rejection mask, then by
     loss_type: "ppo_clip" (default) vanilla PPO on the unrejected tokens, without w (r already is the IS ratio);
     "reinforce" -sg(w) A log pi (w = 1 without rollout_is) on them, pg_clipfrac = pg_clipfrac_lower = 0, ppo_kl =
     mean(log pi_rollout - log pi). Plus the rollout_corr/<name> metrics. rollout_is_weights is ignored (as verl)."""
     settings = config_value(config, "policy_loss.rollout_correction", {})
-    setting = {key: config_value(settings, key, default) for key, default in ROLLOUT_CORRECTION_DEFAULTS.items()}
+    if isinstance(settings, dict):  # a plain dict (tests, other trainers): the keys it lacks take verl's defaults
+        settings = RolloutCorrectionConfig(**settings)
+    setting = dataclasses.asdict(settings)  # None stays None: a null threshold means off, as in the trainer
     if setting["loss_type"] not in ("ppo_clip", "reinforce"):
-        raise ValueError(f"policy_loss.rollout_correction.loss_type: expected ppo_clip or reinforce, "
+        raise ValueError(f"algorithm.rollout_correction.loss_type: expected ppo_clip or reinforce, "
                          f"got {setting['loss_type']!r}")
     with torch.no_grad():
         weights, keep, correction_metrics = rollout_correction(

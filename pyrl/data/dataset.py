@@ -68,8 +68,10 @@ class RLHFDataset:
                                      f"see data.prompt_key / data.reward_fn_key")
             self.rows += [(path, row, record) for row, record in enumerate(table.to_pylist())]
         if 0 < max_samples < len(self.rows):  # verl: a seeded random subset when shuffling, else the first ones
-            chosen = (np.random.default_rng(*(() if config.seed is None else (config.seed,)))
-                      .choice(len(self.rows), max_samples, replace=False) if config.shuffle else range(max_samples))
+            # data.seed null: seed 0 (verl draws an unseeded subset, which a resumed run would not see again)
+            seed = config.seed if config.seed is not None else 0
+            chosen = (np.random.default_rng(seed).choice(len(self.rows), max_samples, replace=False)
+                      if config.shuffle else range(max_samples))
             self.rows = [self.rows[i] for i in chosen]
 
     def __len__(self) -> int:
@@ -138,7 +140,8 @@ class PromptBatches:
             raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
         tokenized = _Tokenized(dataset, tokenizer, data_config, chat_template)
         # no more processes than rows / 64 (a pool for a few rows costs more than it saves) or than this machine's cores
-        workers = min(data_config.dataloader_num_workers, len(dataset) // 64, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(data_config.dataloader_num_workers, len(dataset) // 64, cores)
         if workers:  # the tokenizer's own threads do not survive the fork: say so once, not per worker
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         loader = torch.utils.data.DataLoader(tokenized, batch_size=64, num_workers=workers, collate_fn=list)

@@ -93,6 +93,26 @@ def attempt(fn: Callable, timeout_s: float, call: dict) -> tuple:
         return None, "errors", f"{type(e).__name__}: {e}"
 
 
+_POOLS: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
+
+
+def scoring_pool(num_workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """The run's scoring processes (reward.num_workers, at most one per core), shared by the training and the
+    validation managers; spawned, not forked (the driver runs Ray's threads), deaf to Ctrl-C (the driver ends
+    the run)."""
+    size = max(1, min(num_workers, os.cpu_count() or 1))
+    if size not in _POOLS:
+        _POOLS[size] = concurrent.futures.ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"),
+                                                              initializer=signal.signal,
+                                                              initargs=(signal.SIGINT, signal.SIG_IGN))
+    return _POOLS[size]
+
+
+def close_scoring_pools() -> None:
+    while _POOLS:
+        _POOLS.popitem()[1].shutdown(cancel_futures=True)
+
+
 def attempt_chunk(scorer: bytes, timeout_s: float, calls: list[dict]) -> list[tuple]:
     """In a worker process: attempt() on each call with the pickled scorer."""
     import pickle
@@ -115,7 +135,7 @@ class RewardManager:
         self.strict, self.timeout_s = strict, timeout_s
         self.max_response_length = max_response_length
         self.overlong_buffer = overlong_buffer or {}
-        self.num_workers, self.pool = num_workers, None
+        self.num_workers = num_workers
         self.failures_logged: set[str] = set()
 
     # ---- per-sample inputs ----
@@ -162,20 +182,21 @@ class RewardManager:
         return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
 
     def pool_outcomes(self, calls: list[dict]) -> list[tuple]:
-        if self.pool is None:  # started once; spawned, not forked: the driver runs Ray's threads
-            self.pool = concurrent.futures.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
         import ray.cloudpickle  # a custom scorer's module cannot be imported by name in the workers: sent by value
 
+        pool = scoring_pool(self.num_workers)
         scorer = ray.cloudpickle.dumps(self.compute_score)
-        size = -(-len(calls) // self.num_workers)
+        size = -(-len(calls) // pool._max_workers)
         chunks = [calls[start:start + size] for start in range(0, len(calls), size)]
-        futures = [self.pool.submit(attempt_chunk, scorer, self.timeout_s, chunk) for chunk in chunks]
-        return [outcome for future in futures for outcome in future.result()]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool = None
+        futures = [pool.submit(attempt_chunk, scorer, self.timeout_s, chunk) for chunk in chunks]
+        outcomes = []
+        for chunk, future in zip(chunks, futures):
+            try:
+                outcomes += future.result()
+            except concurrent.futures.process.BrokenProcessPool as e:  # a scorer killed its process: errors
+                close_scoring_pools()
+                outcomes += [(None, "errors", f"BrokenProcessPool: {e}")] * len(chunk)
+        return outcomes
 
     def scores(self, data: DataProto, responses, counts) -> list:
         calls = []
@@ -197,6 +218,8 @@ class RewardManager:
                 raise ValueError(f"reward: compute_score returned a dict without 'score' for sample {i}: {score!r:.200}")
         values = np.asarray([score["score"] if isinstance(score, dict) else score for score in raw], dtype=np.float64)
         extra_info = extra_fields(raw)
+        if not extra_info:  # plain-number scores: verl 0.9.1's managers report each as "acc" (validation's core metric)
+            extra_info["acc"] = values.tolist()
         if self.overlong_buffer.get("enable"):
             values = values + self.overlong_penalty(np.asarray(lengths))
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)

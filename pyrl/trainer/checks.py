@@ -4,13 +4,15 @@ vocabulary against each model. Each failure is one line naming the keys and valu
 
 from __future__ import annotations
 
+import torch
+
 from pyrl.trainer.workers import uses_critic, worker_count
 
 
-def check_before_workers(config, tokenizer) -> None:
+def check_config(config) -> None:
+    """What needs no model: run before any model is downloaded or built."""
     check_names(config)
     check_batch_sizes(config, worker_count(config.trainer))
-    check_models(config, tokenizer)
 
 
 def _check_name(key: str, value, known) -> None:
@@ -22,6 +24,7 @@ def check_names(config) -> None:
     from pyrl import ops
     from pyrl.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
+    from pyrl.algos.policy_loss import rollout_correction
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
     from pyrl.trainer.tracking import check_backends
@@ -34,7 +37,12 @@ def check_names(config) -> None:
     _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, ("fixed", "adaptive"))
     _check_name("reward.reward_manager.name", config.reward.reward_manager.name, MANAGERS)
     _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, ("ppo_clip", "reinforce"))
-    _check_name("algorithm.rollout_correction.rollout_is", algorithm.rollout_correction.rollout_is, (None, "token", "sequence"))
+    correction = algorithm.rollout_correction
+    rollout_correction(torch.zeros(1, 1), torch.ones(1, 1), correction.rollout_is, correction.rollout_is_threshold,
+                       correction.rollout_is_batch_normalize, correction.rollout_rs, correction.rollout_rs_threshold)
+    if algorithm.adv_estimator == "gdpo" and not algorithm.gdpo_reward_keys:
+        raise ValueError("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components (fields "
+                         "the reward function returns) to normalize one by one")
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", algorithm.kl_penalty)):
         try:
             parse_kind(kind)
@@ -85,7 +93,8 @@ def check_models(config, tokenizer) -> None:
     if config.reward.reward_model.enable:
         models.append(("reward_model.model", config.reward_model.model, False))  # may re-tokenize with its own
     for key, model, reads_actor_ids in models:
-        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
+                                        **dict(model.override_config))
         limit = getattr(hf, "max_position_embeddings", None)
         if limit is not None and length > limit:
             raise ValueError(f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "

@@ -223,8 +223,9 @@ class PPOTrainer:
         elif not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
             with M.timer("old_log_prob", timing):
                 old = actor.compute_log_prob(packed_tokens(batch))
-                entropy = ops.agg_loss(old.batch["entropys"], batch.batch["response_mask"].float(),
-                                       cfg.actor_rollout_ref.actor.loss_agg_mode)
+                actor_cfg, mask = cfg.actor_rollout_ref.actor, batch.batch["response_mask"].float()
+                entropy = ops.agg_loss(old.batch["entropys"], mask, actor_cfg.loss_agg_mode,
+                                       loss_scale_factor=actor_cfg.loss_scale_factor or mask.shape[-1])
                 metrics["actor/entropy"] = entropy.item()
                 batch.union(old.select([key for key in ("old_log_probs", "sum_pi_squared") if key in old.batch]))
             if "rollout_log_probs" in batch.batch:  # weights pushed intact: both engines give the same log-probs

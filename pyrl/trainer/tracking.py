@@ -56,8 +56,12 @@ def file_logger_path(project: str, experiment: str) -> str:
 
 
 def truncate_metrics(run_dir: str, last_step: int) -> None:
-    """Drop entries after `last_step` (a resumed run repeats them), rewriting the file atomically."""
-    path = metrics_file(run_dir)
+    """Drop metrics.jsonl's entries after `last_step` (a resumed run repeats them; -1: a fresh run, all)."""
+    truncate_step_lines(metrics_file(run_dir), last_step)
+
+
+def truncate_step_lines(path: str, last_step: int) -> None:
+    """Drop a JSON-lines log's entries whose "step" is after `last_step`, rewriting the file atomically."""
     if not os.path.exists(path):
         return
     with open(path) as f:
@@ -110,6 +114,8 @@ class Tracking:
         self.file = self.wandb = self.tensorboard = self.mlflow = None
         if "file" in backends:
             path = file_logger_path(project, experiment)
+            # as metrics.jsonl: a fresh run starts the file over, a resumed one drops the steps it will repeat
+            truncate_step_lines(path, initial_step if initial_step > 0 else -1)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             # O_APPEND and one unbuffered write per step: each line lands whole, even beside other appenders
             self.file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -169,6 +169,7 @@ def test_custom_dataset_class_with_verl_constructor_and_items(tokenizer, tmp_pat
 
     class VerlStyle(torch.utils.data.Dataset):
         def __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1):
+            assert config.get("prompt_key", "prompt") == "prompt"  # how verl's datasets read their options
             self.rows = [(f"{i}+{i}=", str(2 * i)) for i in range(max_samples if max_samples > 0 else 10)]
 
         def __len__(self):
@@ -179,8 +180,11 @@ def test_custom_dataset_class_with_verl_constructor_and_items(tokenizer, tmp_pat
             return {"raw_prompt": [{"role": "user", "content": question}], "data_source": "mine",
                     "reward_model": {"ground_truth": answer}, "dummy_tensor": torch.tensor([0], dtype=torch.uint8)}
 
+    from omegaconf import OmegaConf
+
     config = DataConfig(max_prompt_length=64)
-    batches = PromptBatches(VerlStyle(data_files="unused", tokenizer=tokenizer, config=config, max_samples=4),
+    view = OmegaConf.structured(config, flags={"readonly": True})  # what pyrl.ppo.prompt_batches hands the class
+    batches = PromptBatches(VerlStyle(data_files="unused", tokenizer=tokenizer, config=view, max_samples=4),
                             tokenizer, config)
     batch = batches.batch([1, 3], tokenizer.pad_token_id)
     assert len(batches) == 4 and batch.non_tensor_batch["reward_model"][1] == {"ground_truth": "6"}
@@ -192,4 +196,4 @@ def test_custom_dataset_class_with_verl_constructor_and_items(tokenizer, tmp_pat
             return {"data_source": "mine"}
 
     with pytest.raises(ValueError, match="item 0 of NoPrompt must be a dict with 'raw_prompt'"):
-        PromptBatches(NoPrompt("unused", tokenizer, config), tokenizer, config)
+        PromptBatches(NoPrompt("unused", tokenizer, view), tokenizer, config)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyrl.protocol import DataProto
-from pyrl.rewards.managers import BatchRewardManager, RewardManager, load_custom_function
+from pyrl.rewards.managers import BatchRewardManager, RewardManager, close_scoring_pools, load_custom_function
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def test_naive_puts_the_score_on_the_last_valid_token(tokenizer):
     scores, extra, metrics = RewardManager(tokenizer)(data)
     lengths = data.batch["response_mask"].sum(-1)
     assert scores[0, lengths[0] - 1] == 1.0 and scores.sum() == 1.0
+    assert extra == {"acc": [1.0, 0.0, 0.0]}  # a scorer returning numbers: verl 0.9.1 reports each as "acc"
     assert metrics == {"reward/scorer_errors": 0, "reward/scorer_timeouts": 0}
 
 
@@ -137,13 +138,27 @@ def test_worker_processes_score_in_order_with_failures_counted(tokenizer, tmp_pa
     fn = load_custom_function(str(path), "compute_score", {"bonus": 0.25})
     data = rollout(tokenizer, ["2", "3", "4", "2", "7", "2"], ["2"] * 6)
     inline = RewardManager(tokenizer, fn, timeout_s=1.0)(data)
-    manager = RewardManager(tokenizer, fn, timeout_s=1.0, num_workers=2)
     try:
-        pooled = manager(data)
+        pooled = RewardManager(tokenizer, fn, timeout_s=1.0, num_workers=2)(data)
     finally:
-        manager.close()
+        close_scoring_pools()
     assert pooled[0].sum(-1).tolist() == inline[0].sum(-1).tolist() == [1.25, 0.0, 0.0, 1.25, 0.25, 1.25]
     assert pooled[1] == inline[1] and pooled[2] == inline[2] == {"reward/scorer_errors": 1, "reward/scorer_timeouts": 1}
+
+    crash = tmp_path / "crash_reward.py"  # a scorer that kills its process: its chunk scores 0, counted, the run goes on
+    crash.write_text("import os\n"
+                     "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                     "    if '3' in solution_str:\n"
+                     "        os._exit(3)\n"
+                     "    return 1.0\n")
+    try:
+        scores, _, metrics = RewardManager(tokenizer, load_custom_function(str(crash), "compute_score"),
+                                           num_workers=2)(rollout(tokenizer, ["3", "1", "2", "4"], ["1"] * 4))
+        assert metrics["reward/scorer_errors"] >= 1 and scores.sum() <= 3
+        again, _, _ = RewardManager(tokenizer, num_workers=2)(data)  # a fresh pool serves the next batch
+        assert again.sum(-1).tolist() == [0.0] * 6
+    finally:
+        close_scoring_pools()
 
 
 def test_verl_091_reward_keys_and_their_legacy_spellings():

@@ -106,3 +106,37 @@ def test_checkpoint_contents_are_checked():
                        ("critic.checkpoint.load_contents", "[model]")):
         with pytest.raises(ValueError, match=f"{key}=.* is not supported"):
             check_supported(compose(*base, f"{key}={value}"))
+
+
+VLLM_GREEDY = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=64, seed=0)
+out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))],
+                   SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+print(json.dumps(list(out[0].outputs[0].token_ids)))
+"""
+
+
+def test_vllm_loads_the_merged_actor(step_dir, tmp_path):
+    """vLLM serves the merged directory: its greedy tokens are transformers' greedy tokens."""
+    pytest.importorskip("vllm")
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = tmp_path / "merged"
+    proc = merger("merge", "--backend", "fsdp", "--local_dir", str(step_dir / "actor"), "--target_dir", str(target),
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = AutoTokenizer.from_pretrained(target)("<|im_start|>user\n12+34=<|im_end|>").input_ids
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-c", VLLM_GREEDY, str(target), json.dumps(ids)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    served = json.loads(proc.stdout.strip().splitlines()[-1])
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(ids):]
+    assert served == expected.tolist()

@@ -32,8 +32,8 @@ def test_default_run_shortened(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    val_key = "val-core/pyrl/toy_addition/reward/mean@1"
-    assert val_key in rows[0] and val_key in rows[3]
+    val_key = "val-core/pyrl/toy_addition/acc/mean@1"  # the scorer returns a number: verl's "acc"
+    assert val_key in rows[0] and val_key in rows[3] and "val-aux/pyrl/toy_addition/reward/mean@1" in rows[3]
     assert rows[0][val_key] > 0.1  # the warm-started policy solves some prompts
     for key in STEP_KEYS:
         assert key in rows[1], key
@@ -43,6 +43,19 @@ def test_default_run_shortened(tmp_path):
     assert all(re.match(r"  score [01] +'.*\d+\+\d+=.*' -> '.*'  \(expected \d+\)$", line) for line in shown), shown
     assert not (tmp_path / "outputs").exists()  # Hydra leaves no output directories behind
     assert "no data and no model given: the toy preset" in proc.stdout + proc.stderr
+
+
+def test_two_runs_started_at_once_both_finish(tmp_path):
+    """Each run starts its own private Ray instance: two on one machine at the same moment do not meet."""
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *SMALL, "actor_rollout_ref.rollout.name=hf",
+                               "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / str(i)}"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    assert [len(read_metrics(tmp_path / str(i))) for i in range(2)] == [1, 1]
 
 
 ESTIMATORS = sorted(ADV_ESTIMATOR_REGISTRY)
@@ -100,8 +113,8 @@ def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tm
         assert row["global_seqlen/minmax_diff"] <= 8 and row["global_seqlen/mean"] == row["perf/total_num_tokens"] / 2
         assert row["perf/throughput"] == pytest.approx(row["perf/total_num_tokens"] / (2 * row["timing_s/step"]))
         assert "critic/vf_loss" in row and "critic/values/mean" in row
-    for key in ("val-core/pyrl/toy_addition/reward/mean@2", "val-core/pyrl/toy_addition/reward/best@2/mean",
-                "val-aux/pyrl/toy_addition/reward/worst@2/mean", "val-aux/pyrl/toy_addition/reward/std@2"):
+    for key in ("val-core/pyrl/toy_addition/acc/mean@2", "val-core/pyrl/toy_addition/acc/best@2/mean",
+                "val-aux/pyrl/toy_addition/acc/worst@2/mean", "val-aux/pyrl/toy_addition/reward/std@2"):
         assert 0 <= rows[-1][key] <= 1, key
 
 
@@ -248,7 +261,7 @@ def test_reward_model_loggers_and_generation_dumps(tmp_path, ray_session, monkey
     run_ppo(config)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    val_key = "val-core/pyrl/toy_addition/reward/mean@1"
+    val_key = "val-core/pyrl/toy_addition/acc/mean@1"
     for step, row in zip((1, 2), rows[1:]):
         dumped = [json.loads(line) for line in open(tmp_path / "rollouts" / f"{step}.jsonl")]
         assert len(dumped) == 8 * 4 and {d["step"] for d in dumped} == {step}

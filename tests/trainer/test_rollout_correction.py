@@ -122,6 +122,7 @@ def test_rollout_correction_modes_train(mode, tmp_path, ray_session):
     assert [r["step"] for r in rows] == [1, 2]
     if mode == "decoupled":
         assert "rollout_corr/rollout_is_mean" in rows[-1] and "timing_s/old_log_prob" in rows[-1]
+        assert all(0 <= row["rollout_corr/rollout_rs_masked_fraction"] <= 1 for row in rows)
     else:  # no old-log-prob pass; the loss reports the correction it applied
         assert "timing_s/old_log_prob" not in rows[-1] and "actor/rollout_corr/kl" in rows[-1]
 

@@ -177,20 +177,25 @@ def test_console_on_a_terminal_keeps_the_bar(tmp_path, monkeypatch):
 
 def test_file_backend_writes_verls_lines_to_verls_path(tmp_path, monkeypatch):
     """verl's FileLogger: $VERL_FILE_LOGGER_ROOT (default .)/project/experiment.jsonl, or $VERL_FILE_LOGGER_PATH;
-    one compact (orjson's layout) {"step": k, "data": {...}} line per step, appended."""
+    one compact (orjson's layout) {"step": k, "data": {...}} line per step. A fresh run starts the file over (as
+    verl's); a run resumed at step k keeps steps <= k and appends (nothing repeated, nothing lost)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
     monkeypatch.delenv("VERL_FILE_LOGGER_ROOT", raising=False)
-    for _ in range(2):  # a second run appends
+    expected = ['{"step":1,"data":{"critic/score/mean":0.25,"actor/pg_loss":-0.5}}',
+                '{"step":2,"data":{"critic/score/mean":0.5,"actor/pg_loss":0.125,"val-core/toy/reward/mean@1":0.75}}',
+                '{"step":3,"data":{"critic/score/mean":1.0,"actor/pg_loss":2.0}}']
+    for _ in range(2):  # the second fresh run replaces the first's lines
         tracker = Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=3)
         log_steps(tracker)
         tracker.close()
-    lines = (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()
-    assert lines[:3] == ['{"step":1,"data":{"critic/score/mean":0.25,"actor/pg_loss":-0.5}}',
-                         '{"step":2,"data":{"critic/score/mean":0.5,"actor/pg_loss":0.125,'
-                         '"val-core/toy/reward/mean@1":0.75}}',
-                         '{"step":3,"data":{"critic/score/mean":1.0,"actor/pg_loss":2.0}}']
-    assert lines[3:] == lines[:3]
+    path = tmp_path / "proj" / "exp.jsonl"
+    assert path.read_text().splitlines() == expected
+    resumed = Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=3, initial_step=1)
+    assert path.read_text().splitlines() == expected[:1]
+    resumed.log({"critic/score/mean": 0.5}, step=2)
+    resumed.close()
+    assert path.read_text().splitlines() == expected[:1] + ['{"step":2,"data":{"critic/score/mean":0.5}}']
 
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / "root"))
     Tracking(["file"], str(tmp_path / "run"), "proj", "exp", {}, total_steps=1).log({"x": 1}, step=1)
