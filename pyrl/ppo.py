@@ -176,6 +176,12 @@ def wants_toy_preset(argv: list[str]) -> bool:
 @hydra.main(config_path="pkg://pyrl.configs", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
+    if not sys.stderr.isatty():  # a log file (CI, nohup): no progress-bar redraws from transformers or the hub
+        import huggingface_hub.utils
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
     if AUTO_PRESET:
         log.info("no data and no model given: the toy preset (configs/preset/%s.yaml: GRPO on two-digit addition "
                  "with pyrl's tiny model); name data.train_files and actor_rollout_ref.model.path to train your own",

@@ -9,10 +9,14 @@ the tiny model (made in a temp dir, renamed into place)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
+
+log = logging.getLogger("pyrl")
 
 VERSION = 2
 
@@ -69,7 +73,9 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     reward, step, best = 0.0, 0, (-1.0, None)
-    bar = tqdm(total=max_steps, desc="toy warm-start (SFT)", disable=not progress, leave=False)
+    # a bar on a terminal; in a log file (CI, nohup) a plain line every 250 steps instead of redraws
+    on_terminal = sys.stderr.isatty()
+    bar = tqdm(total=max_steps, desc="toy warm-start (SFT)", disable=not progress or not on_terminal, leave=False)
     for step in range(1, max_steps + 1):
         rows = torch.randint(len(train), (128,), generator=generator).tolist()
         seqs = [prompts[i] + answers[i] for i in rows]
@@ -89,6 +95,9 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
         if step % 25 == 0:
             reward = greedy_reward(model, tokenizer, val_questions, val_truths)
             bar.set_postfix(loss=f"{loss.item():.3f}", val_reward=f"{reward:.3f}")
+            if progress and not on_terminal and step % 250 == 0:
+                log.info("toy warm-start (SFT): step %d, loss %.3f, greedy validation reward %.3f (target %g)", step,
+                         loss.item(), reward, target_reward)
             if reward >= target_reward:
                 break
             if reward > best[0]:
