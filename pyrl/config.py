@@ -195,7 +195,8 @@ class CriticConfig:
     shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
-    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (None: the response width)
+    # seq-mean-token-sum-norm's divisor (None: the response width)
+    loss_scale_factor: Optional[float] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     grad_clip: float = 1.0
     data_loader_seed: int = 42
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # verl 0.9.1's name (actor and ref: fsdp_config)
