@@ -115,9 +115,11 @@ class ModelInputs:
         return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.score_index)
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """[N, ...] -> [rows, width, ...], differentiable."""
-        out = values.new_zeros((self.rows * self.width, *values.shape[1:]))
-        return out.index_copy(0, self.out_index, values).reshape(self.rows, self.width, *values.shape[1:])
+        """[N, ...] -> [rows, width, ...], differentiable; a tensor of its own, not a view (FSDP2 warns that an
+        in-place op on a view output would skip its backward hook)."""
+        out = values.new_zeros((self.rows, self.width, *values.shape[1:]))
+        out.view(self.rows * self.width, *values.shape[1:]).index_copy_(0, self.out_index, values)
+        return out
 
     @classmethod
     def responses(cls, tensors: dict, response_length: int, packed: bool, device: torch.device) -> "ModelInputs":

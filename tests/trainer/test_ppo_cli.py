@@ -144,6 +144,34 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
         assert all(len({s["input"] for s in g}) == 1 and len({s["score"] for s in g}) > 1 for g in groups.values())
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_verl_command_line_trains_with_verls_defaults(engine, tmp_path, ray_session):
+    """Nothing but data, model, sizes and the logger named, as a verl user would: verl 0.9.1's defaults for the
+    rest (gae with a critic, unfused log-probs, gradient checkpointing, the engine's log-probs checked against
+    the trainer's, vLLM's dummy load and CUDA-graph setting), two steps."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    from pyrl.data import toy_task_files
+    from pyrl.ppo import run_ppo
+
+    train, val = toy_task_files()
+    config = compose(f"data.train_files={train}", f"data.val_files={val}", "data.val_max_samples=16",
+                     "data.max_prompt_length=32", "data.max_response_length=8", "data.train_batch_size=4",
+                     "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                     f"actor_rollout_ref.rollout.name={engine}", "trainer.total_training_steps=2",
+                     "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={tmp_path}")
+    assert config.algorithm.adv_estimator == "gae" and not config.actor_rollout_ref.model.use_fused_kernels
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "val-core/pyrl/toy_addition/acc/mean@1" in rows[0]  # val_before_train, as verl
+    for key in ("critic/vf_loss", "actor/pg_loss", "training/rollout_probs_diff_mean", "rollout_corr/kl",
+                "timing_s/old_log_prob"):
+        assert key in rows[-1], key
+    # bf16 training compute (this CPU has it) against the fp32 rollout: ~1e-3; fp32 on both sides: ~1e-7
+    assert rows[-1]["training/rollout_probs_diff_mean"] < 5e-3
+
+
 def test_verl_command_lines_are_accepted():
     config = compose("data.train_batch_size=256", "actor_rollout_ref.actor.optim.lr=1e-6",
                      "trainer.project_name=MyExperiment", "algorithm.adv_estimator=grpo", "trainer.logger=['wandb']",
