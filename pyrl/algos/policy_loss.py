@@ -33,6 +33,8 @@ POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
 # get_policy_loss_fn(name) returns it or raises a ValueError listing the known names.
 register_policy_loss, get_policy_loss_fn = make_registry("policy loss", POLICY_LOSS_REGISTRY)
 
+SAFETY_BOUND = 20.0  # verl's clamp of log ratios before exp: finite ratios and weights
+
 
 def config_value(config, path: str, default):
     """config.<path> (e.g. "policy_loss.kl_cov_ratio"), through attributes or dict keys; default where a key is
@@ -118,7 +120,7 @@ def _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, rollo
 
 
 def _clamped_log_ratio(log_prob, old_log_prob):
-    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # verl's bound, for a finite exp
+    return torch.clamp(log_prob - old_log_prob, min=-SAFETY_BOUND, max=SAFETY_BOUND)
 
 
 @register_policy_loss("sapo")
@@ -329,14 +331,14 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
     mask = response_mask.to(log_ratio.dtype)
     lengths = mask.sum(-1)
     metrics = {"kl": ops.masked_mean(-log_ratio, mask), "k3_kl": ops.masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
-               "chi2_token": ops.masked_mean(torch.exp(log_ratio.clamp(-20.0, 20.0)).square(), mask) - 1.0}
+               "chi2_token": ops.masked_mean(torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).square(), mask) - 1.0}
     weights = None
     if rollout_is is not None and rollout_is_threshold is not None:
         if rollout_is not in ("token", "sequence"):
             raise ValueError(f"algorithm.rollout_correction.rollout_is: expected token, sequence or None, got {rollout_is!r}")
         lower, upper = _threshold(rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold", pair=True)
         per_token = log_ratio if rollout_is == "token" else ops.masked_sum(log_ratio, mask, axis=-1)[:, None]
-        raw = torch.exp(per_token.clamp(-20.0, 20.0)).expand_as(log_ratio) * mask
+        raw = torch.exp(per_token.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio) * mask
         inside = (raw >= lower) & (raw <= upper) if lower is not None else None
         weights = raw.clamp(max=upper) if lower is None else torch.where(inside, raw, torch.zeros_like(raw))
         metrics["rollout_is_mean"] = ops.masked_mean(weights, mask)
@@ -359,7 +361,7 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
         if not options or unknown:
             raise ValueError(f"algorithm.rollout_correction.rollout_rs: unknown option(s) {unknown or rollout_rs!r}, "
                              f"expected a comma-separated list of {', '.join(ROLLOUT_RS_OPTIONS)}")
-        bounded = log_ratio.clamp(-20.0, 20.0)
+        bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
         divergences = {"k1": -bounded, "k2": 0.5 * bounded.square(), "k3": torch.exp(bounded) - 1.0 - bounded}
         for option, (lower, upper) in zip(options, _rejection_thresholds(options, rollout_rs_threshold)):
             level, kind = option.rsplit("_", 1)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import torch
 
 from pyrl import ops
-from pyrl.algos.policy_loss import rollout_correction
-
-SAFETY_BOUND = 20.0  # verl's clamp of log ratios before exp
+from pyrl.algos.policy_loss import SAFETY_BOUND, rollout_correction
 
 
 def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
