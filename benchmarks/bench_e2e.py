@@ -53,7 +53,8 @@ PYRL_SYSTEMS = {"pyrl-vllm": ("vllm", True), "pyrl-vllm-padded": ("vllm", False)
 SYSTEMS = [*PYRL_SYSTEMS, "trl", "trl-vllm"]
 WORKLOADS = ("uniform", "longtail")
 # fp32: both sides in float32. bf16: pyrl's FSDP mixed precision (fsdp_config.dtype=bfloat16, on CPUs with native
-# bf16) against TRL's bf16=True (autocast); both keep float32 master weights and optimizer state
+# bf16) and rollout in bf16 (rollout.dtype, verl's default) against TRL's bf16=True (autocast: its training and its
+# HF generate compute in bf16); both keep float32 master weights and optimizer state
 PRECISIONS = ("fp32", "bf16")
 # smoke mode (CI) starts pyrl once per workload, ~30 s each: together they cover both engines, both padding
 # paths, EOS ignored and EOS-ended responses; TRL runs there too when it is installed (CI lacks it)
@@ -190,6 +191,7 @@ def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str
             f"actor_rollout_ref.model.path={prep.model_path}",
             f"actor_rollout_ref.model.use_remove_padding={str(remove_padding).lower()}",
             f"actor_rollout_ref.actor.fsdp_config.dtype={'bfloat16' if prep.precision == 'bf16' else 'float32'}",
+            f"actor_rollout_ref.rollout.dtype={'bfloat16' if prep.precision == 'bf16' else 'float32'}",
             "actor_rollout_ref.actor.ppo_epochs=1", f"actor_rollout_ref.actor.ppo_mini_batch_size={w.prompts}",
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={w.micro_batch}",
             f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "actor_rollout_ref.actor.optim.weight_decay=0.0",

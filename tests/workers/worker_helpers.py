@@ -14,11 +14,11 @@ def make_config(*overrides: str):
     from pyrl.config import PPOConfig
 
     base = OmegaConf.structured(PPOConfig)
-    # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups in bf16): the tests
+    # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups and the rollout in bf16): the tests
     # compare against float32 single processes and float64 references
     fp32 = [f"{key}.dtype=float32" for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
                                                "critic.fsdp", "reward_model.fsdp_config")]
-    defaults = fp32 + [f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
+    defaults = fp32 + ["actor_rollout_ref.rollout.dtype=float32", f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
                 "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.path=pyrl:tiny"]
     cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
     return OmegaConf.to_object(cfg)

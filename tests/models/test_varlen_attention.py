@@ -1,0 +1,104 @@
+"""pyrl.models.varlen_attention: packed causal attention, each sequence attending to its own tokens only, against
+a float64 per-sequence reference (values and gradients), on both CPU paths (plain matmuls for short buckets, SDPA
+for long ones), GQA and plain heads, equal and mixed lengths (1 and 0 included), fp32 and bf16."""
+
+import pytest
+import torch
+
+from pyrl.models import varlen_attention
+from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN, VarlenAttention, causal_attention
+
+CPU = torch.device("cpu")
+LONG = CPU_MATMUL_ATTENTION_MAX_LEN + 9  # a bucket past the matmul path's limit
+
+
+class _Module:  # what transformers passes as `module`
+    pass
+
+
+def reference(q, k, v, lengths, scaling):
+    """float64, one sequence at a time, the causal mask written out: q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]."""
+    groups = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    outs, start = [], 0
+    for n in lengths.tolist():
+        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
+        scores = qs @ ks.transpose(-1, -2) * scaling
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        outs.append((torch.softmax(scores, -1) @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(outs)
+
+
+def packed_inputs(lengths, heads, kv_heads, dtype, dim=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = int(sum(lengths))
+    q, k, v = (torch.randn(total, h, dim, generator=g).to(dtype).requires_grad_()
+               for h in (heads, kv_heads, kv_heads))
+    return q, k, v
+
+
+LENGTHS = {"mixed": [5, 1, 40, 0, 31, 39, 12, 3], "equal": [7, 7, 7], "one": [1], "long+short": [LONG, 4, LONG - 30, 2]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=list(LENGTHS))
+def test_packed_attention_matches_per_sequence_float64(lengths, heads, kv_heads, dtype):
+    lengths = torch.tensor(LENGTHS[lengths])
+    q, k, v = packed_inputs(lengths, heads, kv_heads, dtype)
+    scaling = 0.3
+    attention = VarlenAttention.from_lengths(lengths, CPU)
+    out, _ = varlen_attention.varlen_attention_forward(
+        _Module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=scaling,
+        **attention.as_kwargs())
+    out = out[0]
+    assert out.shape == q.shape and out.dtype == dtype
+    ref = reference(q, k, v, lengths, scaling)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * weight).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    for name, got, want in zip("qkv", grads, ref_grads):
+        want = want.double()
+        if dtype == torch.bfloat16:  # a sum of many bf16-rounded terms: the error scales with the gradient's size
+            tol = dict(atol=2e-2 * float(want.abs().max()), rtol=2e-2)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("length", [CPU_MATMUL_ATTENTION_MAX_LEN, LONG])
+def test_both_cpu_paths_agree_at_the_switch(length):
+    """The matmul path (up to the limit) and SDPA (past it) compute the same function: each is checked against
+    the other on the same inputs, forcing the other side's path by moving the limit."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 8, length, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, length, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    default = causal_attention(q, k, v, 0.25)
+    saved = varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN
+    try:
+        varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN = LONG if length <= saved else length
+        other = causal_attention(q, k, v, 0.25)
+    finally:
+        varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN = saved
+    # the matmul path computes in float32
+    torch.testing.assert_close(default, other, atol=1e-5, rtol=1e-5)
+
+
+def test_buckets_cover_every_token_once():
+    lengths = torch.tensor([5, 0, 40, 31, 1, 39, 30, 12])
+    attention = VarlenAttention.from_lengths(lengths, CPU)
+    seen = torch.cat([gather[valid] for gather, valid in attention.buckets])
+    assert sorted(seen.tolist()) == list(range(int(lengths.sum())))
+    assert torch.equal(seen[attention.inverse], torch.arange(int(lengths.sum())))
+    for gather, valid in attention.buckets:
+        real = valid.sum(-1)
+        assert real.min() >= varlen_attention.BUCKET_RATIO * real.max()
+    assert VarlenAttention.from_lengths(torch.tensor([6, 6]), CPU).inverse is None  # equal lengths: no gather
+
+
+def test_no_tokens():
+    attention = VarlenAttention.from_lengths(torch.tensor([0, 0]), CPU)
+    q = torch.zeros(1, 2, 0, 8)
+    out, _ = varlen_attention.varlen_attention_forward(_Module, q, q, q, None, **attention.as_kwargs())
+    assert out.shape == (1, 0, 2, 8)
