@@ -204,9 +204,9 @@ def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str
             "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
             f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
             "reward.num_workers=1", "data.dataloader_num_workers=0",
-            # as the measurements in RESULTS.md were taken (pyrl's defaults were these before they became verl's)
+            # no recompute on either side (TRL's side sets gradient_checkpointing=False), the fused log-prob kernel
             "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.use_fused_kernels=true",
-            "actor_rollout_ref.rollout.calculate_log_probs=false", "actor_rollout_ref.rollout.enforce_eager=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=false",
             "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.seed=0",
             "actor_rollout_ref.actor.data_loader_seed=1",
             f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
@@ -271,6 +271,7 @@ def trl_worker(prep: Prepared, use_vllm: bool, output_dir: str) -> dict:
         generation_kwargs={"min_new_tokens": w.response_length} if w.ignore_eos else None,
         learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=0.0, epsilon=0.2,
+        gradient_checkpointing=False,  # TRL's default is True; pyrl runs without (a 24M model needs no recompute)
         loss_type="dapo",  # the token mean over the whole batch, as pyrl's token-mean over its one mini-batch
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
         **vllm_args)

@@ -102,8 +102,7 @@ class ActorRolloutRefWorker(Worker):
     def update_weights(self) -> dict:
         """Push the actor's current weights into the rollout engine (in memory, tensor by tensor)."""
         start = time.perf_counter()
-        dtype = torch.float32 if self.device.type == "cpu" else getattr(torch, self.config.rollout.dtype)
-        loaded = self.engine.load_weights(fsdp.full_state_items(self.policy, "lm.", dtype))
+        loaded = self.engine.load_weights(fsdp.full_state_items(self.policy, "lm.", self.engine.dtype))
         return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -57,6 +57,8 @@ class RolloutEngine:
     """generate(prompt_ids, spec) -> (response token lists, their log-prob lists or None), n per prompt,
     interleaved (prompt 0's n samples first); load_weights pushes the actor's weights in place."""
 
+    dtype: torch.dtype  # what the engine computes in (and the weights it is pushed)
+
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
         raise NotImplementedError
 

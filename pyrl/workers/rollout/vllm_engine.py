@@ -28,9 +28,10 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.sleeps = on_cuda and config.free_cache_engine
+        self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         self.llm = LLM(
             model=model_path,
-            dtype=str(runnable_dtype(config.dtype, "rollout.dtype", device)).removeprefix("torch."),
+            dtype=str(self.dtype).removeprefix("torch."),
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             gpu_memory_utilization=config.gpu_memory_utilization,
