@@ -6,8 +6,9 @@ prompt, response limit, temperature 1, learning rate, precision, one PPO epoch o
 step, the same micro-batch size, no KL/reference model and the same reward (benchmarks/e2e_reward.py).
 Precision: fp32 on both sides, or (--precision bf16 / PYRL_BENCH_PRECISION=bf16) bf16 compute on both.
 What differs is the trainer: pyrl runs `python -m pyrl.ppo` (vLLM or HF rollout, packed or padded
-training: `actor_rollout_ref.model.use_remove_padding`), TRL its GRPOTrainer with HF generate (and,
-once, with vLLM colocated, which fails on CPU). Each run is a fresh subprocess.
+training: `actor_rollout_ref.model.use_remove_padding`; `-shared`: each prompt's tokens run once for its
+samples, `actor_rollout_ref.actor.use_prefix_grouper`), TRL its GRPOTrainer with HF generate (and, once, with
+vLLM colocated, which fails on CPU). Each run is a fresh subprocess.
 
 Workloads: `uniform` (32 prompts x 8 samples, 16 prompt tokens, 32 response tokens, EOS ignored) and
 `longtail` (16 prompts x 4, prompt lengths log-normal with median 74 and max 384 tokens, responses up
@@ -48,9 +49,11 @@ HERE = Path(__file__).resolve().parent
 REWARD_FILE = HERE / "e2e_reward.py"
 LEARNING_RATE = 1e-6
 PHASES = ("gen", "old_log_prob", "update", "sync", "other")
-PYRL_SYSTEMS = {"pyrl-vllm": ("vllm", True), "pyrl-vllm-padded": ("vllm", False),
-                "pyrl-hf": ("hf", True), "pyrl-hf-padded": ("hf", False)}  # -> (rollout.name, use_remove_padding)
-SYSTEMS = [*PYRL_SYSTEMS, "trl", "trl-vllm"]
+_VLLM, _HF = "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=hf"
+_PADDED, _SHARED = "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_prefix_grouper=true"
+PYRL_SYSTEMS = {"pyrl-vllm": [_VLLM], "pyrl-vllm-shared": [_VLLM, _SHARED], "pyrl-vllm-padded": [_VLLM, _PADDED],
+                "pyrl-hf": [_HF], "pyrl-hf-shared": [_HF, _SHARED], "pyrl-hf-padded": [_HF, _PADDED]}  # -> overrides
+SYSTEMS = [*PYRL_SYSTEMS, "trl", "trl-vllm"]  # the default run order
 WORKLOADS = ("uniform", "longtail")
 # fp32: both sides in float32. bf16: pyrl's FSDP mixed precision (fsdp_config.dtype=bfloat16, on CPUs with native
 # bf16) and rollout in bf16 (rollout.dtype, verl's default) against TRL's bf16=True (autocast: its training and its
@@ -182,21 +185,20 @@ def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") 
 
 
 # ---- pyrl ----
-def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str) -> list[str]:
+def pyrl_command(prep: Prepared, system: str, run_dir: str) -> list[str]:
     w = prep.workload
     return [sys.executable, "-m", "pyrl.ppo",
             f"data.train_files={prep.train_file}", "data.shuffle=false",
             f"data.max_prompt_length={max(w.prompt_lengths)}", f"data.max_response_length={w.response_length}",
             f"data.train_batch_size={w.prompts}",
             f"actor_rollout_ref.model.path={prep.model_path}",
-            f"actor_rollout_ref.model.use_remove_padding={str(remove_padding).lower()}",
             f"actor_rollout_ref.actor.fsdp_config.dtype={'bfloat16' if prep.precision == 'bf16' else 'float32'}",
             f"actor_rollout_ref.rollout.dtype={'bfloat16' if prep.precision == 'bf16' else 'float32'}",
             "actor_rollout_ref.actor.ppo_epochs=1", f"actor_rollout_ref.actor.ppo_mini_batch_size={w.prompts}",
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={w.micro_batch}",
             f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "actor_rollout_ref.actor.optim.weight_decay=0.0",
             "actor_rollout_ref.actor.use_kl_loss=false",
-            f"actor_rollout_ref.rollout.name={engine}", f"actor_rollout_ref.rollout.n={w.n}",
+            f"actor_rollout_ref.rollout.n={w.n}",
             "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_k=-1",
             "actor_rollout_ref.rollout.top_p=1.0", f"actor_rollout_ref.rollout.ignore_eos={str(w.ignore_eos).lower()}",
             f"actor_rollout_ref.rollout.max_num_seqs={w.prompts * w.n}",
@@ -212,16 +214,16 @@ def pyrl_command(prep: Prepared, engine: str, remove_padding: bool, run_dir: str
             f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=0",
-            "trainer.n_cpu_workers_per_node=1"]
+            "trainer.n_cpu_workers_per_node=1", *PYRL_SYSTEMS[system]]
 
 
-def run_pyrl(prep: Prepared, engine: str, remove_padding: bool, run_dir: str) -> list[dict]:
+def run_pyrl(prep: Prepared, system: str, run_dir: str) -> list[dict]:
     """`python -m pyrl.ppo` in a subprocess; per-step phases from its metrics.jsonl (timing_s/*)."""
     os.makedirs(run_dir, exist_ok=True)
-    proc = subprocess.run(pyrl_command(prep, engine, remove_padding, run_dir), cwd=run_dir, capture_output=True,
+    proc = subprocess.run(pyrl_command(prep, system, run_dir), cwd=run_dir, capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode != 0:
-        raise RuntimeError(f"pyrl ({engine}, use_remove_padding={remove_padding}) failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"pyrl ({system}: {PYRL_SYSTEMS[system]}) failed:\n{proc.stderr[-4000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = []
@@ -362,8 +364,7 @@ def _trl_worker_main(job_file: str) -> None:
 def run_system(system: str, prep: Prepared, run_dir: str) -> dict:
     """{"steps": [...]} (and "error" for a TRL run that failed)."""
     if system in PYRL_SYSTEMS:
-        engine, remove_padding = PYRL_SYSTEMS[system]
-        return {"steps": run_pyrl(prep, engine, remove_padding, run_dir)}
+        return {"steps": run_pyrl(prep, system, run_dir)}
     if system in ("trl", "trl-vllm"):
         return run_trl(prep, system == "trl-vllm", run_dir)
     raise ValueError(f"system: unknown {system!r}, expected one of {SYSTEMS}")
@@ -431,7 +432,7 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="uniform,longtail", help="comma-separated: uniform, longtail")
-    parser.add_argument("--systems", default="pyrl-vllm,pyrl-vllm-padded,pyrl-hf,pyrl-hf-padded,trl,trl-vllm",
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, in the order to run: {', '.join(SYSTEMS)}")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("PYRL_BENCH_STEPS", 6)))
     parser.add_argument("--smoke", action="store_true", help="the tiny model and few prompts (checks the plumbing)")

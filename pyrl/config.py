@@ -109,6 +109,9 @@ class ActorConfig:
     # optimal-token-baseline estimators need
     calculate_sum_pi_squared: bool = False
     use_kl_loss: bool = False
+    # each prompt's tokens run once for all its samples in the actor's and the reference's forwards (needs
+    # model.use_remove_padding); the batch is balanced by prompt group so samples of a prompt stay together
+    use_prefix_grouper: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)

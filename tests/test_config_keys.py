@@ -70,6 +70,16 @@ def test_registry_names_checked_before_workers(override, message):
         check_names(config)
 
 
+def test_prefix_grouper_needs_the_packed_path():
+    from pyrl.trainer.checks import check_names
+    from trainer.trainer_helpers import compose
+
+    config = compose("preset=toy", "actor_rollout_ref.actor.use_prefix_grouper=true",
+                     "actor_rollout_ref.model.use_remove_padding=false")
+    with pytest.raises(ValueError, match="use_prefix_grouper=true .* needs actor_rollout_ref.model.use_remove_padding=true"):
+        check_names(config)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["data.train_batch_size=6", "actor_rollout_ref.rollout.n=1", "trainer.n_cpu_workers_per_node=4",
       "actor_rollout_ref.actor.ppo_mini_batch_size=2"], "6 x 1 = 6 samples do not split over the 4 worker"),

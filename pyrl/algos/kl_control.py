@@ -35,9 +35,12 @@ class AdaptiveKLController(FixedKLController):
         self.value *= 1 + error * n_steps / self.horizon
 
 
+KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
+
+
 def get_kl_controller(kl_ctrl) -> FixedKLController:
     if kl_ctrl.type == "fixed":
         return FixedKLController(kl_ctrl.kl_coef)
     if kl_ctrl.type == "adaptive":
         return AdaptiveKLController(kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
-    raise ValueError(f"algorithm.kl_ctrl.type: expected 'fixed' or 'adaptive', got {kl_ctrl.type!r}")
+    raise ValueError(f"algorithm.kl_ctrl.type: expected one of {KL_CONTROLLERS}, got {kl_ctrl.type!r}")

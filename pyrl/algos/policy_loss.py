@@ -381,6 +381,9 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
     return weights, keep, {f"rollout_corr/{name}": value.detach() for name, value in metrics.items()}
 
 
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # algorithm.rollout_correction.loss_type
+
+
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                                     global_batch_info=None, *, rollout_is_weights=None):
@@ -393,8 +396,8 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
     if isinstance(settings, dict):  # a plain dict (tests, other trainers): the keys it lacks take verl's defaults
         settings = RolloutCorrectionConfig(**settings)
     setting = dataclasses.asdict(settings)  # None stays None: a null threshold means off, as in the trainer
-    if setting["loss_type"] not in ("ppo_clip", "reinforce"):
-        raise ValueError(f"algorithm.rollout_correction.loss_type: expected ppo_clip or reinforce, "
+    if setting["loss_type"] not in BYPASS_LOSS_TYPES:
+        raise ValueError(f"algorithm.rollout_correction.loss_type: expected one of {BYPASS_LOSS_TYPES}, "
                          f"got {setting['loss_type']!r}")
     with torch.no_grad():
         weights, keep, correction_metrics = rollout_correction(

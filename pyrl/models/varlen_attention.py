@@ -16,6 +16,11 @@ The cost is the sum of the sequences' costs, not the square of the total:
   matmuls with float32 scores and softmax (the query heads of a KV group stacked, so GQA repeats nothing):
   there torch's fused CPU attention costs 2-4x more, its backward in bf16 most of all; longer buckets run
   SDPA. See benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
+
+Shared prefixes (``VarlenAttention.from_shared_prefixes``, actor.use_prefix_grouper): the n samples of a prompt
+hold its tokens once; each sample's sequence is gathered as prompt + its own tokens and runs the bucket path
+(on CUDA too: flash-attn's varlen call has no such layout), giving the outputs of its own tokens, the first
+sample also the prompt's. The gather's backward sums what every sample sends the prompt's keys and values.
 """
 
 from __future__ import annotations
@@ -34,36 +39,63 @@ CPU_MATMUL_ATTENTION_MAX_LEN = 128
 
 @dataclass
 class VarlenAttention:
-    """Where each packed sequence lies: tokens [cu_seqlens[i], cu_seqlens[i+1]) of the row. The buckets
-    are built once per forward and shared by every layer."""
+    """Which tokens of the packed row each sequence attends over, built once per forward and shared by every
+    layer. Plain packing: sequence i is the run [cu_seqlens[i], cu_seqlens[i+1]) of the row. Shared prefixes
+    (actor.use_prefix_grouper): the samples of one prompt hold the prompt's tokens once, then each sample's own
+    tokens; each sample attends over the prompt and its own tokens (positions continue after the prompt), so
+    the prompt's queries, keys and values are computed once for all its samples."""
 
-    cu_seqlens: torch.Tensor  # [B + 1] int64, on the model's device
+    cu_seqlens: torch.Tensor | None  # [B + 1] int64 for plain packing (flash-attn's varlen path); None when shared
     max_seqlen: int
-    # for the bucket path: (gather [b, L] int64 token index, valid [b, L] bool) per bucket, or one (None, None)
-    # when all sequences have the same length (the row is then [B, L] as it stands)
+    # for the bucket path: (gather [b, L] int64 token index, valid [b, L] bool: the positions whose output this
+    # sequence gives) per bucket, or one (None, None) when all sequences are contiguous runs of the same length
+    # (the row is then [B, L] as it stands)
     buckets: list
-    # [T] int64: where each token's output lies in the concatenation of the buckets' real outputs
+    # [T] int64: where each token's output lies in the concatenation of the buckets' valid outputs
     inverse: torch.Tensor | None
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, device: torch.device) -> "VarlenAttention":
+        """Plain packing: sequences of these lengths laid end to end."""
         lengths = lengths.to("cpu", torch.int64)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
         longest = int(lengths.max()) if lengths.numel() else 0
         if longest and bool((lengths == longest).all()):
             return cls(cu.to(device), longest, [(None, None)], None)
-        buckets = _buckets(lengths, cu)
-        order = torch.cat([gather[valid] for gather, valid in buckets]) if buckets else cu[:0]
+        tokens = torch.arange(int(cu[-1]))
+        return cls._build(tokens, cu, torch.zeros_like(lengths), cu.to(device), device)
+
+    @classmethod
+    def from_shared_prefixes(cls, tokens: torch.Tensor, lengths: torch.Tensor, owned_from: torch.Tensor,
+                             device: torch.device) -> "VarlenAttention":
+        """Sequences that may share tokens: sequence i attends over row tokens tokens[cu[i]:cu[i+1]] (cu from
+        `lengths`), in order, causally; it gives the outputs of its positions >= owned_from[i]. Every token of
+        the row must be given by exactly one sequence (a shared prefix by the first sequence that holds it)."""
+        lengths = lengths.to("cpu", torch.int64)
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
+        return cls._build(tokens.to("cpu", torch.int64), cu, owned_from.to("cpu", torch.int64), None, device)
+
+    @classmethod
+    def _build(cls, tokens, cu, owned_from, cu_seqlens, device) -> "VarlenAttention":
+        lengths = cu[1:] - cu[:-1]
+        buckets = _buckets(tokens, cu, lengths, owned_from)
+        order = torch.cat([gather[valid] for gather, valid in buckets]) if buckets else tokens[:0]
+        total = int(tokens.max()) + 1 if tokens.numel() else 0
+        if len(order) != total or (total and int(torch.bincount(order, minlength=total).max()) != 1):
+            raise ValueError("packed attention: every token of the row must be given by exactly one sequence")
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order))
-        return cls(cu.to(device), longest, [(g.to(device), v.to(device)) for g, v in buckets], inverse.to(device))
+        longest = int(lengths.max()) if lengths.numel() else 0
+        return cls(cu_seqlens, longest, [(g.to(device), v.to(device)) for g, v in buckets], inverse.to(device))
 
     def as_kwargs(self) -> dict:
         """The model's keyword arguments for a packed call (with attention_mask=None)."""
         return {KWARG: self}
 
 
-def _buckets(lengths: torch.Tensor, cu: torch.Tensor) -> list:
+def _buckets(tokens: torch.Tensor, cu: torch.Tensor, lengths: torch.Tensor, owned_from: torch.Tensor) -> list:
+    """Sequences grouped by length (shortest >= BUCKET_RATIO x longest), each bucket as a right-padded [b, L]
+    gather of row tokens (padding reads token 0) and the mask of the positions it gives."""
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     order = [i for i in order if lengths[i] > 0]
     buckets, start = [], 0
@@ -74,9 +106,9 @@ def _buckets(lengths: torch.Tensor, cu: torch.Tensor) -> list:
             end += 1
         rows = torch.tensor(order[start:end], dtype=torch.int64)
         columns = torch.arange(longest, dtype=torch.int64)
-        valid = columns[None, :] < lengths[rows][:, None]
-        gather = torch.where(valid, cu[rows][:, None] + columns[None, :], cu[rows][:, None])  # padding reads token 0
-        buckets.append((gather, valid))
+        real = columns[None, :] < lengths[rows][:, None]
+        gather = torch.where(real, tokens[(cu[rows][:, None] + columns[None, :]).clamp(max=max(len(tokens) - 1, 0))], 0)
+        buckets.append((gather, real & (columns[None, :] >= owned_from[rows][:, None])))
         start = end
     return buckets
 
@@ -98,7 +130,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if query.shape[0] != 1:
         raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
+    if (attention_mask.cu_seqlens is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and _flash_varlen() is not None):
         cu = attention_mask.cu_seqlens.to(torch.int32)
         out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,
                               dropout_p=dropout, softmax_scale=scaling, causal=True)

@@ -24,19 +24,21 @@ def check_names(config) -> None:
     from pyrl import ops
     from pyrl.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
-    from pyrl.algos.policy_loss import rollout_correction
+    from pyrl.algos.kl_control import KL_CONTROLLERS
+    from pyrl.algos.policy_loss import BYPASS_LOSS_TYPES, rollout_correction
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
     from pyrl.trainer.tracking import check_backends
+    from pyrl.workers.optim import LR_SCHEDULES, OPTIMIZERS
 
     actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
     _check_name("algorithm.adv_estimator", algorithm.adv_estimator, ADV_ESTIMATOR_REGISTRY)
     _check_name("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSS_REGISTRY)
     _check_name("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, ops.LOSS_AGG_MODES)
     _check_name("critic.loss_agg_mode", config.critic.loss_agg_mode, ops.LOSS_AGG_MODES)
-    _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, ("fixed", "adaptive"))
+    _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, KL_CONTROLLERS)
     _check_name("reward.reward_manager.name", config.reward.reward_manager.name, MANAGERS)
-    _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, ("ppo_clip", "reinforce"))
+    _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, BYPASS_LOSS_TYPES)
     correction = algorithm.rollout_correction
     rollout_correction(torch.zeros(1, 1), torch.ones(1, 1), correction.rollout_is, correction.rollout_is_threshold,
                        correction.rollout_is_batch_normalize, correction.rollout_rs, correction.rollout_rs_threshold)
@@ -49,9 +51,12 @@ def check_names(config) -> None:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{key}: {e}") from None
     for key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", config.critic.optim)):
-        _check_name(f"{key}.optimizer", optim.optimizer.lower(), ("adamw",))
-        _check_name(f"{key}.lr_scheduler_type", optim.lr_scheduler_type, ("constant", "cosine"))
+        _check_name(f"{key}.optimizer", optim.optimizer.lower(), OPTIMIZERS)
+        _check_name(f"{key}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULES)
     check_backends(config.trainer.logger)
+    if actor.use_prefix_grouper and not config.actor_rollout_ref.model.use_remove_padding:
+        raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=true shares prompts between packed sequences: it needs "
+                         "actor_rollout_ref.model.use_remove_padding=true")
     if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
         # verl fails too, at the first advantage computation
         raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the actor's sum_pi_squared: set "

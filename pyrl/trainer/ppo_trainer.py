@@ -76,10 +76,25 @@ def packed_tokens(batch: DataProto) -> DataProto:
     return out
 
 
-def balance_batch(batch: DataProto, world_size: int) -> dict:
-    """Reorder rows so each data-parallel rank gets the same count and near-equal token sums."""
+def balance_batch(batch: DataProto, world_size: int, by_group: bool = False) -> dict:
+    """Reorder rows so each data-parallel rank gets the same count and near-equal token sums. by_group
+    (actor.use_prefix_grouper, as verl): whole uid groups are balanced, each group's rows kept together."""
     lengths = batch.batch["attention_mask"].sum(-1)
-    parts = balanced_partitions(lengths.tolist(), world_size, equal_size=True)
+    if by_group:
+        groups: dict = {}
+        for row, uid in enumerate(batch.non_tensor_batch["uid"]):
+            groups.setdefault(uid, []).append(row)
+        members = list(groups.values())
+        if len(members) % world_size:
+            raise ValueError(f"actor.use_prefix_grouper with trainer.balance_batch: {len(members)} prompt groups do not "
+                             f"split evenly over {world_size} ranks; make data.train_batch_size a multiple of the ranks")
+        picked = balanced_partitions([int(lengths[rows].sum()) for rows in members], world_size, equal_size=True)
+        parts = [[row for g in part for row in members[g]] for part in picked]
+        if len({len(part) for part in parts}) > 1:
+            raise ValueError(f"actor.use_prefix_grouper with trainer.balance_batch: prompt groups of unequal sizes "
+                             f"({sorted({len(rows) for rows in members})} samples) cannot give every rank the same rows")
+    else:
+        parts = balanced_partitions(lengths.tolist(), world_size, equal_size=True)
     batch.reorder(torch.as_tensor([i for part in parts for i in part]))
     sums = [int(lengths[part].sum()) for part in parts]
     return {"global_seqlen/min": min(sums), "global_seqlen/max": max(sums),
@@ -151,16 +166,19 @@ class PPOTrainer:
                                                  dtype=object)
         return batch
 
-    def generate(self, batch: DataProto, refill: int = 0, **overrides) -> DataProto:
+    def generate(self, batch: DataProto, refill: int = 0, metrics: dict | None = None, **overrides) -> DataProto:
         """Rollouts with the configured sampling (`overrides` replace it). The seed depends on the step and on
         which generation batch of the step this is (`refill`: dynamic sampling's extra batches draw anew), never
-        on what ran before, so a resumed run samples what the uninterrupted one did."""
+        on what ran before, so a resumed run samples what the uninterrupted one did. The workers' metrics
+        (perf/mfu/gen) go into `metrics` when given."""
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"n": rollout.n, "temperature": rollout.temperature,
                 "seed": rollout.seed + 7919 * self.global_steps + 1_000_003 * refill}
         meta.update(overrides)
         batch.meta_info.update(meta)
         out = self.workers.actor.generate_sequences(batch)
+        if metrics is not None:
+            metrics.update(M.reduce_metrics(out.meta_info.get("metrics", {})))
         # later passes score with the sampling temperature; the rest (seed, n) would clash when batches concat
         out.meta_info = {"temperature": meta["temperature"]}
         return out
@@ -176,7 +194,7 @@ class PPOTrainer:
         while True:  # more than once only with dynamic sampling
             prompts = self.next_batch()
             with M.timer("gen", timing):
-                gen = self.generate(prompts, refill=generated_batches)
+                gen = self.generate(prompts, refill=generated_batches, metrics=metrics)
                 actor.sleep_rollout()
             generated_batches += 1
             if algorithm.adv_estimator == "remax":
@@ -217,12 +235,13 @@ class PPOTrainer:
         metrics: dict = {}
         batch = self.collect_batch(timing, metrics)
         if cfg.trainer.balance_batch:
-            metrics.update(balance_batch(batch, self.workers.world_size))
+            metrics.update(balance_batch(batch, self.workers.world_size, cfg.actor_rollout_ref.actor.use_prefix_grouper))
         if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         elif not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
             with M.timer("old_log_prob", timing):
                 old = actor.compute_log_prob(packed_tokens(batch))
+                metrics.update(M.reduce_metrics(old.meta_info.pop("metrics")))
                 actor_cfg, mask = cfg.actor_rollout_ref.actor, batch.batch["response_mask"].float()
                 entropy = ops.agg_loss(old.batch["entropys"], mask, actor_cfg.loss_agg_mode,
                                        loss_scale_factor=actor_cfg.loss_scale_factor or mask.shape[-1])
@@ -233,7 +252,9 @@ class PPOTrainer:
                                                   batch.batch["response_mask"]))
         if self.use_ref:
             with M.timer("ref", timing):
-                batch.union(actor.compute_ref_log_prob(packed_tokens(batch)))
+                ref = actor.compute_ref_log_prob(packed_tokens(batch))
+                metrics.update(M.reduce_metrics(ref.meta_info.pop("metrics")))
+                batch.union(ref)
         if self.use_critic:
             with M.timer("values", timing):
                 batch.union(self.workers.critic.compute_values(packed_tokens(batch)))

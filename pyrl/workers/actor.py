@@ -90,7 +90,9 @@ class ActorRolloutRefWorker(Worker):
             self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.actor.optim)
         if self.has_ref:
             ref_lm, self.ref_policy = load_policy(self.config.model)
-            fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config, self.device)
+            self.ref_compute_dtype = fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config,
+                                                    self.device)
+            self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
         if self.has_rollout:
             rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank)
@@ -122,8 +124,10 @@ class ActorRolloutRefWorker(Worker):
             responses, logprobs = self.engine.generate(ids, spec)
         rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        seconds = time.perf_counter() - start
         out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad)
-        out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
+        out.meta_info["metrics"] = {"perf/mfu/gen": perf.mfu(self.lm.config, out.batch["attention_mask"].sum(-1).tolist(),
+                                                             seconds, self.device, self.engine.dtype, backward=False)}
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -135,12 +139,13 @@ class ActorRolloutRefWorker(Worker):
                  use_dynamic_bsz: bool, max_token_len: int, return_sum_pi_squared: bool = False) -> tuple:
         """Response log-probs, entropy (or None) and, with return_sum_pi_squared, sum_pi_squared [B, R] over
         micro-batches, each trimmed of all-padding columns."""
+        share = self.config.actor.use_prefix_grouper
         micro = batching.micro_batch_indices(batching.row_lengths(data), micro_batch_size, use_dynamic_bsz,
-                                             max_token_len, self.device)
+                                             max_token_len, self.device, batching.prompt_groups(data) if share else None)
 
         def forward(tensors, kept):
             with torch.no_grad():
-                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device)
+                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=share)
                 out = module(inputs, temperature, return_entropy, return_sum_pi_squared)
             return out if isinstance(out, tuple) else (out,)
 
@@ -154,20 +159,27 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.rollout
         batching.require_tokens("compute_log_prob", data, ["responses"])
         self.policy.eval()
+        start = time.perf_counter()
         outputs = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
                                 rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                                 rollout.log_prob_max_token_len_per_gpu, self.config.actor.calculate_sum_pi_squared)
-        return DataProto.from_dict(dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), outputs)))
+        mfu = perf.mfu(self.lm.config, batching.row_lengths(data).tolist(), time.perf_counter() - start, self.device,
+                       self.compute_dtype, backward=False)
+        return DataProto.from_dict(dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), outputs)),
+                                   meta_info={"metrics": {"perf/mfu/actor_infer": mfu}})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         ref = self.config.ref
         batching.require_tokens("compute_ref_log_prob", data, ["responses"])
         self.ref_policy.eval()
+        start = time.perf_counter()
         logp, _ = self._forward(self.ref_policy, data, data.meta_info.get("temperature", self.config.rollout.temperature),
                                 False, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
                                 ref.log_prob_max_token_len_per_gpu)
-        return DataProto.from_dict({"ref_log_prob": logp})
+        mfu = perf.mfu(self.ref_hf_config, batching.row_lengths(data).tolist(), time.perf_counter() - start,
+                       self.device, self.ref_compute_dtype, backward=False)
+        return DataProto.from_dict({"ref_log_prob": logp}, meta_info={"metrics": {"perf/mfu/ref": mfu}})
 
     # ---- training ----
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -183,7 +195,7 @@ class ActorRolloutRefWorker(Worker):
                           cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
                           cfg.loss_scale_factor or data.batch["responses"].shape[-1],
                           hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
-                               f"{self.config.rollout.n} / {self.world_size} ranks)")
+                               f"{self.config.rollout.n} / {self.world_size} ranks)", share_prompts=cfg.use_prefix_grouper)
         batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
                                 + (["ref_log_prob"] if cfg.use_kl_loss else []))
         # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that
@@ -220,7 +232,8 @@ class ActorRolloutRefWorker(Worker):
         need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy or on_policy
         tensors, kept = batching.trimmed(mini.select_idxs(idx or [0]), response_length)
         to = lambda key: tensors[key].to(self.device)  # noqa: E731
-        out = self.policy(ModelInputs.responses(tensors, kept, self.packed, self.device), temperature, need_entropy)
+        inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=cfg.use_prefix_grouper)
+        out = self.policy(inputs, temperature, need_entropy)
         logp, entropy = out if need_entropy else (out, None)
         mask = to("response_mask").float() * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
         if cfg.policy_loss.loss_mode == "bypass_mode":

@@ -41,17 +41,42 @@ def row_lengths(data: DataProto) -> torch.Tensor:
     return ids.layout.lengths if isinstance(ids, PackedTensor) else data.batch["attention_mask"].sum(-1)
 
 
+def prompt_groups(data: DataProto) -> tuple[list[list[int]], list[int]]:
+    """The rows that share a prompt (the same tokens before the response, left-padded alike), in order of first
+    appearance, and each group's token count when its prompt runs once (ModelInputs share_prompts)."""
+    ids = data.batch["input_ids"]
+    prompt_width = (ids.layout.width if isinstance(ids, PackedTensor) else ids.shape[1]) - data.batch["responses"].shape[1]
+    padded = ids.to_padded() if isinstance(ids, PackedTensor) else ids
+    mask = ids.layout.mask() if isinstance(ids, PackedTensor) else data.batch["attention_mask"]
+    prompt_mask = mask[:, :prompt_width] != 0
+    keys = torch.cat([padded[:, :prompt_width] * prompt_mask, prompt_mask.long()], 1)
+    _, group_of = torch.unique(keys, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for row, group in enumerate(group_of.tolist()):
+        groups.setdefault(group, []).append(row)
+    lengths, prompt_len = row_lengths(data).tolist(), prompt_mask.sum(-1).tolist()
+    members = list(groups.values())
+    return members, [sum(lengths[r] for r in rows) - (len(rows) - 1) * prompt_len[rows[0]] for rows in members]
+
+
 def micro_batch_indices(seqlens: torch.Tensor, micro_batch_size: int | None, use_dynamic_bsz: bool,
-                        max_token_len: int, device: torch.device) -> list[list[int]]:
+                        max_token_len: int, device: torch.device, groups=None) -> list[list[int]]:
     """Row indices of each micro-batch. Fixed size, or (dynamic) the fewest token-balanced micro-batches of at
     most max_token_len real tokens each (seqlens: the rows' attended token counts). FSDP ranks must run the
     same number of forwards (every forward is a collective), so the count is the maximum over ranks and
-    shorter lists are rebalanced to it."""
+    shorter lists are rebalanced to it. groups (prompt_groups' result, for shared prompts): fixed micro-batches
+    take the rows group after group, dynamic ones are made of whole groups, counted with their prompt once."""
     rows = int(seqlens.numel())
     if not use_dynamic_bsz:
         size = micro_batch_size or rows
-        return [list(range(s, min(s + size, rows))) for s in range(0, rows, size)] or [[]]
-    batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
+        order = [r for members in groups[0] for r in members] if groups else list(range(rows))
+        return [order[s:s + size] for s in range(0, rows, size)] or [[]]
+    if groups:
+        members, tokens = groups
+        picked = token_budget_micro_batches(tokens, int(max_token_len), balanced=True)
+        batches = [sorted(r for g in batch for r in members[g]) for batch in picked]
+    else:
+        batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
     count = torch.tensor([len(batches)], dtype=torch.int64, device=device)
     count = int(all_reduce(count, dist.ReduceOp.MAX).item())
     if count > len(batches):
@@ -122,10 +147,12 @@ class ModelInputs:
         return out
 
     @classmethod
-    def responses(cls, tensors: dict, response_length: int, packed: bool, device: torch.device) -> "ModelInputs":
+    def responses(cls, tensors: dict, response_length: int, packed: bool, device: torch.device,
+                  share_prompts: bool = False) -> "ModelInputs":
         """Score the last `response_length` columns of [rows, P + R] input_ids (left-padded prompt, right-padded
         response, as a rollout returns them): response token j is predicted by the state before it, as verl.
-        Packed, only attended response tokens are scored; padded, every response column is."""
+        Packed, only attended response tokens are scored; padded, every response column is. share_prompts
+        (packed only): rows with the same prompt (tokens and positions) run it once (see _share_prompts)."""
         ids, positions = tensors["input_ids"], tensors["position_ids"]
         if isinstance(ids, PackedTensor) and not packed:  # packed transport, padded model: the padded view
             mask = ids.layout.mask()
@@ -155,8 +182,14 @@ class ModelInputs:
             if bool(first.any()):
                 raise ValueError(f"row {int(row[first][0])}: a response token with no prompt token before it has no "
                                  "state to be scored from")
+            if share_prompts:
+                return cls._share_prompts(ids, positions, layout, lengths - response_tokens, row, col,
+                                          response_length, device)
             return cls._packed(ids, positions, layout, token - 1, ids[token], row * response_length + col,
                                response_length, device)
+        if share_prompts:
+            raise ValueError("share_prompts (actor.use_prefix_grouper) needs the packed path "
+                             "(model.use_remove_padding=true)")
         columns = torch.arange(prompt_width - 1, width - 1)
         score = (torch.arange(rows)[:, None] * width + columns[None, :]).reshape(-1)
         return cls(ids.to(device), mask.to(device), positions.to(device), score.to(device),
@@ -179,6 +212,48 @@ class ModelInputs:
         last = (columns * (attention_mask != 0)).argmax(-1)
         return cls(input_ids.to(device), attention_mask.to(device), position_ids.to(device),
                    (out * width + last[out]).to(device), torch.zeros_like(out).to(device), out.to(device), rows, 1)
+
+    @classmethod
+    def _share_prompts(cls, ids, positions, layout: PackedLayout, prompt_end, row, col, response_length,
+                       device) -> "ModelInputs":
+        """Packed rows regrouped so that rows with the same prompt (the tokens before their responses, with
+        their positions) hold it once: [prompt, response of row a, response of row b, ...] per prompt, each
+        response attending over the prompt and itself (VarlenAttention.from_shared_prefixes). prompt_end [B]:
+        each row's prompt length; (row, col): the scored response tokens, as in `responses`."""
+        cu = layout.cu_seqlens
+        prompt_len = prompt_end.tolist()
+        groups: dict = {}
+        for r in range(layout.num_sequences):
+            begin = int(cu[r])
+            key = (tuple(ids[begin:begin + prompt_len[r]].tolist()), tuple(positions[begin:begin + prompt_len[r]].tolist()))
+            groups.setdefault(key, []).append(r)
+        pieces, prompt_start, response_start = [], {}, torch.zeros(layout.num_sequences, dtype=torch.int64)
+        seq_tokens, seq_lengths, seq_owned, at = [], [], [], 0
+        for members in groups.values():
+            first = members[0]
+            prompt = torch.arange(int(cu[first]), int(cu[first]) + prompt_len[first])
+            pieces.append(prompt)
+            prompt_new = torch.arange(at, at + len(prompt))
+            at += len(prompt)
+            for i, r in enumerate(members):
+                own = torch.arange(int(cu[r]) + prompt_len[r], int(cu[r + 1]))
+                pieces.append(own)
+                prompt_start[r] = int(prompt_new[0]) if len(prompt_new) else at
+                response_start[r] = at
+                seq_tokens += [prompt_new, torch.arange(at, at + len(own))]
+                seq_lengths.append(len(prompt_new) + len(own))
+                seq_owned.append(0 if i == 0 else len(prompt_new))
+                at += len(own)
+        source = torch.cat(pieces)  # new token -> old token
+        attention = VarlenAttention.from_shared_prefixes(torch.cat(seq_tokens), torch.tensor(seq_lengths),
+                                                         torch.tensor(seq_owned), device)
+        token = response_start[row] + col
+        after_prompt = torch.tensor([prompt_start[r] for r in row.tolist()], dtype=torch.int64) + prompt_end[row] - 1
+        score = torch.where(col > 0, token - 1, after_prompt)
+        new_ids = ids[source]
+        return cls(new_ids[None].to(device), None, positions[source][None].to(device), score.to(device),
+                   new_ids[token].to(device), (row * response_length + col).to(device), layout.num_sequences,
+                   response_length, attention.as_kwargs())
 
     @classmethod
     def _packed(cls, ids, positions, layout: PackedLayout, score, labels, out, width, device) -> "ModelInputs":

@@ -12,9 +12,13 @@ from torch import nn
 from pyrl.workers.distributed import full_tensor
 
 
+OPTIMIZERS = ("adamw",)  # optim.optimizer, lower-cased
+LR_SCHEDULES = ("constant", "cosine")  # optim.lr_scheduler_type
+
+
 def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
-    if optim_config.optimizer.lower() != "adamw":
-        raise ValueError(f"optim.optimizer: only AdamW is supported, got {optim_config.optimizer!r}")
+    if optim_config.optimizer.lower() not in OPTIMIZERS:
+        raise ValueError(f"optim.optimizer: expected one of {OPTIMIZERS} (any case), got {optim_config.optimizer!r}")
     return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas),
                              weight_decay=optim_config.weight_decay)
 
@@ -27,8 +31,8 @@ def build_lr_scheduler(optimizer, optim_config) -> torch.optim.lr_scheduler.Lamb
     if warmup < 0:
         warmup = int(optim_config.lr_warmup_steps_ratio * max(total, 0))
     kind = optim_config.lr_scheduler_type
-    if kind not in ("constant", "cosine"):
-        raise ValueError(f"optim.lr_scheduler_type: expected 'constant' or 'cosine', got {kind!r}")
+    if kind not in LR_SCHEDULES:
+        raise ValueError(f"optim.lr_scheduler_type: expected one of {LR_SCHEDULES}, got {kind!r}")
     if kind == "cosine" and total <= 0:
         raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps > 0")
     min_ratio, cycles = optim_config.min_lr_ratio, optim_config.num_cycles

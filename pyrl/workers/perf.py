@@ -1,6 +1,9 @@
-"""What an update costs against what the hardware could do: verl's perf/ metrics (memory, MFU).
+"""What a phase costs against what the hardware could do: verl's perf/ metrics (memory, MFU).
 
-MFU = the model FLOPs of the work done / its time / the peak FLOP rate. Model FLOPs are verl's estimate for a
+MFU = the model FLOPs of the work done / its time / the peak FLOP rate, for the updates (perf/mfu/actor,
+perf/mfu/critic), the old-log-prob pass (perf/mfu/actor_infer, verl's name), and pyrl's perf/mfu/ref and
+perf/mfu/gen (generation: the forward FLOPs of the sequences generated, as if each were run once, KV cache and
+all; prompts shared by n samples are counted n times). Model FLOPs are verl's estimate for a
 dense decoder (its FlopsCounter for Qwen2/Llama): 6 x the dense parameters (every layer's attention and MLP
 projections, plus embedding and LM head as verl counts them) x the real tokens, plus the attention scores,
 12 x sum(seqlen^2) x head_dim x heads x layers, for forward + backward (a forward alone is a third). Padding
@@ -52,6 +55,17 @@ def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True)
     seqlens = [int(s) for s in seqlens]
     flops = 6 * dense * sum(seqlens) + 12 * sum(s * s for s in seqlens) * head_dim * heads * layers
     return flops if backward else flops / 3
+
+
+def mfu(hf_config, seqlens, seconds: float, device: torch.device, dtype: torch.dtype, backward: bool = True,
+        lm_head: bool = True) -> float:
+    """The model FLOPs of running these sequences (model_flops) over `seconds` and the peak of `dtype`, summed
+    over the ranks before the ratio: a collective, every rank calls it."""
+    from pyrl.workers.distributed import all_reduce
+
+    rate = model_flops(hf_config, seqlens, backward, lm_head) / max(seconds, 1e-9)
+    totals = all_reduce(torch.tensor([rate, peak_flops(device, dtype)], dtype=torch.float64, device=device))
+    return float(totals[0] / totals[1])
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:

@@ -35,6 +35,7 @@ class UpdatePlan:
     # through training, Dr.GRPO's; verl 0.9.1 takes each micro-batch's padded width, which varies with batching)
     loss_scale_factor: float
     hint: str = ""  # names the keys behind mini_batch_size in errors
+    share_prompts: bool = False  # micro-batches keep the samples of a prompt together (actor.use_prefix_grouper)
 
 
 def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan: UpdatePlan, fsdp_config,
@@ -56,8 +57,9 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             seqlens += lengths.tolist()
             shares: dict[str, float] = {}
             optimizer.zero_grad(set_to_none=True)
+            groups = batching.prompt_groups(mini) if plan.share_prompts else None
             for idx in batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
-                                                    plan.max_token_len, device):
+                                                    plan.max_token_len, device, groups):
                 for name, value in micro_step(mini, idx, info).items():
                     shares[name] = shares.get(name, 0.0) + value
             grad_norm = optimizer_step(model, optimizer, plan.grad_clip)
@@ -70,8 +72,6 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     history[f"{plan.prefix}/lr"] = [lr_scheduler.get_last_lr()[0]]
     lr_scheduler.step()
     metrics = {name: float(np.mean(values)) for name, values in history.items()}
-    flops = perf.model_flops(hf_config, seqlens, lm_head=plan.prefix == "actor")
-    achieved = all_reduce(torch.tensor([flops / max(elapsed, 1e-9),
-                                        perf.peak_flops(device, compute_dtype)], dtype=torch.float64, device=device))
-    metrics[f"perf/mfu/{plan.prefix}"] = float(achieved[0] / achieved[1])
+    metrics[f"perf/mfu/{plan.prefix}"] = perf.mfu(hf_config, seqlens, elapsed, device, compute_dtype,
+                                                  lm_head=plan.prefix == "actor")
     return metrics

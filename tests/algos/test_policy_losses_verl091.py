@@ -567,7 +567,7 @@ def correcting(**settings):
     ("sapo", actor_config(tau_pos=0.0), r"tau_pos: must be a number > 0"),
     ("sapo", {"tau_neg": -1}, r"tau_neg: must be a number > 0"),
     ("dppo_tv", {"clip_ratio_c": -3.0}, r"clip_ratio_c: must be a number > 0"),
-    ("bypass_mode", correcting(loss_type="ppo"), r"rollout_correction.loss_type: expected ppo_clip or reinforce"),
+    ("bypass_mode", correcting(loss_type="ppo"), r"rollout_correction.loss_type: expected one of \('ppo_clip', 'reinforce'\)"),
     ("bypass_mode", correcting(rollout_is="tokens"), r"rollout_correction.rollout_is: expected token, sequence or None"),
     ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold="3_2"), r"thresholds must be positive, lower <= upper"),
     ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold=-2.0), r"rollout_is_threshold"),

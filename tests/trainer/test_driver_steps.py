@@ -109,6 +109,25 @@ def test_balance_batch_moves_whole_rows_into_equal_rank_chunks(world_size):
     assert metrics["global_seqlen/mean"] == pytest.approx(np.mean(sums))
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_balance_batch_by_group_keeps_each_prompts_samples_together(world_size):
+    """actor.use_prefix_grouper (verl's group-level balancing): whole uid groups move to a rank, rows together."""
+    rows = 8 * world_size
+    batch = random_batch(rows=rows, prompt_width=9, response_width=17, empty_rows=())  # uid u{row // 2}
+    lengths = batch.batch["attention_mask"].sum(-1)
+    group_sums = {f"u{g}": int(lengths[2 * g:2 * g + 2].sum()) for g in range(rows // 2)}
+    metrics = balance_batch(batch, world_size, by_group=True)
+    uids = list(batch.non_tensor_batch["uid"])
+    assert sorted(batch.batch["row"].tolist()) == list(range(rows))
+    assert all(uids[i] == uids[i + 1] for i in range(0, rows, 2))  # each group's two rows adjacent
+    chunks = [uids[k * rows // world_size:(k + 1) * rows // world_size] for k in range(world_size)]
+    sums = [sum(group_sums[u] for u in set(chunk)) for chunk in chunks]
+    assert metrics["global_seqlen/minmax_diff"] == max(sums) - min(sums)
+    assert metrics["global_seqlen/minmax_diff"] <= max(group_sums.values())  # balanced to within one group
+    with pytest.raises(ValueError, match="5 prompt groups do not split evenly over 2 ranks"):
+        balance_batch(random_batch(rows=10, prompt_width=9, response_width=17, empty_rows=()), 2, by_group=True)
+
+
 def test_data_metrics_by_hand():
     batch = random_batch(rows=9, empty_rows=(2, 5))
     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - 0.1 * batch.batch["response_mask"]

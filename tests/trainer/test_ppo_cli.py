@@ -19,7 +19,7 @@ STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean
              "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
              "response_length/mean", "prompt_length/mean", "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob",
              "timing_s/adv", "timing_s/update_actor", "timing_s/update_weights", "timing_s/step", "perf/throughput",
-             "perf/cpu_memory_used_gb"]
+             "perf/cpu_memory_used_gb", "perf/mfu/gen", "perf/mfu/actor_infer", "perf/mfu/actor"]
 
 
 def test_default_run_shortened(tmp_path):
@@ -37,6 +37,8 @@ def test_default_run_shortened(tmp_path):
     assert rows[0][val_key] > 0.1  # the warm-started policy solves some prompts
     for key in STEP_KEYS:
         assert key in rows[1], key
+    for key in ("perf/mfu/gen", "perf/mfu/actor_infer", "perf/mfu/actor"):
+        assert 0 < rows[1][key] < 1, (key, rows[1][key])
     assert (run_dir / "metrics.png").stat().st_size > 10_000
     assert f"run directory: {run_dir}" in proc.stdout and "metrics.png" in proc.stdout
     shown = proc.stdout.split("validation generations at step 3:\n")[1].splitlines()[:3]  # log_val_generations: 3

@@ -8,7 +8,8 @@ import torch
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers.actor import ActorRolloutRefWorker
 from pyrl.workers.precision import cpu_has_bf16
-from worker_helpers import check_rollout_fields, hf_response_logprobs, make_config, random_batch, rollout_prompts
+from worker_helpers import (PROMPT_WIDTH, check_rollout_fields, hf_response_logprobs, make_config, random_batch,
+                            rollout_prompts)
 
 ROWS = 8
 TRAIN = [
@@ -36,8 +37,10 @@ def group(ray_session):
 @pytest.fixture(scope="module")
 def train_batch(group):
     batch = random_batch(ROWS, seed=3)
-    batch.union(group.compute_log_prob(batch).select(["old_log_probs"]))
-    batch.union(group.compute_ref_log_prob(batch))
+    batch.union(group.compute_log_prob(batch).select(["old_log_probs"], meta_info_keys=[]))
+    ref = group.compute_ref_log_prob(batch)
+    assert all(0 < mfu < 1 for mfu in ref.meta_info.pop("metrics")["perf/mfu/ref"])  # one per rank
+    batch.union(ref)
     g = torch.Generator().manual_seed(4)
     batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.3 * torch.randn(ROWS, 6, generator=g)  # off-policy
     batch.batch["advantages"] = torch.randn(ROWS, 6, generator=g) * batch.batch["response_mask"]
@@ -176,6 +179,72 @@ def test_packed_equals_padded(ray_session, train_batch, ranks):
     for name, value in digests[False]["params"].items():
         torch.testing.assert_close(digests[True]["params"][name], value, atol=1e-5, rtol=0, msg=name)
     assert 0 < metrics[True]["perf/mfu/actor"] < 1
+    mfu = outputs[True].meta_info["metrics"]["perf/mfu/actor_infer"]  # a list of the ranks' on 2 ranks
+    assert all(0 < value < 1 for value in (mfu if isinstance(mfu, list) else [mfu]))
+
+
+def _with_shared_prompts(batch):
+    """Rows 1 and 2 take row 0's prompt, rows 4 and 6 row 3's (not adjacent): two groups of 3, and singles."""
+    batch = batch.select_idxs(list(range(len(batch))))
+    for source, targets in ((0, [1, 2]), (3, [4, 6])):
+        for key in ("input_ids", "attention_mask"):
+            batch.batch[key][targets, :PROMPT_WIDTH] = batch.batch[key][source, :PROMPT_WIDTH].clone()
+        batch.batch["prompts"][targets] = batch.batch["prompts"][source].clone()
+    batch.batch["position_ids"] = (batch.batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return batch
+
+
+def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, monkeypatch):
+    """actor.use_prefix_grouper: each prompt runs once for its samples, in the log-prob pass and the update (groups
+    kept whole in token-budget micro-batches); log-probs, metrics and the trained weights equal the unshared run's,
+    on 1 rank and on 2 (packed transport, as the trainer sends), with loss-mask holes."""
+    from pyrl.workers.batching import ModelInputs
+
+    batch = _with_loss_mask_holes(_with_shared_prompts(train_batch))
+    share_prompts, tokens = ModelInputs._share_prompts.__func__, []  # (tokens run, tokens unshared) per forward
+
+    def counted(cls, ids, positions, layout, *args):
+        inputs = share_prompts(cls, ids, positions, layout, *args)
+        tokens.append((inputs.num_tokens, int(layout.cu_seqlens[-1])))
+        return inputs
+
+    monkeypatch.setattr(ModelInputs, "_share_prompts", classmethod(counted))
+    results = {}
+    for name, ranks, extra in (("plain", 1, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]),
+                               ("shared", 1, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]),
+                               ("shared-2-ranks", 2, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
+                                                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                                                      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30"])):
+        grouper = f"actor_rollout_ref.actor.use_prefix_grouper={name != 'plain'}"
+        cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8", grouper, *extra).actor_rollout_ref
+        if ranks == 1:
+            worker = ActorRolloutRefWorker(cfg, "actor")
+            worker.init_model()
+            logp = worker.compute_log_prob(batch).batch["old_log_probs"]
+            metrics = worker.update_actor(batch).meta_info["metrics"]
+            digest = worker.state_digest()
+        else:
+            wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, cfg, "actor")
+            sent = batch.to_packed("attention_mask", keys=["input_ids", "position_ids"])
+            try:
+                wg.init_model()
+                logp = wg.compute_log_prob(sent).batch["old_log_probs"]
+                metrics = {k: v[0] for k, v in wg.update_actor(sent).meta_info["metrics"].items()}
+                digest = wg.state_digest()[0]
+            finally:
+                wg.kill()
+        results[name] = (logp, metrics, digest)
+    assert tokens and sum(run for run, _ in tokens) < sum(unshared for _, unshared in tokens)  # prompts did run once
+    seen = batch.batch["attention_mask"][:, -6:].bool()
+    plain_logp, plain_metrics, plain_digest = results["plain"]
+    for name in ("shared", "shared-2-ranks"):
+        logp, metrics, digest = results[name]
+        torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+            assert metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), (name, key)
+        for param, value in plain_digest["params"].items():
+            torch.testing.assert_close(digest["params"][param], value, atol=1e-5, rtol=0, msg=f"{name}: {param}")
 
 
 def test_on_policy_update_skips_old_log_probs(train_batch):

@@ -141,3 +141,54 @@ def test_packed_hidden_states_equal_padded_across_model_families(family):
     torch.testing.assert_close(packed, padded[mask], atol=1e-5, rtol=1e-5)
     packed.sum().backward()
     assert model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def _grouped_batch(vocab, seed=5):
+    """Samples of 3 prompts (of 7, 3 and 5 tokens), not adjacent, in groups of 3, 1 and 2: responses of 0..6
+    tokens, the first sample of the first prompt empty (it still gives the prompt's states)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, response = 7, 6
+    prompts = {0: (7, torch.randint(3, vocab, (7,), generator=g)), 1: (3, torch.randint(3, vocab, (3,), generator=g)),
+               2: (5, torch.randint(3, vocab, (5,), generator=g))}
+    which = [0, 2, 0, 1, 2, 0]
+    response_len = torch.tensor([0, 6, 1, 4, 3, 6])
+    rows = len(which)
+    ids = torch.zeros(rows, prompt + response, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, k in enumerate(which):
+        n, tokens = prompts[k]
+        ids[i, prompt - n:prompt] = tokens
+        mask[i, prompt - n:prompt + int(response_len[i])] = 1
+        ids[i, prompt:] = torch.randint(3, vocab, (response,), generator=g)
+    return {"input_ids": ids * mask, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}, response
+
+
+def test_shared_prompts_give_the_same_log_probs_entropy_and_gradients(tiny_lm, hf64):
+    """share_prompts (actor.use_prefix_grouper): each prompt runs once for all its samples; log-probs and entropy
+    equal the float64 HF reference, gradients equal the unshared packed path's."""
+    tensors, r = _grouped_batch(tiny_lm.config.vocab_size)
+    mask = tensors["attention_mask"][:, -r:].bool()
+    policy = ResponseLogProbs(tiny_lm)
+    shared = ModelInputs.responses(tensors, r, True, CPU, share_prompts=True)
+    plain = ModelInputs.responses(tensors, r, True, CPU)
+    assert shared.num_tokens == plain.num_tokens - 7 * 2 - 5 * 1  # the repeats of prompts 0 and 2 are gone
+    expected, expected_entropy = _reference(hf64, tensors, r, 0.8)
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * mask
+    grads = []
+    for inputs in (shared, plain):
+        tiny_lm.zero_grad()
+        logp, entropy = policy(inputs, temperature=0.8, return_entropy=True)
+        torch.testing.assert_close(logp[mask].double(), expected[mask], atol=1e-5, rtol=0)
+        torch.testing.assert_close(entropy[mask].double(), expected_entropy[mask], atol=1e-5, rtol=0)
+        assert (logp[~mask] == 0).all()
+        ((logp * weights).sum() + 0.1 * (entropy * weights).sum()).backward()
+        grads.append({name: p.grad.clone() for name, p in tiny_lm.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grads[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_shared_prompts_need_the_packed_path(tiny_lm):
+    tensors, r = _grouped_batch(tiny_lm.config.vocab_size)
+    with pytest.raises(ValueError, match="use_prefix_grouper.*use_remove_padding=true"):
+        ModelInputs.responses(tensors, r, False, CPU, share_prompts=True)

@@ -63,6 +63,7 @@ def test_sampled_fields_match_the_hf_engine_layout(vllm_group):
     prompts = rollout_prompts(4, seed=23)
     out = vllm_group.generate_sequences(prompts_with(prompts, {"n": 3}))
     check_rollout_fields(out, prompts, n=3)
+    assert 0 < out.meta_info["metrics"]["perf/mfu/gen"][0] < 1
     logp = vllm_group.compute_log_prob(out).batch["old_log_probs"]
     mask = out.batch["response_mask"].bool()
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
