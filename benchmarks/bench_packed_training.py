@@ -8,6 +8,8 @@ CPU attention choices behind packed training.
 2. test_varlen_attention: causal attention fwd + bwd over those sequences (8 heads of 64, 2 KV heads): pyrl's
    length buckets vs one SDPA call per sequence vs one call with a block-diagonal mask (the square of the total)
    vs the padded batch.
+3. test_bucket_attention_cpu: one bucket (~1,536 tokens as b sequences of L) fwd + bwd, fp32 and bf16, pyrl's
+   two-matmul path vs SDPA (with GQA): the crossover behind varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN.
 
 The model is bench_e2e's ~24M-parameter Qwen2 (pyrl.models.BENCH_SPEC); smoke mode (benchmarks disabled, as CI
 runs them) uses the tiny model and 8 sequences.
@@ -119,3 +121,23 @@ def test_varlen_attention(benchmark, benchmark_disabled, method):
 
     benchmark.group = "causal attention fwd+bwd, long-tailed sequences"
     benchmark.pedantic(run, rounds=1 if benchmark_disabled else 3, warmup_rounds=0 if benchmark_disabled else 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("length", [48, 128, 256])
+@pytest.mark.parametrize("method", ["matmul", "sdpa"])
+def test_bucket_attention_cpu(benchmark, benchmark_disabled, method, length, dtype):
+    rows = max(1, (64 if benchmark_disabled else 1536) // length)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, 8, length, 64, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(rows, 2, length, 64, generator=g).to(dtype).requires_grad_() for _ in range(2))
+
+    def run():
+        if method == "matmul":
+            out = varlen_attention.matmul_attention(q, k, v, 0.125)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
+        out.float().sum().backward()
+
+    benchmark.group = f"one attention bucket fwd+bwd, {rows} x {length} tokens, {str(dtype).removeprefix('torch.')}"
+    benchmark.pedantic(run, rounds=1 if benchmark_disabled else 5, warmup_rounds=0 if benchmark_disabled else 2)

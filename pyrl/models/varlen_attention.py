@@ -12,10 +12,9 @@ The cost is the sum of the sequences' costs, not the square of the total:
   (shortest >= ``BUCKET_RATIO`` x longest), each bucket gathered into a right-padded [b, L] batch (a plain
   reshape when the bucket is the whole row) and run as one causal attention call. Right padding needs no
   mask: a real query at position i sees keys 0..i, all real; rows past a sequence's end are computed and
-  dropped. On CPU a bucket of sequences up to ``CPU_MATMUL_ATTENTION_MAX_LEN`` tokens runs as two batched
-  matmuls with float32 scores and softmax (the query heads of a KV group stacked, so GQA repeats nothing):
-  there torch's fused CPU attention costs 2-4x more, its backward in bf16 most of all; longer buckets run
-  SDPA. See benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
+  dropped. On CPU a bf16/fp16 bucket of sequences up to ``CPU_MATMUL_ATTENTION_MAX_LEN`` tokens runs as two
+  batched matmuls with float32 scores and softmax (the query heads of a KV group stacked, so GQA repeats
+  nothing): there torch's fused CPU attention costs 1.7-2.6x more; longer buckets, and float32, run SDPA. See benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
 
 Shared prefixes (``VarlenAttention.from_shared_prefixes``, actor.use_prefix_grouper): the n samples of a prompt
 hold its tokens once; each sample's sequence is gathered as prompt + its own tokens and runs the bucket path
@@ -32,8 +31,8 @@ import torch
 NAME = "pyrl_varlen"
 KWARG = "pyrl_varlen"
 BUCKET_RATIO = 0.75  # a bucket's shortest sequence is at least this fraction of its longest
-# on CPU, buckets of sequences up to this length attend by plain matmuls, longer ones by SDPA: the crossover
-# measured for 8 heads of 64 (2 KV heads), fwd + bwd, in fp32 and bf16 (benchmarks/RESULTS.md)
+# on CPU, bf16/fp16 buckets of sequences up to this length attend by plain matmuls, longer ones by SDPA: the
+# crossover measured for 8 heads of 64 (2 KV heads), fwd + bwd (benchmarks/RESULTS.md)
 CPU_MATMUL_ATTENTION_MAX_LEN = 128
 
 
@@ -153,14 +152,22 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
                      dropout: float = 0.0) -> torch.Tensor:
-    """softmax(q k^T * scaling + causal mask) v: q [b, H, L, D], k and v [b, H_kv, L, D] -> [b, H, L, D]."""
-    groups = q.shape[1] // k.shape[1]
-    if q.device.type != "cpu" or q.shape[2] > CPU_MATMUL_ATTENTION_MAX_LEN or dropout:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
-                                                                scale=scaling, enable_gqa=groups > 1)
+    """softmax(q k^T * scaling + causal mask) v: q [b, H, L, D], k and v [b, H_kv, L, D] -> [b, H, L, D].
+    matmul_attention for short bf16/fp16 buckets on CPU, SDPA otherwise (benchmarks/RESULTS.md: in float32 SDPA's
+    CPU kernel is as fast or faster at every length measured)."""
+    if (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[2] <= CPU_MATMUL_ATTENTION_MAX_LEN and not dropout):
+        return matmul_attention(q, k, v, scaling)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
+                                                            enable_gqa=q.shape[1] != k.shape[1])
+
+
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """causal_attention as two batched matmuls: the query heads that share a KV head stacked along the rows (one
+    matmul per KV head, nothing repeated), scores and softmax in float32 (bf16 scores lose the softmax's
+    precision; SDPA's CPU kernels keep them in float32 too)."""
     b, heads, length, dim = q.shape
-    # the query heads that share a KV head stacked along the rows: one matmul per KV head, nothing repeated;
-    # scores and softmax in float32 (bf16 scores lose the softmax's precision), as SDPA's CPU kernels keep them
+    groups = heads // k.shape[1]
     stacked = q.float().reshape(b, k.shape[1], groups * length, dim) * scaling
     scores = torch.matmul(stacked, k.float().transpose(-1, -2)).view(b, k.shape[1], groups, length, length)
     future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu_(1)

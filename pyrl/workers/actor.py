@@ -135,13 +135,16 @@ class ActorRolloutRefWorker(Worker):
         self.engine.sleep()
 
     # ---- log-probs ----
-    def _forward(self, module, data: DataProto, temperature: float, return_entropy: bool, micro_batch_size,
-                 use_dynamic_bsz: bool, max_token_len: int, return_sum_pi_squared: bool = False) -> tuple:
-        """Response log-probs, entropy (or None) and, with return_sum_pi_squared, sum_pi_squared [B, R] over
-        micro-batches, each trimmed of all-padding columns."""
+    def _forward(self, module, hf_config, dtype, data: DataProto, temperature: float, return_entropy: bool,
+                 micro_batch_size, use_dynamic_bsz: bool, max_token_len: int,
+                 return_sum_pi_squared: bool = False) -> tuple[tuple, float]:
+        """(response log-probs, entropy (or None) and, with return_sum_pi_squared, sum_pi_squared [B, R] over
+        micro-batches, each trimmed of all-padding columns; the pass's MFU)."""
+        start = time.perf_counter()
         share = self.config.actor.use_prefix_grouper
-        micro = batching.micro_batch_indices(batching.row_lengths(data), micro_batch_size, use_dynamic_bsz,
-                                             max_token_len, self.device, batching.prompt_groups(data) if share else None)
+        lengths, groups = batching.row_lengths(data), batching.prompt_groups(data) if share else None
+        micro = batching.micro_batch_indices(lengths, micro_batch_size, use_dynamic_bsz, max_token_len, self.device,
+                                             groups)
 
         def forward(tensors, kept):
             with torch.no_grad():
@@ -150,7 +153,9 @@ class ActorRolloutRefWorker(Worker):
             return out if isinstance(out, tuple) else (out,)
 
         outputs = batching.response_forward(data, micro, forward)
-        return outputs if return_entropy else (outputs[0], None, *outputs[1:])
+        mfu = perf.mfu(hf_config, lengths.tolist(), time.perf_counter() - start, self.device, dtype, backward=False,
+                       tokens=sum(groups[1]) if groups else None)
+        return (outputs if return_entropy else (outputs[0], None, *outputs[1:])), mfu
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -159,12 +164,10 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.rollout
         batching.require_tokens("compute_log_prob", data, ["responses"])
         self.policy.eval()
-        start = time.perf_counter()
-        outputs = self._forward(self.policy, data, data.meta_info.get("temperature", rollout.temperature), True,
-                                rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
-                                rollout.log_prob_max_token_len_per_gpu, self.config.actor.calculate_sum_pi_squared)
-        mfu = perf.mfu(self.lm.config, batching.row_lengths(data).tolist(), time.perf_counter() - start, self.device,
-                       self.compute_dtype, backward=False)
+        outputs, mfu = self._forward(self.policy, self.lm.config, self.compute_dtype, data,
+                                     data.meta_info.get("temperature", rollout.temperature), True,
+                                     rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                                     rollout.log_prob_max_token_len_per_gpu, self.config.actor.calculate_sum_pi_squared)
         return DataProto.from_dict(dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), outputs)),
                                    meta_info={"metrics": {"perf/mfu/actor_infer": mfu}})
 
@@ -173,12 +176,10 @@ class ActorRolloutRefWorker(Worker):
         ref = self.config.ref
         batching.require_tokens("compute_ref_log_prob", data, ["responses"])
         self.ref_policy.eval()
-        start = time.perf_counter()
-        logp, _ = self._forward(self.ref_policy, data, data.meta_info.get("temperature", self.config.rollout.temperature),
-                                False, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
-                                ref.log_prob_max_token_len_per_gpu)
-        mfu = perf.mfu(self.ref_hf_config, batching.row_lengths(data).tolist(), time.perf_counter() - start,
-                       self.device, self.ref_compute_dtype, backward=False)
+        (logp, _), mfu = self._forward(self.ref_policy, self.ref_hf_config, self.ref_compute_dtype, data,
+                                       data.meta_info.get("temperature", self.config.rollout.temperature), False,
+                                       ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                                       ref.log_prob_max_token_len_per_gpu)
         return DataProto.from_dict({"ref_log_prob": logp}, meta_info={"metrics": {"perf/mfu/ref": mfu}})
 
     # ---- training ----

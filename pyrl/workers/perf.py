@@ -3,11 +3,12 @@
 MFU = the model FLOPs of the work done / its time / the peak FLOP rate, for the updates (perf/mfu/actor,
 perf/mfu/critic), the old-log-prob pass (perf/mfu/actor_infer, verl's name), and pyrl's perf/mfu/ref and
 perf/mfu/gen (generation: the forward FLOPs of the sequences generated, as if each were run once, KV cache and
-all; prompts shared by n samples are counted n times). Model FLOPs are verl's estimate for a
-dense decoder (its FlopsCounter for Qwen2/Llama): 6 x the dense parameters (every layer's attention and MLP
-projections, plus embedding and LM head as verl counts them) x the real tokens, plus the attention scores,
-12 x sum(seqlen^2) x head_dim x heads x layers, for forward + backward (a forward alone is a third). Padding
+all; prompts shared by n samples are counted n times). Model FLOPs are verl 0.9.1's estimate for a dense
+decoder (its FlopsCounter for Qwen2/Llama): 6 x the dense parameters (every layer's attention and MLP
+projections, plus embedding and LM head as verl counts them) x the real tokens, plus the attention,
+6 x sum(seqlen^2) x head_dim x heads x layers, for forward + backward (a forward alone is a third). Padding
 tokens are not model FLOPs: the padded path does more work for the same count, so it shows as a lower MFU.
+Shared prompts (actor.use_prefix_grouper) run once, and the dense term counts them once.
 
 The peak: on CUDA the device's dense bf16/fp32 spec; on CPU a matmul benchmark over all cores, run once per
 machine and cached (PYRL_CACHE_DIR), each rank's share being its threads over the machine's cores.
@@ -41,9 +42,11 @@ def memory_metrics(device: torch.device) -> dict:
     return out
 
 
-def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True) -> float:
+def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True, tokens: int | None = None) -> float:
     """verl's FLOP estimate of running a dense decoder on sequences of these lengths (forward + backward,
-    or forward only); lm_head=False for a value or reward model, whose head is one wide."""
+    or forward only); lm_head=False for a value or reward model, whose head is one wide. tokens: the tokens
+    the dense layers ran when fewer than sum(seqlens) (shared prompts run once; their attention is counted
+    per sequence)."""
     hidden = hf_config.hidden_size
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
@@ -53,17 +56,18 @@ def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True)
     mlp = 3 * hidden * hf_config.intermediate_size
     dense = (attn_linear + mlp) * layers + (2 * hf_config.vocab_size * hidden if lm_head else hidden)
     seqlens = [int(s) for s in seqlens]
-    flops = 6 * dense * sum(seqlens) + 12 * sum(s * s for s in seqlens) * head_dim * heads * layers
+    # verl 0.9.1 counts causal attention's scores and weighted sum as 6 x seqlen^2 x head_dim x heads per layer
+    flops = 6 * dense * (sum(seqlens) if tokens is None else tokens) + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers
     return flops if backward else flops / 3
 
 
 def mfu(hf_config, seqlens, seconds: float, device: torch.device, dtype: torch.dtype, backward: bool = True,
-        lm_head: bool = True) -> float:
+        lm_head: bool = True, tokens: int | None = None) -> float:
     """The model FLOPs of running these sequences (model_flops) over `seconds` and the peak of `dtype`, summed
     over the ranks before the ratio: a collective, every rank calls it."""
     from pyrl.workers.distributed import all_reduce
 
-    rate = model_flops(hf_config, seqlens, backward, lm_head) / max(seconds, 1e-9)
+    rate = model_flops(hf_config, seqlens, backward, lm_head, tokens) / max(seconds, 1e-9)
     totals = all_reduce(torch.tensor([rate, peak_flops(device, dtype)], dtype=torch.float64, device=device))
     return float(totals[0] / totals[1])
 

@@ -45,7 +45,7 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     returns {metric name: this micro-batch's share}, shares that sum over the micro-batches of every rank to
     the mini-batch's value (the same names on every rank and every micro-batch, an empty one included)."""
     history: dict[str, list] = {}
-    seqlens = []
+    seqlens, tokens = [], 0  # the rows' lengths; the tokens run (fewer when prompts are shared)
     start = time.perf_counter()
     model.train()
     with optimizer_state_on(optimizer, device, fsdp_config):
@@ -58,6 +58,7 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             shares: dict[str, float] = {}
             optimizer.zero_grad(set_to_none=True)
             groups = batching.prompt_groups(mini) if plan.share_prompts else None
+            tokens += sum(groups[1]) if groups else int(lengths.sum())
             for idx in batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
                                                     plan.max_token_len, device, groups):
                 for name, value in micro_step(mini, idx, info).items():
@@ -73,5 +74,5 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     lr_scheduler.step()
     metrics = {name: float(np.mean(values)) for name, values in history.items()}
     metrics[f"perf/mfu/{plan.prefix}"] = perf.mfu(hf_config, seqlens, elapsed, device, compute_dtype,
-                                                  lm_head=plan.prefix == "actor")
+                                                  lm_head=plan.prefix == "actor", tokens=tokens)
     return metrics

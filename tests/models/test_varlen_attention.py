@@ -1,12 +1,12 @@
 """pyrl.models.varlen_attention: packed causal attention, each sequence attending to its own tokens only, against
-a float64 per-sequence reference (values and gradients), on both CPU paths (plain matmuls for short buckets, SDPA
-for long ones), GQA and plain heads, equal and mixed lengths (1 and 0 included), fp32 and bf16."""
+a float64 per-sequence reference (values and gradients), on both CPU paths (plain matmuls for short bf16 buckets,
+SDPA for long ones and fp32), GQA and plain heads, equal and mixed lengths (1 and 0 included), fp32 and bf16."""
 
 import pytest
 import torch
 
 from pyrl.models import varlen_attention
-from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN, VarlenAttention, causal_attention
+from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN, VarlenAttention
 
 CPU = torch.device("cpu")
 LONG = CPU_MATMUL_ATTENTION_MAX_LEN + 9  # a bucket past the matmul path's limit
@@ -67,22 +67,16 @@ def test_packed_attention_matches_per_sequence_float64(lengths, heads, kv_heads,
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"d{name}: {m}")
 
 
-@pytest.mark.parametrize("length", [CPU_MATMUL_ATTENTION_MAX_LEN, LONG])
-def test_both_cpu_paths_agree_at_the_switch(length):
-    """The matmul path (up to the limit) and SDPA (past it) compute the same function: each is checked against
-    the other on the same inputs, forcing the other side's path by moving the limit."""
+@pytest.mark.parametrize("length", [1, 37, CPU_MATMUL_ATTENTION_MAX_LEN])
+@pytest.mark.parametrize("heads", [8, 2])
+def test_matmul_attention_equals_sdpa(length, heads):
+    """The two CPU paths compute the same function (float64 inputs; the matmul path computes in float32)."""
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(2, 8, length, 16, generator=g, dtype=torch.float64)
+    q = torch.randn(2, heads, length, 16, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 2, length, 16, generator=g, dtype=torch.float64) for _ in range(2))
-    default = causal_attention(q, k, v, 0.25)
-    saved = varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN
-    try:
-        varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN = LONG if length <= saved else length
-        other = causal_attention(q, k, v, 0.25)
-    finally:
-        varlen_attention.CPU_MATMUL_ATTENTION_MAX_LEN = saved
-    # the matmul path computes in float32
-    torch.testing.assert_close(default, other, atol=1e-5, rtol=1e-5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(heads // 2, 1),
+                                                            v.repeat_interleave(heads // 2, 1), is_causal=True, scale=0.25)
+    torch.testing.assert_close(varlen_attention.matmul_attention(q, k, v, 0.25), sdpa, atol=1e-5, rtol=1e-5)
 
 
 def test_buckets_cover_every_token_once():
