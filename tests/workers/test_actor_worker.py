@@ -243,8 +243,15 @@ def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, mon
         torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
         for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
             assert metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), (name, key)
+        for key, value in plain_digest["optimizer"].items():  # Adam's first moment after one step: the gradient
+            if key.endswith("exp_avg"):
+                torch.testing.assert_close(digest["optimizer"][key], value, atol=1e-7, rtol=1e-4,
+                                           msg=lambda m, name=name, key=key: f"{name}: {key}: {m}")
+        # Adam's first step moves a weight by ~lr x sign(gradient): where a gradient is ~0, float32 noise in the
+        # summation order (2 ranks, other micro-batches) shows as a few % of the lr=1e-3 step
         for param, value in plain_digest["params"].items():
-            torch.testing.assert_close(digest["params"][param], value, atol=1e-5, rtol=0, msg=f"{name}: {param}")
+            torch.testing.assert_close(digest["params"][param], value, atol=5e-5, rtol=0,
+                                       msg=lambda m, name=name, param=param: f"{name}: {param}: {m}")
 
 
 def test_on_policy_update_skips_old_log_probs(train_batch):
