@@ -14,7 +14,8 @@ The cost is the sum of the sequences' costs, not the square of the total:
   mask: a real query at position i sees keys 0..i, all real; rows past a sequence's end are computed and
   dropped. On CPU a bf16/fp16 bucket of sequences up to ``CPU_MATMUL_ATTENTION_MAX_LEN`` tokens runs as two
   batched matmuls with float32 scores and softmax (the query heads of a KV group stacked, so GQA repeats
-  nothing): there torch's fused CPU attention costs 1.7-2.6x more; longer buckets, and float32, run SDPA. See benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
+  nothing): there torch's fused CPU attention costs 1.7-2.6x more; longer buckets, and float32, run SDPA. See
+  benchmarks/RESULTS.md ("packed attention on CPU") for the measurements behind both choices.
 
 Shared prefixes (``VarlenAttention.from_shared_prefixes``, actor.use_prefix_grouper): the n samples of a prompt
 hold its tokens once; each sample's sequence is gathered as prompt + its own tokens and runs the bucket path

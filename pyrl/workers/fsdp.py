@@ -3,7 +3,6 @@ rollout engine and exports)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Iterator
 
 import torch
@@ -13,7 +12,6 @@ from pyrl.config import torch_dtype
 from pyrl.workers.distributed import full_tensor, is_distributed
 from pyrl.workers.precision import runnable_dtype
 
-log = logging.getLogger("pyrl")
 
 
 def compute_dtype(fsdp_config, device: torch.device) -> torch.dtype:
