@@ -16,7 +16,7 @@ from pyrl import ops
 from pyrl.algos import get_adv_estimator_fn, get_kl_controller
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
 from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
-from pyrl.protocol import DataProto, balanced_partitions
+from pyrl.protocol import DataProto, balanced_partitions, response_lengths
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.tracking import Tracking, truncate_metrics
@@ -61,7 +61,8 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
     mask = batch.batch["response_mask"].float()
     kl = ops.kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], kl_penalty) * mask
     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - kl_ctrl.value * kl
-    current_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
+    # reduced in float64: k1 terms of both signs cancel in the sum, and float32 lost ~1e-5 of the mean there
+    current_kl = (kl.double().sum(-1) / mask.double().sum(-1).clamp(min=1)).mean().item()
     metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
     kl_ctrl.update(current_kl, n_steps=len(batch))
     return metrics
@@ -299,7 +300,7 @@ class PPOTrainer:
             batch_infos.append((len(out), {"reward": sequence_scores.tolist(), **extra}))
             sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])
             uids += list(out.non_tensor_batch["uid"])
-            lengths += out.batch["response_mask"].sum(-1).tolist()
+            lengths += response_lengths(out).tolist()
             if keep_records:
                 for key, values in extra.items():
                     out.non_tensor_batch[key] = np.asarray(values, dtype=object)
