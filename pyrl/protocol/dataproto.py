@@ -486,3 +486,10 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
         raise ValueError(f"pad_size: expected 0..{len(data)}, got {pad_size}")
     return data[: len(data) - pad_size] if pad_size else data
 
+
+
+def response_lengths(data: DataProto) -> torch.Tensor:
+    """[B] tokens in each response: its attended ones (verl's valid_response_length). A multi-turn response's
+    tool tokens count; its response_mask, which marks only what is trained, would leave holes."""
+    width = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -width:].sum(-1)

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pyrl.protocol import DataProto
+from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards.scorers import default_compute_score
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class RewardManager:
     def decoded(self, data: DataProto):
         """(prompt strings, response strings, valid response lengths)."""
         prompt_mask = data.batch["attention_mask"][:, :data.batch["prompts"].shape[1]].bool()
-        lengths = data.batch["response_mask"].sum(-1).tolist()
+        lengths = response_lengths(data).tolist()
         prompts = [self.tokenizer.decode(row[m], skip_special_tokens=False)
                    for row, m in zip(data.batch["prompts"], prompt_mask)]
         responses = [self.tokenizer.decode(row[:n], skip_special_tokens=True)
@@ -155,6 +155,10 @@ class RewardManager:
             raise KeyError(f"reward: the batch has no {self.reward_fn_key!r} column (data.reward_fn_key)")
         reward_model = nt["reward_model"][i] if "reward_model" in nt else {}
         extra = nt["extra_info"][i] if "extra_info" in nt else None
+        if "__num_turns__" in nt:  # a multi-turn rollout: verl 0.9.1's managers add the turn count; pyrl adds the
+            # tools' and interaction's own rewards. A copy: the n samples of a prompt share one extra_info dict
+            extra = {**(extra or {}), "num_turns": int(nt["__num_turns__"][i]),
+                     **{key: list(nt[key][i]) for key in ("tool_rewards", "turn_scores") if key in nt}}
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
 
     def settle(self, counts, index: int, outcome: tuple, failed=0.0):

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from pyrl.protocol import DataProto
+from pyrl.protocol import DataProto, response_lengths
 
 
 def generation_records(tokenizer, data: DataProto, scores, step: int, extra_keys=()) -> list[dict]:
@@ -17,7 +17,7 @@ def generation_records(tokenizer, data: DataProto, scores, step: int, extra_keys
     the sequence score and any reward extra fields the batch carries."""
     prompts = data.batch["prompts"]
     prompt_mask = data.batch["attention_mask"][:, :prompts.shape[1]].bool()
-    lengths = data.batch["response_mask"].sum(-1).tolist()
+    lengths = response_lengths(data).tolist()
     inputs = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(prompts, prompt_mask)]
     outputs = [tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(data.batch["responses"], lengths)]
     reward_model = data.non_tensor_batch.get("reward_model")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from pyrl.protocol import DataProto
+from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards.managers import is_number
 
 
@@ -34,7 +34,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
     response_mask = batch.batch["response_mask"].bool()
     response_width = response_mask.shape[-1]
     prompt_mask = batch.batch["attention_mask"][:, :-response_width].bool()
-    response_length = response_mask.sum(-1).float()
+    response_length = response_lengths(batch).float()
     prompt_length = prompt_mask.sum(-1).float()
     valid = response_length > 0  # aborted (empty) responses are left out of score statistics, as verl
     out: dict = {}
@@ -54,11 +54,29 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
     _stats("prompt_length", prompt_length, out)
     out["prompt_length/clip_ratio"] = (prompt_length == prompt_mask.shape[-1]).float().mean().item()
     out["response/aborted_ratio"] = (~valid).float().mean().item()
+    out.update(agent_loop_metrics(batch))
+    return out
+
+
+def agent_loop_metrics(batch: DataProto) -> dict:
+    """verl's num_turns/* and tool_call_counts/*, with pyrl's tool errors and the time spent in tools, from the
+    agent loop's per-sample columns (absent for single-turn rollouts)."""
+    nt, out = batch.non_tensor_batch, {}
+    for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
+                           ("tool_error_counts", "tool_error_counts"), ("tool_seconds", "timing_s/agent_loop/tool_calls")):
+        if column in nt and len(nt[column]):
+            values = np.asarray(nt[column], dtype=np.float64)
+            out.update({f"{prefix}/min": values.min(), f"{prefix}/max": values.max(), f"{prefix}/mean": values.mean()})
+    if "tool_call_counts" in nt and len(nt["tool_call_counts"]):
+        calls = np.asarray(nt["tool_call_counts"], dtype=np.float64)
+        errors = np.asarray(nt["tool_error_counts"], dtype=np.float64)
+        out["tool_calls/sample_ratio"] = float((calls > 0).mean())  # samples that called a tool at all
+        out["tool_calls/error_ratio"] = float(errors.sum() / calls.sum()) if calls.sum() else 0.0
     return out
 
 
 def compute_timing_metrics(batch: DataProto, timing: dict) -> dict:
-    response_tokens = batch.batch["response_mask"].sum().item()
+    response_tokens = response_lengths(batch).sum().item()
     all_tokens = batch.batch["attention_mask"].sum().item()
     out = {f"timing_s/{name}": seconds for name, seconds in timing.items()}
     per_token = {"gen": response_tokens, "ref": all_tokens, "values": all_tokens, "adv": all_tokens,
@@ -74,7 +92,7 @@ def compute_throughput_metrics(batch: DataProto, timing: dict, n_workers: int) -
     step = timing["step"]
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step,
             "perf/throughput": tokens / (step * max(n_workers, 1)),
-            "perf/gen_tokens_per_s": batch.batch["response_mask"].sum().item() / max(timing.get("gen", 0.0), 1e-9)}
+            "perf/gen_tokens_per_s": response_lengths(batch).sum().item() / max(timing.get("gen", 0.0), 1e-9)}
 
 
 def reduce_metrics(metrics: dict) -> dict:
