@@ -100,12 +100,17 @@ def scoring_pool(num_workers: int) -> concurrent.futures.ProcessPoolExecutor:
     """The run's scoring processes (reward.num_workers, at most one per core), shared by the training and the
     validation managers; spawned, not forked (the driver runs Ray's threads), deaf to Ctrl-C (the driver ends
     the run)."""
-    size = max(1, min(num_workers, os.cpu_count() or 1))
+    size = scoring_processes(num_workers)
     if size not in _POOLS:
         _POOLS[size] = concurrent.futures.ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"),
                                                               initializer=signal.signal,
                                                               initargs=(signal.SIGINT, signal.SIG_IGN))
     return _POOLS[size]
+
+
+def scoring_processes(num_workers: int) -> int:
+    """How many processes score a batch: reward.num_workers, at most one per core; 1 (the driver) for <= 1."""
+    return max(1, min(num_workers, os.cpu_count() or 1))
 
 
 def close_scoring_pools() -> None:
@@ -293,6 +298,12 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
         compute_score = load_custom_function(custom.path, custom.name or "compute_score", dict(custom.reward_kwargs))
     elif name == "batch":
         raise ValueError("reward.reward_manager.name=batch needs reward.custom_reward_function.path (a batched scorer)")
+    else:  # verl binds reward.sandbox_fusion to the default scorer (code-execution sources); its max_concurrent
+        # is over all scoring processes, each holding its own share
+        sandbox = reward.sandbox_fusion
+        compute_score = functools.partial(
+            default_compute_score, sandbox_fusion_url=sandbox.url, memory_limit_mb=sandbox.memory_limit_mb,
+            max_concurrent=max(1, sandbox.max_concurrent // scoring_processes(reward.num_workers)))
     overlong = dict(reward.reward_kwargs.get("overlong_buffer_cfg") or {}) if name == "dapo" and not validation else {}
     max_resp_len = reward.reward_kwargs.get("max_resp_len")
     if overlong.get("enable") and max_resp_len is None:

@@ -1,0 +1,204 @@
+"""Code-execution scoring (pyrl.rewards.code_exec): hand-written programs against hand-computed fractions of the
+first 10 test cases passed, on both of verl 0.9.1's paths.
+
+The Sandbox Fusion path talks to a small HTTP server in a thread on 127.0.0.1 that implements the /run_code
+request and response format verl sends (sandbox_fusion/utils.py) and runs the code in pyrl.sandbox: the real
+server is a Docker image (bytedance/SandboxFusion) that cannot run here."""
+
+import functools
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pyrl.rewards import code_exec
+from pyrl.rewards.code_exec import compute_score, stdout_matches
+from pyrl.rewards.scorers import default_compute_score
+from pyrl.sandbox import SandboxLimits, run_code
+
+# a + b on stdin; four cases, the third with a == 5
+SUM = json.dumps({"inputs": ["1 2\n", "3 4\n", "5 6\n", "20 22\n"], "outputs": ["3\n", "7\n", "11\n", "42\n"]})
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}\n```\nIt reads two numbers."
+
+
+CORRECT = "a, b = map(int, input().split())\nprint(a + b)"
+SMALL_ONLY = "a, b = map(int, input().split())\nprint(a + b if a < 5 else 0)"  # passes the first two of four
+WRONG = "a, b = map(int, input().split())\nprint(a - b)"
+CRASHING = "a, b = map(int, input().split())\nprint(a / 0)"
+LOOPS_ON_FIVE = "a, b = map(int, input().split())\nwhile a == 5:\n    pass\nprint(a + b)"  # three of four
+
+
+@pytest.mark.parametrize("code, expected", [
+    (CORRECT, 1.0), (SMALL_ONLY, 0.5), (WRONG, 0.0), (CRASHING, 0.0), (LOOPS_ON_FIVE, 0.75),
+], ids=["correct", "partly", "wrong", "crashing", "timing-out"])
+def test_local_fraction_of_cases_passed(code, expected):
+    assert compute_score(fenced(code), SUM, timeout=1) == expected
+
+
+def test_without_a_code_block_the_local_path_runs_the_whole_response():
+    assert compute_score("The answer is a + b.", SUM, timeout=1) == 0.0  # prose: a syntax error, every case fails
+    assert compute_score(CORRECT, SUM, timeout=1) == 1.0  # prime_code takes a bare program as the program
+
+
+def test_only_the_first_ten_cases_count():
+    cases = {"inputs": [f"{i}\n" for i in range(12)], "outputs": [f"{i}\n" for i in range(12)]}
+    fails_late = "n = int(input())\nprint(n if n < 10 else -1)"
+    fails_first = "n = int(input())\nprint(n if n > 0 else -1)"
+    assert compute_score(fenced(fails_late), cases) == 1.0
+    assert compute_score(fenced(fails_first), cases) == 0.9
+
+
+def test_prime_codes_header_and_output_comparison():
+    cases = {"inputs": ["2\n", "10\n"], "outputs": [["1.41421", ""], "3.1622776"]}  # a list of lines is joined
+    assert compute_score(fenced("print(sqrt(int(input())))"), cases) == 1.0  # sqrt without an import
+    assert stdout_matches("a b  \nc\n", "a b\nc\n")  # stripped per line
+    assert stdout_matches("a\n\nb\n", "a\nb\n")  # blank lines ignored
+    assert stdout_matches("0.333333\n", "0.3333333333")  # numbers within rtol 1e-5
+    assert not stdout_matches("0.3333\n", "0.3333333333")
+    assert not stdout_matches("007\n", "7\n")  # plain integers are compared as text, as prime_code does
+    assert not stdout_matches("1\n2\n", "1\n")
+
+
+def test_call_based_cases_with_fn_name():
+    cases = json.dumps({"fn_name": "combine", "inputs": ["1\n2", "3\n4", "[1]\n[2]"],
+                        "outputs": ["3", "[7]", "[1, 2]"]})
+    function = "def combine(a, b):\n    print('debugging output is ignored')\n    return a + b"
+    method = "class Solution:\n    def combine(self, a, b):\n        return a + b if isinstance(a, int) else a"
+    assert compute_score(fenced(function), cases) == 1.0  # [7]: a list's first element counts, as prime_code
+    assert compute_score(fenced(method), cases) == pytest.approx(2 / 3)
+    assert compute_score(fenced("def other(a, b):\n    return a + b"), cases) == 0.0
+
+
+def test_assert_cases():
+    cases = {"assert_case": ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]}
+    assert compute_score(fenced("def add(a, b):\n    return a + b"), cases) == 0.5
+
+
+@pytest.mark.parametrize("truth, message", [
+    ("not json", "ground_truth: not JSON"),
+    ({"inputs": ["1"]}, "expected 'inputs' and 'outputs' lists"),
+    ({"inputs": ["1"], "outputs": []}, "as many inputs as outputs"),
+    ({"inputs": [], "outputs": []}, "at least one"),
+    ([1, 2], "expected a dict of test cases, got list"),
+])
+def test_malformed_ground_truth_is_a_clear_error(truth, message):
+    with pytest.raises(ValueError, match=message):
+        compute_score(fenced(CORRECT), truth)
+
+
+@pytest.mark.parametrize("source", code_exec.DATA_SOURCES)
+def test_default_compute_score_routes_verls_code_sources(source):
+    assert default_compute_score(source, fenced(CORRECT), SUM) == 1.0
+    assert default_compute_score(source, fenced(SMALL_ONLY), SUM) == 0.5
+
+
+class FakeSandboxFusion(BaseHTTPRequestHandler):
+    """POST /run_code as Sandbox Fusion answers it, the code run in pyrl.sandbox."""
+
+    def do_POST(self):
+        server = self.server
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with server.lock:
+            server.requests.append((self.path, payload))
+            server.in_flight += 1
+            server.peak = max(server.peak, server.in_flight)
+            gateway_timeout = server.fail_first and len(server.requests) == 1
+        try:
+            if gateway_timeout:
+                self.send_error(504)
+                return
+            result = run_code(payload["code"], stdin=payload["stdin"] or "", limits=SandboxLimits(
+                wall_s=payload["run_timeout"], cpu_s=payload["run_timeout"], memory_mb=payload["memory_limit_MB"]))
+            run = {"status": "TimeLimitExceeded" if result.status == "timeout" else "Finished",
+                   "execution_time": result.wall_s, "return_code": result.returncode, "stdout": result.stdout,
+                   "stderr": result.stderr}
+            body = json.dumps({"status": "Success" if result.ok else "Failed", "message": "", "compile_result": None,
+                               "run_result": run, "files": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fusion(monkeypatch):
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSandboxFusion)
+    server.lock, server.requests, server.in_flight, server.peak, server.fail_first = threading.Lock(), [], 0, 0, False
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/run_code"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("code, expected", [
+    (CORRECT, 1.0), (SMALL_ONLY, 0.5), (WRONG, 0.0), (CRASHING, 0.0), (LOOPS_ON_FIVE, 0.75),
+], ids=["correct", "partly", "wrong", "crashing", "timing-out"])
+def test_sandbox_fusion_fraction_of_cases_passed(fusion, code, expected):
+    assert compute_score(fenced(code), SUM, sandbox_fusion_url=fusion.url, timeout=1) == expected
+    assert len(fusion.requests) == 4
+    path, payload = fusion.requests[0]
+    assert path == "/run_code"
+    assert set(payload) == {"compile_timeout", "run_timeout", "code", "stdin", "memory_limit_MB", "language", "files",
+                            "fetch_files"}  # verl's payload
+    assert payload["language"] == "python" and payload["memory_limit_MB"] == 1024 and payload["run_timeout"] == 1
+
+
+def test_sandbox_fusion_needs_a_code_block_and_takes_a_plain_fence(fusion):
+    assert compute_score(CORRECT, SUM, sandbox_fusion_url=fusion.url) == 0.0 and fusion.requests == []
+    assert compute_score(f"```py\n{CORRECT}\n```", SUM, sandbox_fusion_url=fusion.url) == 1.0
+
+
+def test_sandbox_fusion_call_based_and_assert_cases(fusion):
+    cases = {"fn_name": "add", "inputs": ["1\n2", "3\n4"], "outputs": ["3", "8"]}  # compared as printed text
+    assert compute_score(fenced("def add(a, b):\n    return a + b"), cases, sandbox_fusion_url=fusion.url) == 0.5
+    asserts = {"assert_case": ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]}
+    assert compute_score(fenced("def add(a, b):\n    return a + b"), asserts, sandbox_fusion_url=fusion.url) == 0.5
+
+
+def test_sandbox_fusion_retries_a_gateway_timeout_and_bounds_concurrency(fusion):
+    fusion.fail_first = True
+    assert compute_score(fenced(CORRECT), SUM, sandbox_fusion_url=fusion.url, max_concurrent=2) == 1.0
+    assert len(fusion.requests) == 5 and fusion.peak <= 2  # four cases and the retried one
+
+
+def test_sandbox_fusion_unreachable_scores_zero():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/run_code"
+    assert compute_score(fenced(CORRECT), SUM, sandbox_fusion_url=url) == 0.0
+
+
+def test_the_reward_manager_binds_reward_sandbox_fusion(fusion):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer"))
+    from trainer_helpers import compose
+
+    from pyrl.rewards.managers import load_reward_manager
+
+    config = compose("preset=toy", f"reward.sandbox_fusion.url={fusion.url}", "reward.sandbox_fusion.max_concurrent=8",
+                     "reward.sandbox_fusion.memory_limit_mb=512", "reward.num_workers=1")
+    score = load_reward_manager(config, None).compute_score
+    assert isinstance(score, functools.partial) and score.keywords == {
+        "sandbox_fusion_url": fusion.url, "memory_limit_mb": 512, "max_concurrent": 8}
+    assert score(data_source="apps", solution_str=fenced(SMALL_ONLY), ground_truth=SUM) == 0.5
+    assert fusion.requests and all(payload["memory_limit_MB"] == 512 for _, payload in fusion.requests)
+    assert score(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="3") == 1.0  # others unchanged

@@ -1,0 +1,275 @@
+"""pyrl.sandbox: what untrusted code may and may not do, that every run ends within its limits leaving no process
+and no directory behind, and that the async form runs many at once without blocking the event loop.
+
+The cases that matter for safety run twice: with the isolation this machine allows (namespaces, the run's own
+uid as root) and with the audit hook alone (no namespace, no uid drop), which is what a machine without unshare
+or privileges gets."""
+
+import asyncio
+import os
+import socket
+import tempfile
+import time
+import tracemalloc
+
+import pytest
+
+import pyrl.sandbox as sandbox
+from pyrl.sandbox import Isolation, SandboxLimits, SandboxResult, run_code, run_code_async
+
+SMALL = SandboxLimits(wall_s=5, cpu_s=1, memory_mb=256, max_processes=16, max_output_bytes=4096)
+
+
+def sandbox_processes(base: str) -> list[int]:
+    """Live processes whose command line names a sandbox directory under `base` (unshare, the supervisor, the
+    worker and anything they forked all carry it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if base.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def gone(pid: int, within_s: float = 3.0) -> bool:
+    """The process no longer exists (or is a zombie waiting to be reaped)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(autouse=True)
+def base(monkeypatch, tmp_path_factory):
+    """Sandbox directories go under a directory of this test's; afterwards it must be empty and no process of
+    the test's runs may be alive."""
+    tmp_path_factory.getbasetemp()  # pytest's own temporary directories stay where they were
+    path = tempfile.mkdtemp(prefix="pyrl-sandbox-test-")
+    os.chmod(path, 0o711)  # as root the run's own uid must pass through it
+    monkeypatch.setattr(tempfile, "tempdir", path)
+    yield path
+    deadline = time.monotonic() + 5  # a cancelled run's thread may still be cleaning up
+    while (os.listdir(path) or sandbox_processes(path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.listdir(path) == [], "a sandbox directory was left behind"
+    assert sandbox_processes(path) == [], "a sandboxed process outlived its run"
+    os.rmdir(path)
+
+
+@pytest.fixture(params=["probed", "hook-only"])
+def mode(request, monkeypatch):
+    if request.param == "hook-only":
+        monkeypatch.setattr(sandbox, "isolation", lambda: Isolation(namespace=(), drop_uid=False))
+    return request.param
+
+
+def test_ok_with_stdin_stdout_and_files():
+    code = "import helper\nname = input()\nprint(helper.greet(name))\nprint(open('data/n.txt').read().strip())\n"
+    result = run_code(code, stdin="sandbox\n", limits=SMALL,
+                      files={"helper.py": "def greet(n):\n    return 'hello ' + n\n", "data/n.txt": "42\n"})
+    assert isinstance(result, SandboxResult)
+    assert result.ok and result.status == "ok" and result.returncode == 0, result
+    assert result.stdout == "hello sandbox\n42\n" and result.stderr == ""
+    assert 0 < result.wall_s < 5 and "exited normally" in result.message
+
+
+def test_writes_inside_its_directory_are_allowed():
+    code = ("import os, tempfile\nos.makedirs('a/b')\nopen('a/b/c.txt', 'w').write('x')\nos.rename('a/b/c.txt', 'd.txt')\n"
+            "tempfile.NamedTemporaryFile(delete=True).close()\nprint(sorted(os.listdir('.')))")
+    result = run_code(code, limits=SMALL)
+    assert result.ok, result
+    assert result.stdout == "['a', 'd.txt']\n"
+
+
+def test_exception_is_an_error_with_the_traceback():
+    result = run_code("def f():\n    return 1 / 0\nf()\n", limits=SMALL)
+    assert result.status == "error" and result.returncode == 1 and not result.ok
+    assert "Traceback (most recent call last)" in result.stderr and 'File "main.py", line 2, in f' in result.stderr
+    assert "_child.py" not in result.stderr  # the sandbox's own frames are not the code's
+    assert result.message == "exited with code 1: ZeroDivisionError: division by zero"
+    syntax = run_code("def (:\n", limits=SMALL)
+    assert syntax.status == "error" and "SyntaxError" in syntax.message
+    exit_code = run_code("import sys\nsys.exit(3)", limits=SMALL)
+    assert exit_code.status == "error" and exit_code.returncode == 3
+
+
+def test_cpu_bound_loop_times_out_and_its_process_is_gone():
+    code = "import os\nprint(os.readlink('/proc/self'), flush=True)\nwhile True:\n    pass\n"
+    result = run_code(code, limits=SandboxLimits(wall_s=10, cpu_s=1))
+    assert result.status == "timeout" and "CPU time limit of 1 s" in result.message, result
+    assert result.wall_s < 5
+    assert gone(int(result.stdout.split()[0]))
+
+
+def test_sleeping_past_the_wall_clock_times_out(mode):
+    code = "import os, time\nprint(os.readlink('/proc/self'), flush=True)\ntime.sleep(60)\n"
+    start = time.monotonic()
+    result = run_code(code, limits=SandboxLimits(wall_s=1, cpu_s=5))
+    assert result.status == "timeout" and "wall-clock limit of 1 s" in result.message, result
+    assert result.returncode is None and time.monotonic() - start < 3
+    assert gone(int(result.stdout.split()[0]))
+
+
+@pytest.mark.parametrize("bomb", [
+    "import os\nwhile True:\n    os.fork()\n",
+    "import subprocess, sys\nwhile True:\n    subprocess.Popen([sys.executable, '-c', 'pass'])\n",
+    "import os\nwhile True:\n    os.posix_spawn('/bin/sh', ['sh', '-c', 'sleep 60'], {})\n",
+    "import _posixsubprocess\n_posixsubprocess.fork_exec()\n",
+    "import multiprocessing\nwhile True:\n    multiprocessing.Process(target=print).start()\n",
+], ids=["os.fork", "subprocess", "posix_spawn", "fork_exec", "multiprocessing"])
+def test_fork_bombs_are_stopped(bomb, mode):
+    result = run_code(bomb, limits=SMALL)
+    assert result.status == "blocked" and "is not allowed" in result.message, result  # the hook refuses the first
+    # and the fixture finds no process left
+
+
+def test_threads_beyond_max_processes_fail_where_the_kernel_counts_them():
+    iso = sandbox.isolation()
+    if os.geteuid() == 0 and not iso.drop_uid:
+        pytest.skip("root without the uid drop: RLIMIT_NPROC does not apply to root")
+    code = ("import threading, time\nthreads = []\nfor i in range(64):\n"
+            "    t = threading.Thread(target=time.sleep, args=(1,))\n    t.start()\n    threads.append(t)\n")
+    result = run_code(code, limits=SandboxLimits(wall_s=5, max_processes=8))
+    assert result.status == "error" and "can't start new thread" in result.stderr, result
+
+
+def test_allocating_without_end_hits_the_memory_limit():
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))\n"
+    result = run_code(code, limits=SandboxLimits(wall_s=10, cpu_s=5, memory_mb=128))
+    assert result.status == "memory" and "memory limit of 128 MB" in result.message, result
+    assert run_code("x = bytearray(1 << 30)", limits=SMALL).status == "memory"
+
+
+def test_megabytes_of_output_are_cut_at_the_cap_with_bounded_parent_memory():
+    tracemalloc.start()
+    try:
+        result = run_code("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))\n",
+                          limits=SandboxLimits(wall_s=10, max_output_bytes=65536))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.status == "output_limit" and "stdout passed the limit of 65536 bytes" in result.message, result
+    assert result.stdout == "x" * 65536
+    assert peak < 4 << 20, f"the parent held {peak} bytes for a capped output of 64 KiB"
+    flood = run_code("import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n", limits=SMALL)
+    assert flood.status == "output_limit" and flood.message.startswith("stderr") and len(flood.stderr) == 4096
+
+
+def test_no_network_even_to_a_listener_on_localhost(mode):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    try:
+        for code in (f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))\ns.send(b'hi')\n",
+                     f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n",
+                     f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/', timeout=1)\n",
+                     f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                     f"s.sendto(b'hi', ('127.0.0.1', {port}))\n"):
+            result = run_code(code, limits=SMALL)
+            assert result.status == "blocked" and "no network" in result.message, (code, result)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    # local socket pairs (asyncio's self-pipe) still work
+    assert run_code("import asyncio\nasyncio.run(asyncio.sleep(0))\nprint('ok')", limits=SMALL).stdout == "ok\n"
+
+
+def test_no_writing_outside_its_directory(tmp_path, mode):
+    target = tmp_path / "written.txt"
+    keep = tmp_path / "keep.txt"
+    keep.write_text("precious")
+    attempts = {
+        "open": f"open({str(target)!r}, 'w').write('x')",
+        "os.open": f"import os\nos.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
+        "pathlib": f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
+        "remove": f"import os\nos.remove({str(keep)!r})",
+        "rename": f"import os\nos.rename({str(keep)!r}, 'stolen.txt')",
+        "chmod": f"import os\nos.chmod({str(keep)!r}, 0o777)",
+        "symlink": f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')",
+        "dir_fd": f"import os\nd = os.open({str(tmp_path)!r}, os.O_RDONLY)\nos.open('written.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d)",
+        "chdir": f"import os\nos.chdir({str(tmp_path)!r})\nopen('written.txt', 'w').write('x')",
+        "mkdir": f"import os\nos.mkdir({str(tmp_path / 'd')!r})",
+        "mknod": f"import os\nos.mknod({str(target)!r})",
+    }
+    for name, code in attempts.items():
+        result = run_code(code, limits=SMALL)
+        assert not result.ok and result.status in ("blocked", "error"), (name, result)
+        if mode == "hook-only":
+            assert result.status == "blocked", (name, result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+    assert keep.read_text() == "precious" and oct(keep.stat().st_mode & 0o777) != "0o777"
+
+
+def test_the_code_gets_none_of_the_parents_environment(monkeypatch):
+    monkeypatch.setenv("PYRL_SECRET_TOKEN", "hunter2")
+    result = run_code("import os\nprint(sorted(os.environ))", limits=SMALL)
+    assert result.ok and "PYRL_SECRET_TOKEN" not in result.stdout and "hunter2" not in result.stdout
+
+
+def test_async_runs_at_once_without_blocking_the_loop():
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        start = time.monotonic()
+        results = await asyncio.gather(*(run_code_async(f"import time\ntime.sleep(0.8)\nprint({i})", limits=SMALL)
+                                         for i in range(6)))
+        elapsed = time.monotonic() - start
+        ticking.cancel()
+        return results, elapsed, ticks
+
+    results, elapsed, ticks = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)] and all(r.ok for r in results)
+    assert elapsed < 6 * 0.8, f"6 runs of 0.8 s took {elapsed:.1f} s: not concurrent"
+    assert ticks >= 0.5 * elapsed / 0.02, "the event loop was blocked"
+
+
+def test_cancelling_an_async_run_kills_it_at_once():
+    async def main():
+        task = asyncio.create_task(run_code_async("import time\ntime.sleep(60)", limits=SandboxLimits(wall_s=60)))
+        await asyncio.sleep(0.5)
+        start = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 1  # and the fixture finds the process and the directory gone
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: run_code("print(1)", language="cpp"), "language: 'cpp' is not supported; supported: python"),
+    (lambda: run_code(b"print(1)"), "code: expected the program's source text"),
+    (lambda: run_code("", stdin=None), "stdin: expected text"),
+    (lambda: run_code("", limits={"wall_s": 1}), "limits: expected a pyrl.sandbox.SandboxLimits"),
+    (lambda: run_code("", files={"../x.py": ""}), "files: '../x.py' is not a relative path"),
+    (lambda: run_code("", files={"/etc/x": ""}), "files: '/etc/x' is not a relative path"),
+    (lambda: run_code("", files={"x.py": b""}), r"files\['x.py'\]: expected text"),
+    (lambda: SandboxLimits(wall_s=0), "SandboxLimits.wall_s: expected a positive number of seconds, got 0"),
+    (lambda: SandboxLimits(cpu_s=float("inf")), "SandboxLimits.cpu_s"),
+    (lambda: SandboxLimits(memory_mb=1.5), "SandboxLimits.memory_mb: expected an integer >= 1, got 1.5"),
+    (lambda: SandboxLimits(max_processes=0), "SandboxLimits.max_processes: expected an integer >= 1"),
+    (lambda: SandboxLimits(max_output_bytes=True), "SandboxLimits.max_output_bytes"),
+    (lambda: asyncio.run(run_code_async("", language="java")), "language: 'java' is not supported"),
+])
+def test_bad_arguments_are_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
