@@ -141,6 +141,46 @@ class SamplingConfig:
 
 
 @dataclass
+class CustomClassConfig:
+    """A class loaded from a Python file: path to the file, name of the class (or function)."""
+
+    path: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class MultiTurnConfig:
+    """verl 0.9.1's rollout.multi_turn: the tool agent loop's turns, tools and limits
+    (pyrl/workers/rollout/agent_loop.py)."""
+
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None  # None: until no tool is called or the response budget is spent
+    tool_config_path: Optional[str] = None  # verl's YAML: tools: [{class_name, config, tool_schema}]
+    function_tool_path: Optional[str] = None  # a Python file of plain functions, each a tool
+    max_user_turns: Optional[int] = None  # tool-response and interaction turns
+    max_parallel_calls: int = 1  # calls run per assistant turn (the rest are dropped, as verl)
+    max_tool_response_length: int = 256  # characters of a tool's text kept
+    tool_response_truncate_side: str = "middle"  # left | right | middle
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+    format: str = "hermes"  # the tool-call parser (pyrl/workers/rollout/tool_parser.py)
+    num_repeat_rollouts: Optional[int] = None
+    # earlier verl's key (0.9.1 dropped interactions): YAML interaction: [{name, class_name, config}]
+    interaction_config_path: Optional[str] = None
+    tool_timeout_s: float = 60.0  # pyrl's: a call still running after this is answered with an error
+
+
+@dataclass
+class AgentLoopConfig:
+    """verl 0.9.1's rollout.agent: which loop runs a sample (its agent_name column, else default_agent_loop)."""
+
+    num_workers: int = 8
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent
+    agent_loop_config_path: Optional[str] = None
+    custom_async_server: CustomClassConfig = field(default_factory=CustomClassConfig)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"  # vllm | hf
     mode: str = "async"  # async | sync: the same in-process generation (verl 0.9.1 serves both asynchronously too)
@@ -170,6 +210,8 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     seed: int = 42
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
 
 @dataclass
@@ -207,14 +249,6 @@ class CriticConfig:
 
 
 @dataclass
-class CustomClassConfig:
-    """A class loaded from a Python file: path to the file, name of the class (or function)."""
-
-    path: Optional[str] = None
-    name: Optional[str] = None
-
-
-@dataclass
 class CustomRewardFunctionConfig:
     path: Optional[str] = None  # a Python file
     name: Optional[str] = "compute_score"  # the function in it
@@ -240,6 +274,16 @@ class RewardModelSwitchConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """verl 0.9.1's reward.sandbox_fusion: code-execution scoring (pyrl.rewards.code_exec) runs its test cases on
+    this Sandbox Fusion server instead of in pyrl.sandbox when url is set."""
+
+    url: Optional[str] = None  # the server's /run_code url
+    max_concurrent: int = 64  # requests in flight, over all scoring processes together
+    memory_limit_mb: int = 1024  # each test run's memory (the local sandbox's too)
+
+
+@dataclass
 class RewardConfig:
     """verl 0.9.1's reward section (its legacy spellings, reward_model.reward_manager, custom_reward_function,
     reward_model.enable / model.path / overlong_buffer, are moved here at start as verl's migrate_legacy_reward_impl
@@ -253,6 +297,7 @@ class RewardConfig:
     reward_kwargs: dict = field(default_factory=dict)
     strict: bool = False  # pyrl: a scorer that raises or times out stops the run instead of scoring 0
     timeout_s: float = 10.0  # pyrl: per-sample scorer time limit
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 
 @dataclass
@@ -330,6 +375,9 @@ class DataConfig:
     # a Dataset class (verl's constructor: data_files, tokenizer, processor, config, max_samples) whose items are
     # verl's dicts with raw_prompt
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
+    # the tools' schemas reach the chat template (tools=) when prompts are tokenized, as the agent loop sees them
+    tool_config_path: Optional[str] = "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}"
+    function_tool_path: Optional[str] = "${oc.select:actor_rollout_ref.rollout.multi_turn.function_tool_path,null}"
 
 
 @dataclass
@@ -409,6 +457,16 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "critic.fsdp.forward_only": ((False,), "the critic trains"),
     "actor_rollout_ref.ref.fsdp_config.forward_only": ((True,), "the reference model never trains"),
     "reward_model.fsdp_config.forward_only": ((True,), "the reward model never trains"),
+    # the agent loop keeps the model's own tokens and renders only the appended messages, so there is no second
+    # tokenization to check or to choose a template for; verl 0.9.1 reads these nowhere either
+    **{f"actor_rollout_ref.rollout.multi_turn.{key}": ((value,), "verl 0.9.1 reads it nowhere either")
+       for key, value in (("use_inference_chat_template", False), ("tokenization_sanity_check_mode", "strict"),
+                          ("num_repeat_rollouts", None))},
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": ((None,), "custom agent loop classes are not "
+                                                                        "implemented: single_turn_agent and tool_agent"),
+    **{f"actor_rollout_ref.rollout.agent.custom_async_server.{key}": ((None,), "pyrl's engines run in the rollout "
+                                                                               "workers, not behind a server")
+       for key in ("path", "name")},
 }
 
 

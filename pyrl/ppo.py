@@ -33,8 +33,9 @@ def load_class(path: str, name: str, key: str):
     return getattr(module, name)
 
 
-def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int):
-    """The data set (pyrl's RLHFDataset or data.custom_cls, built with verl's constructor) tokenized for rollout."""
+def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_schemas: list[dict] | None = None):
+    """The data set (pyrl's RLHFDataset or data.custom_cls, built with verl's constructor) tokenized for rollout,
+    with the tools' schemas in the chat template when tools are configured."""
     from pyrl.data import PromptBatches, RLHFDataset
 
     dataset_cls = RLHFDataset
@@ -44,7 +45,8 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int):
     data_config = OmegaConf.structured(config.data, flags={"readonly": True})
     dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=data_config,
                           max_samples=max_samples)
-    return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template)
+    return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template,
+                         tool_schemas)
 
 
 def resolve_model_paths(config: PPOConfig) -> None:
@@ -85,6 +87,33 @@ def apply_rollout_correction_config(config: PPOConfig) -> None:
                  "pass), policy loss bypass_mode with loss_type=%s", correction.loss_type)
 
 
+BUILTIN_TASKS = {"pyrl:tool_calc": "tool_calc_task_files"}  # data.train_files aliases: pyrl.data's task files
+
+
+def resolve_builtin_files(config: PPOConfig) -> None:
+    """pyrl's own files named on the command line or in a preset: data.train_files=pyrl:tool_calc (the tool task,
+    made on first use; its validation split too unless data.val_files is given), and tool or interaction configs
+    as pyrl:tools/calculator.yaml (the YAML shipped in pyrl's configs/)."""
+    import importlib.resources
+
+    import pyrl.data
+
+    data, multi_turn = config.data, config.actor_rollout_ref.rollout.multi_turn
+    if isinstance(data.train_files, str) and data.train_files.startswith("pyrl:"):
+        if data.train_files not in BUILTIN_TASKS:
+            raise ValueError(f"data.train_files={data.train_files!r}: pyrl's built-in tasks are {sorted(BUILTIN_TASKS)}")
+        train, val = getattr(pyrl.data, BUILTIN_TASKS[data.train_files])()
+        data.train_files, data.val_files = train, data.val_files or val
+    for owner, key in ((multi_turn, "tool_config_path"), (multi_turn, "interaction_config_path"),
+                       (data, "tool_config_path")):
+        value = getattr(owner, key)
+        if isinstance(value, str) and value.startswith("pyrl:"):
+            path = importlib.resources.files("pyrl.configs").joinpath(value.removeprefix("pyrl:"))
+            if not path.is_file():
+                raise FileNotFoundError(f"{key}={value!r}: pyrl ships no such file ({path})")
+            setattr(owner, key, str(path))
+
+
 def resolve_defaults(config: PPOConfig) -> None:
     """Fill what depends on this machine (the toy task files, the rollout engine, the step count, local model
     paths) and check every value that needs no model."""
@@ -95,6 +124,7 @@ def resolve_defaults(config: PPOConfig) -> None:
     if not config.actor_rollout_ref.model.path:
         raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "
                          "hub id, or pyrl:tiny-toy-sft (or give no data either, for the toy preset)")
+    resolve_builtin_files(config)
     if not config.data.train_files:
         from pyrl.data import toy_task_files
 
@@ -119,7 +149,7 @@ def resolve_defaults(config: PPOConfig) -> None:
 def run_ppo(config: PPOConfig) -> dict:
     from pyrl.rewards import load_reward_manager
     from pyrl.rewards.managers import close_scoring_pools
-    from pyrl.trainer.checks import check_models
+    from pyrl.trainer.checks import check_agent_loops, check_models, check_multi_turn
     from pyrl.trainer.ppo_trainer import PPOTrainer
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
@@ -127,9 +157,11 @@ def run_ppo(config: PPOConfig) -> dict:
     resolve_defaults(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
     check_models(config, tokenizer)  # lengths and vocabulary against the models, before workers start
-    train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples)
-    val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples) \
+    tool_schemas = check_multi_turn(config)  # the tools load here first: a bad tool file stops the run now
+    train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples, tool_schemas)
+    val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples, tool_schemas) \
         if config.data.val_files else None
+    check_agent_loops(config, [train] + ([val] if val else []))
     reward_fn = load_reward_manager(config, tokenizer)
     val_reward_fn = load_reward_manager(config, tokenizer, validation=True)
     run_dir = os.path.abspath(config.trainer.default_local_dir)

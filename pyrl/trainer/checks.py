@@ -4,9 +4,13 @@ vocabulary against each model. Each failure is one line naming the keys and valu
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from pyrl.trainer.workers import uses_critic, worker_count
+
+log = logging.getLogger("pyrl")
 
 
 def check_config(config) -> None:
@@ -113,3 +117,53 @@ def check_models(config, tokenizer) -> None:
     if max_model_len is not None and max_model_len < length:
         raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than data.max_prompt_length"
                          f" + data.max_response_length = {length}")
+
+
+def check_multi_turn(config) -> list[dict] | None:
+    """rollout.multi_turn and rollout.agent: names, limits, and the tools and interactions themselves, loaded
+    here once before any worker does. Returns the tools' OpenAI schemas (None without tools)."""
+    from pyrl.tools.tool_registry import load_all_tools
+    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TRUNCATE_SIDES
+    from pyrl.workers.rollout.tool_parser import ToolParser
+
+    rollout = config.actor_rollout_ref.rollout
+    multi_turn, agent = rollout.multi_turn, rollout.agent
+    key = "actor_rollout_ref.rollout.multi_turn"
+    _check_name("actor_rollout_ref.rollout.agent.default_agent_loop", agent.default_agent_loop, AGENT_LOOPS)
+    _check_name(f"{key}.format", multi_turn.format, ToolParser.registered())
+    _check_name(f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side, TRUNCATE_SIDES)
+    for name in ("max_assistant_turns", "max_user_turns"):
+        value = getattr(multi_turn, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{key}.{name}={value}: expected null (no limit) or >= 1")
+    for name in ("max_parallel_calls", "max_tool_response_length", "tool_timeout_s"):
+        if getattr(multi_turn, name) <= 0:
+            raise ValueError(f"{key}.{name}={getattr(multi_turn, name)}: expected > 0")
+    if agent.num_workers != 8:  # verl's default: nothing to say
+        log.info("actor_rollout_ref.rollout.agent.num_workers=%d: pyrl has no separate agent-loop workers; each "
+                 "rollout worker runs all its trajectories' turns and tool calls concurrently", agent.num_workers)
+    if multi_turn.interaction_config_path:
+        from pyrl.interactions.registry import initialize_interactions_from_config
+
+        initialize_interactions_from_config(multi_turn.interaction_config_path)
+    tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+    return [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools] or None
+
+
+def check_agent_loops(config, datasets) -> None:
+    """Every row's agent_name is a known loop; multi_turn.enable=true with no row running the tool agent would
+    leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
+    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT
+
+    rollout = config.actor_rollout_ref.rollout
+    default = rollout.agent.default_agent_loop
+    used = set()
+    for dataset in datasets:
+        for i, row in enumerate(dataset.rows):
+            name = row.get("agent_name") or default
+            if name not in AGENT_LOOPS:
+                raise ValueError(f"data row {i}: agent_name {name!r} is not one of {AGENT_LOOPS}")
+            used.add(name)
+    if rollout.multi_turn.enable and TOOL_AGENT not in used:
+        raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true, but no row runs the tool agent: set "
+                         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")

@@ -25,7 +25,10 @@ from pyrl.workers.distributed import full_tensor, worker_device
 from pyrl.workers.policy import ResponseLogProbs
 from pyrl.workers.update import UpdatePlan, run_update
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
+from pyrl.workers.rollout.agent_loop import SINGLE_TURN, AgentLoop, trajectory_columns
 from pyrl.workers.rollout.base import prompt_token_lists
+from pyrl.interactions.registry import initialize_interactions_from_config
+from pyrl.tools.tool_registry import load_all_tools
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
 
@@ -75,6 +78,7 @@ class ActorRolloutRefWorker(Worker):
         self.device = worker_device(self.local_rank)
         self.packed = config.model.use_remove_padding
         self.engine = None
+        self.agent_loop = None
 
     # ---- setup ----
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -117,18 +121,47 @@ class ActorRolloutRefWorker(Worker):
         if spec.seed is not None:  # each rank draws its own samples
             spec = dataclasses.replace(spec, seed=spec.seed + 1_000_003 * self.rank)
         start = time.perf_counter()
+        masks, trajectories = None, None
+        ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
         if len(prompts) == 0:
             responses, logprobs = [], [] if spec.logprobs else None
+        elif self._agent_names(prompts) != {SINGLE_TURN}:
+            agent_out = self._agent_loop().run(ids, self._agent_rows(prompts), spec)
+            responses, logprobs, masks = agent_out.responses, agent_out.logprobs, agent_out.response_masks
+            trajectories = agent_out.trajectories
         else:
-            ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
             responses, logprobs = self.engine.generate(ids, spec)
         rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         seconds = time.perf_counter() - start
-        out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad)
+        out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad, masks)
+        if trajectories is not None:
+            out.non_tensor_batch.update(trajectory_columns(trajectories))
         out.meta_info["metrics"] = {"perf/mfu/gen": perf.mfu(self.lm.config, out.batch["attention_mask"].sum(-1).tolist(),
                                                              seconds, self.device, self.engine.dtype, backward=False)}
         return out
+
+    def _agent_names(self, prompts: DataProto) -> set:
+        """The agent loops the rows ask for: their agent_name column, else rollout.agent.default_agent_loop."""
+        names = prompts.non_tensor_batch.get("agent_name")
+        return set(names) if names is not None else {self.config.rollout.agent.default_agent_loop}
+
+    def _agent_rows(self, prompts: DataProto) -> list[dict]:
+        nt, default = prompts.non_tensor_batch, self.config.rollout.agent.default_agent_loop
+        return [{"agent_name": nt["agent_name"][i] if "agent_name" in nt else default,
+                 **{key: nt[key][i] for key in ("raw_prompt", "tools_kwargs", "interaction_kwargs") if key in nt}}
+                for i in range(len(prompts))]
+
+    def _agent_loop(self) -> AgentLoop:
+        """Built on first use: the tools and interactions of rollout.multi_turn, loaded in this worker."""
+        if self.agent_loop is None:
+            multi_turn = self.config.rollout.multi_turn
+            tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+            interactions = (initialize_interactions_from_config(multi_turn.interaction_config_path)
+                            if multi_turn.interaction_config_path else {})
+            self.agent_loop = AgentLoop(self.engine, self.tokenizer, self.config.rollout, tools, interactions,
+                                        chat_template=self.config.model.custom_chat_template)
+        return self.agent_loop
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:

@@ -59,7 +59,9 @@ class RolloutEngine:
 
     dtype: torch.dtype  # what the engine computes in (and the weights it is pushed)
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+        """max_tokens: a token budget per prompt instead of spec.max_tokens (the agent loop's turns each have
+        what is left of the response)."""
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -79,10 +81,12 @@ def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
 
 
 def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: list[list[float]] | None,
-                     response_length: int, pad_token_id: int) -> DataProto:
+                     response_length: int, pad_token_id: int,
+                     response_masks: list[list[int]] | None = None) -> DataProto:
     """prompts (rows already repeated n times, interleaved) + one generated token list per row -> verl's
     fields: responses right-padded to response_length, response_mask 1 on generated tokens (up to and
-    including EOS), input_ids / attention_mask / position_ids over prompt + response."""
+    including EOS; from `response_masks` when given: a multi-turn response's tool tokens are 0 there but
+    attended), input_ids / attention_mask / position_ids over prompt + response."""
     prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     batch = len(responses)
     if batch != prompt_ids.shape[0]:
@@ -90,11 +94,14 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
     out = torch.full((batch, response_length), pad_token_id, dtype=prompt_ids.dtype)
     mask = torch.zeros((batch, response_length), dtype=prompt_mask.dtype)
     rollout_logp = torch.zeros((batch, response_length), dtype=torch.float32)
+    trained = mask if response_masks is None else torch.zeros_like(mask)
     for i, tokens in enumerate(responses):
         if len(tokens) > response_length:
             raise ValueError(f"assemble_rollout: row {i} has {len(tokens)} tokens, more than response_length={response_length}")
         out[i, :len(tokens)] = torch.as_tensor(tokens, dtype=prompt_ids.dtype)
         mask[i, :len(tokens)] = 1
+        if response_masks is not None:
+            trained[i, :len(tokens)] = torch.as_tensor(response_masks[i], dtype=trained.dtype)
         if logprobs is not None:
             rollout_logp[i, :len(tokens)] = torch.as_tensor(logprobs[i], dtype=torch.float32)
     if "position_ids" in prompts.batch:
@@ -105,7 +112,7 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
     fields = {
         "prompts": prompt_ids,
         "responses": out,
-        "response_mask": mask,
+        "response_mask": trained,
         "input_ids": torch.cat([prompt_ids, out], dim=-1),
         "attention_mask": torch.cat([prompt_mask, mask], dim=-1),
         "position_ids": torch.cat([prompt_pos, response_pos], dim=-1),

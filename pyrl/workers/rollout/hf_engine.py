@@ -24,11 +24,15 @@ class HFEngine(RolloutEngine):
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
         input_ids, attention_mask = left_padded(prompt_ids, self.pad_token_id)  # left padding, as the prompts came
         width = input_ids.shape[1]
+        # per-prompt budgets: generate to the largest and cut each row at its own (greedy, the tokens vLLM's
+        # per-request max_tokens gives)
+        budgets = [b for b in max_tokens for _ in range(spec.n)] if max_tokens else None
         config = copy.deepcopy(self.model.generation_config)
-        config.update(max_new_tokens=spec.max_tokens, num_return_sequences=spec.n, pad_token_id=self.pad_token_id,
+        config.update(max_new_tokens=max(max_tokens) if max_tokens else spec.max_tokens, num_return_sequences=spec.n,
+                      pad_token_id=self.pad_token_id,
                       do_sample=not spec.greedy, output_scores=spec.logprobs, return_dict_in_generate=True)
         if spec.greedy:
             config.update(temperature=None, top_k=None, top_p=None)
@@ -51,6 +55,8 @@ class HFEngine(RolloutEngine):
             step_logprobs = scores.gather(-1, generated.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
         responses, logprobs = [], [] if spec.logprobs else None
         for i, row in enumerate(generated.tolist()):
+            if budgets is not None:
+                row = row[:budgets[i]]
             end = next((t + 1 for t, token in enumerate(row) if token in eos_ids), len(row))
             responses.append(row[:end])
             if spec.logprobs:

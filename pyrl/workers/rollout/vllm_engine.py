@@ -47,7 +47,7 @@ class VLLMEngine(RolloutEngine):
         )
         self.asleep = False
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -56,15 +56,16 @@ class VLLMEngine(RolloutEngine):
             temperature=0.0 if spec.greedy else spec.temperature,
             top_k=spec.top_k if spec.top_k > 0 else 0,
             top_p=spec.top_p,
-            max_tokens=spec.max_tokens,
             ignore_eos=spec.ignore_eos,
             logprobs=0 if spec.logprobs else None,
             detokenize=False,
         )
-        if spec.seed is None:
-            params = SamplingParams(**base)
+        budgets = max_tokens or [spec.max_tokens] * len(prompt_ids)
+        if spec.seed is None and max_tokens is None:
+            params = SamplingParams(**base, max_tokens=spec.max_tokens)
         else:  # one seeded generator per prompt: the samples do not depend on the engine's history
-            params = [SamplingParams(**base, seed=spec.seed + i) for i in range(len(prompt_ids))]
+            params = [SamplingParams(**base, max_tokens=budget, seed=None if spec.seed is None else spec.seed + i)
+                      for i, budget in enumerate(budgets)]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         responses, logprobs = [], [] if spec.logprobs else None
         for output in outputs:

@@ -1,0 +1,186 @@
+"""The agent loop's parts that need no trained model: tool calls that fail in every way a tool can (answered,
+counted, never raised), the deadline runner, verl 0.9.1's truncation, and turn-by-turn tokens against the
+whole conversation's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pyrl.config import RolloutConfig
+from pyrl.tools.function_tool import FunctionTool, _build_schema_from_fn
+from pyrl.workers.rollout.agent_loop import AgentLoop, ChatTokens, ToolRunner, Trajectory, truncate_text
+from pyrl.workers.rollout.tool_parser import FunctionCall
+
+
+def test_truncate_text_matches_verl_091():
+    # transcribed from verl 0.9.1 ToolAgentLoop._call_tool
+    def verl(text, limit, side):
+        if text and len(text) > limit:
+            if side == "left":
+                return "(truncated)..." + text[-limit:]
+            if side == "right":
+                return text[:limit] + "...(truncated)"
+            length = limit // 2
+            return text[:length] + "...(truncated)..." + text[-length:]
+        return text
+
+    for text in ("", "abc", "x" * 256, "0123456789" * 100, "é" * 301):
+        for limit in (1, 7, 256):
+            for side in ("left", "right", "middle"):
+                assert truncate_text(text, limit, side) == verl(text, limit, side)
+
+
+def test_tool_runner_survives_raising_hanging_and_blocking_tools():
+    runner = ToolRunner()
+
+    async def ok():
+        return 42
+
+    async def raises():
+        raise RuntimeError("boom")
+
+    async def hangs():
+        await asyncio.sleep(3600)
+
+    async def blocks():  # a synchronous sleep: the event loop itself is stuck, cancellation cannot reach it
+        time.sleep(3)
+        return "late"
+
+    start = time.monotonic()
+    results = runner.run([ok(), raises(), hangs()], timeout_s=0.5)
+    assert results[0] == 42 and isinstance(results[1], RuntimeError) and isinstance(results[2], asyncio.TimeoutError)
+    assert time.monotonic() - start < 2.5
+    stuck_loop = runner.loop
+    start = time.monotonic()
+    results = runner.run([blocks(), ok()], timeout_s=0.3)
+    assert all(isinstance(r, asyncio.TimeoutError) for r in results)
+    assert time.monotonic() - start < 2.5
+    assert runner.loop is not stuck_loop  # abandoned for a fresh loop; the next round runs at once
+    assert runner.run([ok()], timeout_s=1.0) == [42]
+
+
+def _function_tool(fn) -> FunctionTool:
+    return FunctionTool(name="calculator", fn=fn, tool_schema=_build_schema_from_fn(fn, "calculator"),
+                        is_async=asyncio.iscoroutinefunction(fn))
+
+
+def _loop(tokenizer, tools, response_length=512, **multi_turn) -> AgentLoop:
+    config = RolloutConfig(response_length=response_length, prompt_length=32)
+    for key, value in {"tool_timeout_s": 0.5, **multi_turn}.items():
+        setattr(config.multi_turn, key, value)
+    return AgentLoop(engine=None, tokenizer=tokenizer, rollout_config=config, tools=tools)
+
+
+def _answer(loop: AgentLoop, name: str, arguments: str):
+    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    return loop.runner.run([loop._call_tool(t, FunctionCall(name=name, arguments=arguments))],
+                           loop.config.tool_timeout_s)[0]
+
+
+def test_bad_tool_calls_are_answered_not_raised(tool_tokenizer):
+    def calculator(expression: str) -> str:
+        """Evaluates an expression.
+
+        Args:
+            expression: the arithmetic expression
+        """
+        if expression == "raise":
+            raise ZeroDivisionError("the tool crashed")
+        if expression == "big":
+            return "7" * 5_000_000
+        if expression == "hang":
+            time.sleep(2)
+        return str(eval(expression, {}, {}))  # the test's own expressions only
+
+    loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=32)
+    assert _answer(loop, "calculator", '{"expression": "6*7"}') == ("42", 0.0, False)
+    text, _, failed = _answer(loop, "python", '{"code": "1"}')
+    assert failed and text == "Unknown function 'python'. Available tools: ['calculator']"
+    text, _, failed = _answer(loop, "calculator", '{"expression": "6*7"')
+    assert failed and text.startswith("Invalid JSON in arguments for 'calculator'")
+    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    malformed = FunctionCall(name="", arguments='{"name": "calc', error="malformed tool call: not JSON (x)")
+    assert loop.runner.run([loop._call_tool(t, malformed)], 1.0)[0] == ("Error: malformed tool call: not JSON (x)",
+                                                                       None, True)
+    text, _, failed = _answer(loop, "calculator", '["6*7"]')
+    assert failed and "expected a JSON object" in text
+    result = _answer(loop, "calculator", '{"expression": "raise"}')
+    assert isinstance(result, ZeroDivisionError)  # the round turns it into the trajectory's error message
+    result = _answer(loop, "calculator", '{"expression": "hang"}')
+    assert isinstance(result, asyncio.TimeoutError)
+    text, _, failed = _answer(loop, "calculator", '{"expression": "big"}')
+    assert not failed and len(text) == 5_000_000  # cut to max_tool_response_length when appended
+
+
+def test_a_round_of_failing_calls_appends_error_messages_and_counts_them(tool_tokenizer):
+    async def calculator(expression: str) -> str:
+        """Evaluates an expression.
+
+        Args:
+            expression: the arithmetic expression
+        """
+        if expression == "hang":
+            await asyncio.sleep(3600)
+        if expression == "raise":
+            raise ValueError("no")
+        return "9" * 1000
+
+    loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=16, max_parallel_calls=4)
+    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "%s"}' % e)
+                       for e in ("hang", "raise", "ok")] + [FunctionCall(name="nope", arguments="{}")]
+    loop._run_tools([t])
+    assert (t.tool_calls, t.tool_errors) == (4, 3)
+    contents = [m["content"] for m in t.messages]
+    assert contents[0] == "Error: tool 'calculator' timed out after 0.5 s"
+    assert contents[1] == "Error executing tool 'calculator': ValueError: no"
+    assert contents[2] == "9" * 8 + "...(truncated)..." + "9" * 8
+    assert contents[3].startswith("Unknown function 'nope'")
+    assert set(t.response_mask) == {0} and len(t.response_ids) > 0  # attended, never trained
+    assert t.user_turns == 1 and not t.done
+    assert tool_tokenizer.decode(t.response_ids).count("<tool_response>") == 4
+
+
+def test_tool_responses_past_the_budget_end_the_trajectory_unappended(tool_tokenizer):
+    async def calculator(expression: str) -> str:
+        """Evaluates an expression.
+
+        Args:
+            expression: the arithmetic expression
+        """
+        return "1" * 100
+
+    loop = _loop(tool_tokenizer, [_function_tool(calculator)], response_length=40, max_tool_response_length=1000)
+    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t.append([5, 6, tool_tokenizer.eos_token_id], trained=True)
+    t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "1"}')]
+    loop._run_tools([t])
+    assert t.done and t.response_ids == [5, 6, tool_tokenizer.eos_token_id] and t.user_turns == 0  # as verl 0.9.1
+
+
+def test_turn_by_turn_tokens_equal_the_whole_conversation(tool_tokenizer):
+    """verl's sanity check: the prompt, the model's turns as generated, and the appended tool responses give the
+    tokens of tokenizing the whole conversation at once."""
+    chat = ChatTokens(tool_tokenizer)
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "arithmetic",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "expression": {"type": "string"}}, "required": ["expression"]}}}]
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "347*812"}}}
+    conversation = [{"role": "user", "content": "347*812="},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": "281764"},
+                    {"role": "assistant", "content": "<answer>281764</answer>"}]
+    tokens = chat.render(conversation[:1], True, tools)
+    eos = [tool_tokenizer.eos_token_id]
+    for i, message in enumerate(conversation[1:], start=1):
+        if message["role"] == "assistant":  # what the model generates: the turn's text and its end-of-turn token
+            whole = chat.render(conversation[:i + 1], False, tools)
+            turn = whole[len(tokens):len(whole) - len(chat.turn_separator)]
+            assert turn[-1:] == eos
+            tokens += turn
+        else:
+            tokens += chat.turn_separator + chat.tool_responses([message], tools)
+    assert tokens + chat.turn_separator == chat.render(conversation, False, tools)
