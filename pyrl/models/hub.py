@@ -1,6 +1,7 @@
 """Where a model or tokenizer path points: a local Hugging Face model directory, one of pyrl's own models
-("pyrl:tiny", "pyrl:tiny-toy-sft", made on first use), or a Hugging Face hub id ("Qwen/Qwen2.5-0.5B-Instruct")
-fetched into, or found in, the Hugging Face cache (HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 uses the cache only).
+("pyrl:tiny", "pyrl:tiny-toy-sft", "pyrl:tiny-tool", "pyrl:tiny-tool-sft", made on first use), or a Hugging Face
+hub id ("Qwen/Qwen2.5-0.5B-Instruct") fetched into, or found in, the Hugging Face cache (HF_HOME / HF_HUB_CACHE;
+HF_HUB_OFFLINE=1 uses the cache only).
 
 The driver resolves every path of a run once, before workers start (pyrl.ppo.resolve_model_paths), so that workers,
 vLLM and the checkpoints all see one local directory and no worker contacts the hub.
@@ -25,9 +26,17 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
         from pyrl.models.warm_start import toy_warm_start_path
 
         return toy_warm_start_path()
+    if path == "pyrl:tiny-tool":  # the tool-calling variant (its tokenizer and chat template know tool calls)
+        from pyrl.models.tiny import TinyModelSpec, tiny_model_path
+
+        return str(tiny_model_path(TinyModelSpec(tools=True)))
+    if path == "pyrl:tiny-tool-sft":  # warm-started on the tool task (pyrl.data.tool_calc)
+        from pyrl.models.warm_start import tool_warm_start_path
+
+        return tool_warm_start_path()
     if not path:
         raise ValueError(f"{key} is empty: give a local Hugging Face model directory, a Hugging Face hub id, or "
-                         "pyrl:tiny / pyrl:tiny-toy-sft")
+                         "pyrl:tiny / pyrl:tiny-toy-sft / pyrl:tiny-tool / pyrl:tiny-tool-sft")
     if os.path.isdir(path):
         return path
     if not is_hub_id(path):

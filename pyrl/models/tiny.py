@@ -23,6 +23,26 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# the tool-calling variant (TinyModelSpec(tools=True)): Qwen2.5's hermes layout, shortened for a tiny model (the
+# system turn lists the tools by name only). A tool call is a JSON object between <tool_call> tags at the end of an
+# assistant turn; tool results come back as a user turn of <tool_response> blocks (consecutive tool messages share
+# one turn). Every turn ends with "<|im_end|>\n", so a conversation tokenized turn by turn (the assistant's tokens
+# through its <|im_end|>, then "\n" and the next turn's rendering) equals the whole conversation tokenized at once.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool.function.name }}"
+    "{% if not loop.last %} {% endif %}{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user\n{% endif %}"
+    "<tool_response>{{ message.content }}</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
+    "{% for call in (message.tool_calls or []) %}<tool_call>{\"name\": \"{{ call.function.name }}\", "
+    "\"arguments\": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -37,10 +57,20 @@ class TinyModelSpec:
     max_position_embeddings: int = 512
     vocab_size: int = 320  # the BPE target; the tokenizer may come out a little smaller
     tie_word_embeddings: bool = True
+    # the tool-calling variant: the tool task's texts in the BPE corpus, TOOL_TOKENS, TOOL_CHAT_TEMPLATE
+    tools: bool = False
+
+    def as_dict(self) -> dict:
+        """The spec's fields; `tools` only when set, so that the specs made before it existed keep their
+        fingerprints (cache directories) and pyrl_spec.json files."""
+        fields = asdict(self)
+        if not self.tools:
+            del fields["tools"]
+        return fields
 
     def fingerprint(self) -> str:
         """Names the cache directory: the spec plus FACTORY_VERSION (bumped when the factory changes)."""
-        key = json.dumps({**asdict(self), "factory": FACTORY_VERSION}, sort_keys=True)
+        key = json.dumps({**self.as_dict(), "factory": FACTORY_VERSION}, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -57,6 +87,18 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
+def _tool_corpus(seed: int, lines: int = 4000) -> list[str]:
+    """The tool task's texts (pyrl.data.tool_calc), so that the scaffolding of a calculator call merges into few
+    tokens: the pieces between the added tokens only (TOOL_TOKENS and ANSWER_TOKENS are whole tokens already)."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(lines):
+        a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
+        out.append(f'{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}')
+        out.append(rng.choice(["system\n<tools>calculator</tools>", "user\n", "assistant\n", "tool"]))
+    return out
+
+
 def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     """Byte-level BPE (digits always single tokens) wrapped as a PreTrainedTokenizerFast with a chat
     template; <|im_end|> ends an assistant turn (eos), <|endoftext|> pads."""
@@ -69,12 +111,14 @@ def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(_corpus(spec.seed), trainer=trainer)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ANSWER_TOKENS])
+    corpus = _corpus(spec.seed) + (_tool_corpus(spec.seed) if spec.tools else [])
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    added = ANSWER_TOKENS + (TOOL_TOKENS if spec.tools else [])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None,
                                    padding_side="left")  # prompts are left-padded for generation, as verl does
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = TOOL_CHAT_TEMPLATE if spec.tools else CHAT_TEMPLATE
     return fast
 
 
@@ -120,7 +164,7 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         with open(os.path.join(tmp, "pyrl_spec.json"), "w") as f:
-            json.dump(asdict(spec), f, indent=1)
+            json.dump(spec.as_dict(), f, indent=1)
 
     _write_once(root, path, write)
     return path
@@ -195,7 +239,7 @@ def eos_biased_model_path(spec: TinyModelSpec = BENCH_SPEC, eos_prob: float = 0.
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         with open(os.path.join(tmp, "pyrl_spec.json"), "w") as f:
-            json.dump({**asdict(spec), "tie_word_embeddings": False, "eos_prob": eos_prob}, f, indent=1)
+            json.dump({**spec.as_dict(), "tie_word_embeddings": False, "eos_prob": eos_prob}, f, indent=1)
 
     _write_once(root, path, write)
     return path

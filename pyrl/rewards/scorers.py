@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pyrl.rewards import code_exec, countdown, gsm8k, math_answer, toy
+from pyrl.rewards import code_exec, countdown, gsm8k, math_answer, tool_calc, toy
 
 TOY_SOURCE = "pyrl/toy_addition"
+TOOL_CALC_SOURCE = tool_calc.SOURCE  # "pyrl/tool_calc"
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None,
@@ -27,5 +28,7 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
         return countdown.compute_score(solution_str, ground_truth)
     if data_source == TOY_SOURCE:
         return toy.compute_score(solution_str, ground_truth)
+    if data_source == TOOL_CALC_SOURCE:
+        return tool_calc.compute_score(solution_str, ground_truth)
     raise NotImplementedError(f"no rule-based scorer for data_source {data_source!r}; "
                               "set custom_reward_function.path to score it")

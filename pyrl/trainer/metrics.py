@@ -54,14 +54,14 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
     _stats("prompt_length", prompt_length, out)
     out["prompt_length/clip_ratio"] = (prompt_length == prompt_mask.shape[-1]).float().mean().item()
     out["response/aborted_ratio"] = (~valid).float().mean().item()
-    out.update(agent_loop_metrics(batch))
+    out.update(agent_loop_metrics(batch.non_tensor_batch))
     return out
 
 
-def agent_loop_metrics(batch: DataProto) -> dict:
+def agent_loop_metrics(nt: dict) -> dict:
     """verl's num_turns/* and tool_call_counts/*, with pyrl's tool errors and the time spent in tools, from the
-    agent loop's per-sample columns (absent for single-turn rollouts)."""
-    nt, out = batch.non_tensor_batch, {}
+    agent loop's per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
+    out = {}
     for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
                            ("tool_error_counts", "tool_error_counts"), ("tool_seconds", "timing_s/agent_loop/tool_calls")):
         if column in nt and len(nt[column]):

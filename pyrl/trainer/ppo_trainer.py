@@ -21,6 +21,7 @@ from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.tracking import Tracking, truncate_metrics
 from pyrl.workers.actor import is_on_policy
+from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
 
 log = logging.getLogger("pyrl")
 
@@ -288,7 +289,7 @@ class PPOTrainer:
         keep_records = bool(trainer.validation_data_dir) or trainer.log_val_generations > 0
         val = self.config.actor_rollout_ref.rollout.val_kwargs
         size = self.config.data.val_batch_size or len(self.val_dataset)
-        sources, uids, lengths, records, batch_infos = [], [], [], [], []
+        sources, uids, lengths, records, batch_infos, agent_columns = [], [], [], [], [], []
         for start in range(0, len(self.val_dataset), size):
             indices = list(range(start, min(start + size, len(self.val_dataset))))
             batch = self.val_dataset.batch(indices, self.pad_token_id)
@@ -301,6 +302,8 @@ class PPOTrainer:
             sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])
             uids += list(out.non_tensor_batch["uid"])
             lengths += response_lengths(out).tolist()
+            if "__num_turns__" in out.non_tensor_batch:
+                agent_columns.append({key: out.non_tensor_batch[key] for key in AGENT_LOOP_COLUMNS})
             if keep_records:
                 for key, values in extra.items():
                     out.non_tensor_batch[key] = np.asarray(values, dtype=object)
@@ -309,7 +312,12 @@ class PPOTrainer:
         # a field some batches lack (a scorer that returns it only sometimes) is None there
         infos = {key: [v for count, info in batch_infos for v in info.get(key, [None] * count)]
                  for key in dict.fromkeys(key for _, info in batch_infos for key in info)}
-        return M.validation_metrics(sources, uids, infos, lengths), records
+        metrics = M.validation_metrics(sources, uids, infos, lengths)
+        if agent_columns:  # verl's val-aux/num_turns/*, with the tool calls' counts and errors
+            columns = {key: np.concatenate([c[key] for c in agent_columns]) for key in AGENT_LOOP_COLUMNS}
+            metrics.update({f"val-aux/{key}": value for key, value in M.agent_loop_metrics(columns).items()
+                            if not key.startswith("timing_s/")})
+        return metrics, records
 
     def run_validation(self, tracker) -> dict:
         """validate(), then dump its generations and hand the chosen few to the loggers."""

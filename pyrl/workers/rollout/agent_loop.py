@@ -219,6 +219,7 @@ class AgentLoop:
         """prompt_ids: each prompt's tokens (rendered with the tools' schemas); rows: each prompt's
         agent_name, raw_prompt, tools_kwargs, interaction_kwargs (missing: defaults). Returns spec.n
         trajectories per prompt, interleaved."""
+        self.response_length = spec.max_tokens  # the run's budget (validation may set its own response_length)
         trajectories = [self._start(ids, row) for ids, row in zip(prompt_ids, rows) for _ in range(spec.n)]
         turn_spec = dataclasses.replace(spec, n=1)
         round_index = 0
@@ -366,6 +367,9 @@ class AgentLoop:
             return
         t.append(tokens, trained=False)
         t.user_turns += 1
+
+
+AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_seconds")  # numeric ones
 
 
 def trajectory_columns(trajectories: list[Trajectory]) -> dict:

@@ -1,0 +1,156 @@
+"""The built-in tool-use task: products of two three-digit numbers ("347*812="), which the tiny model cannot
+compute itself but can look up with the calculator tool, then answer as "<answer>281764</answer>"; scored 0/1 by
+pyrl.rewards.tool_calc (the last answer tag must hold the product).
+
+Both operands are drawn from 317..999: the smallest three-digit range whose products all have six digits
+(317 * 317 = 100489), so that every prompt has the same length and every demonstration the same layout (the
+answer's digits sit at fixed distances from the tool response's, which a two-layer model learns to copy quickly).
+
+A demonstration (what the supervised warm-start learns from, pyrl.models.warm_start.tool_warm_start_path), as
+messages rendered with the tool model's chat template and tools=[calculator_schema()]:
+system (the tool names) / user "347*812=" / assistant: a calculator call {"expression": "347*812"} / tool
+"281764" / assistant "<answer>281764</answer>". Deterministic from a seed; train and validation pairs are
+disjoint."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from pyrl.rewards.tool_calc import SOURCE as TOOL_CALC_SOURCE
+
+TOOL_CALC_VERSION = 1
+LOW, HIGH = 317, 999  # operand range, both ends included: every product has six digits
+TOOL_NAME = "calculator"
+
+
+def calculator_schema() -> dict:
+    """The calculator tool's OpenAI function schema (pyrl.tools.calculator), what a rollout renders prompts with;
+    the tiny tool model's chat template lists tools by name only, so only the name reaches the prompt."""
+    from pyrl.tools.calculator import CalculatorTool
+
+    return CalculatorTool({}).get_openai_tool_schema().model_dump(exclude_none=True)
+
+
+def tool_calc_prompt(a: int, b: int) -> str:
+    return f"{a}*{b}="
+
+
+def tool_calc_answer(a: int, b: int) -> str:
+    return f"<answer>{a * b}</answer>"
+
+
+def tool_calc_call(a: int, b: int) -> dict:
+    """The assistant's tool call, as an OpenAI tool_calls item."""
+    return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expression": f"{a}*{b}"}}}
+
+
+def tool_calc_demonstration(a: int, b: int) -> list[dict]:
+    """The whole demonstrated conversation (render it with tools=[calculator_schema()]): the question, the calculator
+    call, its result, the answer."""
+    return [
+        {"role": "user", "content": tool_calc_prompt(a, b)},
+        {"role": "assistant", "content": "", "tool_calls": [tool_calc_call(a, b)]},
+        {"role": "tool", "content": str(a * b)},
+        {"role": "assistant", "content": tool_calc_answer(a, b)},
+    ]
+
+
+# The warm-start's second stage learns from a teacher that uses the calculator only sometimes: with probability
+# TOOL_USE_HIGH when the first operand is >= TOOL_USE_FROM (about 15% of prompts), TOOL_USE_LOW otherwise; else it
+# answers in its head, with a wrong guess (pyrl.models.warm_start explains why).
+TOOL_USE_FROM, TOOL_USE_HIGH, TOOL_USE_LOW = 900, 0.8, 0.2
+
+
+def tool_calc_guess(a: int, b: int, rng: random.Random) -> list[dict]:
+    """A conversation where the assistant answers without the tool: a six-digit guess, never the product."""
+    guess = a * b
+    while guess == a * b:
+        guess = rng.randrange(100000, 1000000)
+    return [{"role": "user", "content": tool_calc_prompt(a, b)},
+            {"role": "assistant", "content": f"<answer>{guess}</answer>"}]
+
+
+def tool_calc_mixed(pairs, seed: int = 0) -> tuple[list[list[dict]], list[bool]]:
+    """(conversations, used_tool) of the sometimes-calculating teacher (TOOL_USE_*), deterministic from `seed`."""
+    rng = random.Random(seed)
+    conversations, used = [], []
+    for a, b in pairs:
+        tool = rng.random() < (TOOL_USE_HIGH if a >= TOOL_USE_FROM else TOOL_USE_LOW)
+        conversations.append(tool_calc_demonstration(a, b) if tool else tool_calc_guess(a, b, rng))
+        used.append(tool)
+    return conversations, used
+
+
+def tool_calc_pairs(seed: int = 0, train_size: int = 20000, val_size: int = 256) -> tuple[list, list]:
+    """train_size + val_size distinct operand pairs drawn by `seed` from the 683 x 683 possible: the first
+    val_size for validation, the rest train."""
+    side = HIGH - LOW + 1
+    drawn = random.Random(seed).sample(range(side * side), train_size + val_size)
+    pairs = [(LOW + k // side, LOW + k % side) for k in drawn]
+    return pairs[val_size:], pairs[:val_size]
+
+
+def tool_calc_rows(pairs, split: str) -> list[dict]:
+    """verl's schema, as its multi-turn datasets carry it: extra_info.tools_kwargs (the calculator needs no
+    per-sample arguments: empty)."""
+    return [{
+        "data_source": TOOL_CALC_SOURCE,
+        "prompt": [{"role": "user", "content": tool_calc_prompt(a, b)}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+        "extra_info": {"split": split, "index": i, "question": tool_calc_prompt(a, b),
+                       "answer": tool_calc_answer(a, b), "tools_kwargs": {}},
+    } for i, (a, b) in enumerate(pairs)]
+
+
+def _schema():
+    """Parquet cannot store an empty struct, which is what pyarrow infers for tools_kwargs={}: it is a map
+    (string -> string) instead, empty; it reads back as [] (pyrl.data.RLHFDataset makes that {})."""
+    import pyarrow as pa
+
+    string = pa.string()
+    return pa.schema([
+        ("data_source", string),
+        ("prompt", pa.list_(pa.struct([("role", string), ("content", string)]))),
+        ("ability", string),
+        ("reward_model", pa.struct([("style", string), ("ground_truth", string)])),
+        ("extra_info", pa.struct([("split", string), ("index", pa.int64()), ("question", string), ("answer", string),
+                                  ("tools_kwargs", pa.map_(string, string))])),
+    ])
+
+
+def _rows_for_parquet(rows: list[dict]) -> list[dict]:
+    return [{**r, "extra_info": {**r["extra_info"], "tools_kwargs": list(r["extra_info"]["tools_kwargs"].items())}}
+            for r in rows]
+
+
+def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int = 256,
+                         cache_dir: str | None = None) -> tuple[str, str]:
+    """(train.parquet, val.parquet) of the tool task in verl's schema, made on first use under
+    $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data, written to a temp dir and renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(cache_dir or os.environ.get("PYRL_CACHE_DIR", Path.home() / ".cache" / "pyrl")) / "data"
+    target = root / f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}"
+    files = (str(target / "train.parquet"), str(target / "val.parquet"))
+    if all(os.path.exists(f) for f in files):
+        return files
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tool_calc-"))
+    try:
+        train, val = tool_calc_pairs(seed, train_size, val_size)
+        for name, pairs, split in (("train.parquet", train, "train"), ("val.parquet", val, "test")):
+            table = pa.Table.from_pylist(_rows_for_parquet(tool_calc_rows(pairs, split)), schema=_schema())
+            pq.write_table(table, tmp / name)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process made it first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return files
