@@ -10,8 +10,10 @@ from worker_helpers import check_rollout_fields, make_config, random_batch, roll
 
 pytest.importorskip("vllm")
 
+# a token budget per engine step below one batch's prompts: prefills are scheduled over several steps
 CONFIG = make_config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true")
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                     "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16")
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +77,15 @@ def prompts_with(prompts, meta):
     out = prompts.select(list(prompts.batch))
     out.meta_info.update(meta)
     return out
+
+
+def test_seeded_sampling_over_a_step_budget_smaller_than_the_prompts(vllm_group):
+    """More prompt tokens than max_num_batched_tokens, every request seeded (as the trainer always does): on
+    CPU, vLLM could not rewind a seeded request split by chunked prefill (RuntimeError: CPU Generator does not
+    use offset), so the engine prefills each prompt whole there. The same seed gives the same samples."""
+    prompts = rollout_prompts(8, seed=23)
+    sampled = {"n": 4, "seed": 11, "temperature": 1.0}
+    first = vllm_group.generate_sequences(prompts_with(prompts, sampled))
+    again = vllm_group.generate_sequences(prompts_with(prompts, sampled))
+    assert prompts.batch["attention_mask"].sum() * 4 > 16 and len(first) == 32
+    assert torch.equal(first.batch["responses"], again.batch["responses"])

