@@ -1,5 +1,5 @@
 """python -m pyrl.plot RUN_DIR: a PNG (RUN_DIR/metrics.png) of a run's reward, validation reward,
-response length, KL, entropy and losses over steps, from RUN_DIR/metrics.jsonl."""
+response length, KL, entropy, losses and (multi-turn runs) tool calls over steps, from RUN_DIR/metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ PANELS = [
     ("KL", ["actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"]),
     ("entropy", ["actor/entropy"]),
     ("losses", ["actor/pg_loss", "critic/vf_loss"]),
+    ("tool calls", ["tool_calls/sample_ratio", "val-aux/tool_calls/sample_ratio", "tool_calls/error_ratio"]),
 ]
 
 
@@ -31,10 +32,11 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
-    for ax, (title, patterns) in zip(axes, PANELS):
-        keys = sorted({k for row in rows for k in row for p in patterns
-                       if (k.startswith(p[:-1]) if p.endswith("*") else k == p)})
+    panels = [(title, sorted({k for row in rows for k in row for p in patterns
+                              if (k.startswith(p[:-1]) if p.endswith("*") else k == p)})) for title, patterns in PANELS]
+    panels = [(title, keys) for title, keys in panels if keys or title != "tool calls"]  # multi-turn runs only
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (title, keys) in zip(axes, panels):
         for key in keys:
             points = [(row["step"], row[key]) for row in rows if key in row]
             ax.plot(*zip(*points), marker="o" if len(points) < 30 else None, markersize=3, label=key)

@@ -47,6 +47,26 @@ def test_default_run_shortened(tmp_path):
     assert "no data and no model given: the toy preset" in proc.stdout + proc.stderr
 
 
+def test_tool_use_run_shortened(tmp_path):
+    """preset=tool_calc (the README's tool-use command) with fewer steps: the tool agent loop on vLLM, the
+    calculator, the warm-started tool model. Its validation reward rises already, the samples call the tool and
+    the tool-response turns are in the metrics (verl's num_turns / tool_call_counts)."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["preset=tool_calc", "trainer.total_training_steps=3", "trainer.test_freq=3",
+                    f"trainer.default_local_dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    val_key = "val-core/pyrl/tool_calc/acc/mean@1"
+    assert rows[3][val_key] >= rows[0][val_key] + 0.2, (rows[0][val_key], rows[3][val_key])
+    assert rows[3]["val-aux/tool_calls/sample_ratio"] > rows[0]["val-aux/tool_calls/sample_ratio"]
+    for key in STEP_KEYS + ["num_turns/mean", "num_turns/max", "tool_call_counts/mean", "tool_error_counts/mean",
+                            "tool_calls/sample_ratio", "timing_s/agent_loop/tool_calls/mean", "val-aux/num_turns/mean"]:
+        assert key in rows[1] or key in rows[3], key
+    assert rows[1]["num_turns/max"] == 4  # prompt, tool call, tool response, answer
+    shown = proc.stdout.split("validation generations at step 3:\n")[1].splitlines()[:3]
+    assert any("<tool_call>" in line and "<tool_response>" in line for line in shown), shown
+
+
 def test_two_runs_started_at_once_both_finish(tmp_path):
     """Each run starts its own private Ray instance: two on one machine at the same moment do not meet."""
     import subprocess

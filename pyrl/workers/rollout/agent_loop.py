@@ -55,6 +55,7 @@ class ChatTokens:
         self.tokenizer, self.chat_template = tokenizer, chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_token_id = tokenizer.eos_token_id
+        self.prefix_tokens: dict[str, list[int]] = {}
         closed = self.render([_SYSTEM, _USER, {"role": "assistant", "content": "x"}], False, None)
         ends = [i for i, token in enumerate(closed) if token == self.eos_token_id]
         self.turn_separator = closed[ends[-1] + 1:] if ends else []
@@ -67,7 +68,10 @@ class ChatTokens:
 
     def delta(self, prefix: list[dict], appended: list[dict], tools: list[dict] | None) -> list[int]:
         """The tokens [prefix + appended] (with the generation prompt) adds after [prefix]."""
-        before = self.render(prefix, False, tools)
+        key = json.dumps([prefix, tools], sort_keys=True)  # the synthetic prefixes repeat: rendered once each
+        if key not in self.prefix_tokens:
+            self.prefix_tokens[key] = self.render(prefix, False, tools)
+        before = self.prefix_tokens[key]
         after = self.render(prefix + appended, True, tools)
         if after[:len(before)] != before:
             roles = [m.get("role") for m in appended]
