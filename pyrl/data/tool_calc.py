@@ -14,12 +14,10 @@ disjoint."""
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
+from pyrl.data.toy import task_files
 from pyrl.rewards.tool_calc import SOURCE as TOOL_CALC_SOURCE
 
 TOOL_CALC_VERSION = 1
@@ -130,16 +128,17 @@ def _rows_for_parquet(rows: list[dict]) -> list[dict]:
 
 def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int = 256,
                          cache_dir: str | None = None) -> tuple[str, str]:
-    """(train.parquet, val.parquet) of the tool task in verl's schema, made on first use under
-    $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data, written to a temp dir and renamed into place."""
+    """(train.parquet, val.parquet) of the tool task in verl's schema (see pyrl.data.toy.task_files)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = Path(cache_dir or os.environ.get("PYRL_CACHE_DIR", Path.home() / ".cache" / "pyrl")) / "data"
-    target = root / f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}"
-    files = (str(target / "train.parquet"), str(target / "val.parquet"))
-    if all(os.path.exists(f) for f in files):
-        return files
+    def write(tmp: Path) -> None:
+        train, val = tool_calc_pairs(seed, train_size, val_size)
+        for name, pairs, split in (("train.parquet", train, "train"), ("val.parquet", val, "test")):
+            table = pa.Table.from_pylist(_rows_for_parquet(tool_calc_rows(pairs, split)), schema=_schema())
+            pq.write_table(table, tmp / name)
+
+    return task_files(f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}", write, cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tool_calc-"))
     try:

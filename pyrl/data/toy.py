@@ -40,23 +40,19 @@ def toy_pairs(seed: int = 0, val_size: int = 256) -> tuple[list, list]:
     return pairs[val_size:], pairs[:val_size]
 
 
-def toy_task_files(seed: int = 0, val_size: int = 256, cache_dir: str | None = None) -> tuple[str, str]:
-    """(train.parquet, val.parquet) of the toy task in verl's schema, made on first use under
-    $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data, written to a temp dir and renamed into place."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def task_files(name: str, write, cache_dir: str | None = None) -> tuple[str, str]:
+    """(train.parquet, val.parquet) of a built-in task under $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data/`name`,
+    made on first use by write(tmp_dir) into a temp dir renamed into place (a crash leaves no half-written task;
+    a process that loses the race keeps the other's)."""
     root = Path(cache_dir or os.environ.get("PYRL_CACHE_DIR", Path.home() / ".cache" / "pyrl")) / "data"
-    target = root / f"toy_addition-v{TOY_VERSION}-seed{seed}-val{val_size}"
+    target = root / name
     files = (str(target / "train.parquet"), str(target / "val.parquet"))
     if all(os.path.exists(f) for f in files):
         return files
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".toy-"))
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
     try:
-        train, val = toy_pairs(seed, val_size)
-        pq.write_table(pa.Table.from_pylist(toy_rows(train, "train")), tmp / "train.parquet")
-        pq.write_table(pa.Table.from_pylist(toy_rows(val, "test")), tmp / "val.parquet")
+        write(tmp)
         try:
             os.replace(tmp, target)
         except OSError:  # another process made it first
@@ -64,3 +60,16 @@ def toy_task_files(seed: int = 0, val_size: int = 256, cache_dir: str | None = N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return files
+
+
+def toy_task_files(seed: int = 0, val_size: int = 256, cache_dir: str | None = None) -> tuple[str, str]:
+    """(train.parquet, val.parquet) of the toy task in verl's schema (see task_files)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(tmp: Path) -> None:
+        train, val = toy_pairs(seed, val_size)
+        pq.write_table(pa.Table.from_pylist(toy_rows(train, "train")), tmp / "train.parquet")
+        pq.write_table(pa.Table.from_pylist(toy_rows(val, "test")), tmp / "val.parquet")
+
+    return task_files(f"toy_addition-v{TOY_VERSION}-seed{seed}-val{val_size}", write, cache_dir)

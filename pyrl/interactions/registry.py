@@ -11,25 +11,14 @@ A sample picks its interaction by `extra_info.interaction_kwargs.name`.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from pyrl.tools.tool_registry import get_tool_class as import_class  # any class by dotted path
+
 if TYPE_CHECKING:
     from pyrl.interactions.base import BaseInteraction
-
-
-def get_interaction_class(cls_name: str):
-    """The class named by a dotted path `package.module.ClassName`."""
-    module_name, _, class_name = cls_name.rpartition(".")
-    if not module_name:
-        raise ValueError(f"class_name: expected a dotted path module.ClassName, got {cls_name!r}")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise ImportError(f"class_name {cls_name!r}: module {module_name} has no {class_name}") from None
 
 
 def default_interaction_name(cls_name: str) -> str:
@@ -57,5 +46,5 @@ def initialize_interactions_from_config(interaction_config_file: str) -> dict[st
             raise ValueError(f"{interaction_config_file}: interaction[{index}]: duplicate interaction name {name!r}; "
                              f"each interaction must have a unique name")
         config["name"] = name
-        interaction_map[name] = get_interaction_class(cls_name)(config=config)
+        interaction_map[name] = import_class(cls_name)(config=config)
     return interaction_map

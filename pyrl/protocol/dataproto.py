@@ -491,5 +491,5 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
 def response_lengths(data: DataProto) -> torch.Tensor:
     """[B] tokens in each response: its attended ones (verl's valid_response_length). A multi-turn response's
     tool tokens count; its response_mask, which marks only what is trained, would leave holes."""
-    width = data.batch["responses"].shape[-1]
+    width = data.batch["response_mask"].shape[-1]
     return data.batch["attention_mask"][:, -width:].sum(-1)
