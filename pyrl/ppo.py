@@ -35,8 +35,11 @@ def load_class(path: str, name: str, key: str):
 
 def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_schemas: list[dict] | None = None):
     """The data set (pyrl's RLHFDataset or data.custom_cls, built with verl's constructor) tokenized for rollout,
-    with the tools' schemas in the chat template when tools are configured."""
+    with the tools' schemas in the chat template of the rows the tool agent runs (as verl's loops render them)."""
+    import functools
+
     from pyrl.data import PromptBatches, RLHFDataset
+    from pyrl.workers.rollout.agent_loop import prompt_tools
 
     dataset_cls = RLHFDataset
     if config.data.custom_cls.path:
@@ -45,8 +48,10 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_s
     data_config = OmegaConf.structured(config.data, flags={"readonly": True})
     dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=data_config,
                           max_samples=max_samples)
+    tools_for = functools.partial(prompt_tools, tool_schemas, config.actor_rollout_ref.rollout.agent.default_agent_loop) \
+        if tool_schemas else None
     return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template,
-                         tool_schemas)
+                         tools_for)
 
 
 def resolve_model_paths(config: PPOConfig) -> None:

@@ -100,9 +100,9 @@ class RLHFDataset:
 class _Tokenized:
     """(item, prompt token ids) of a dataset's items: what the data-loader workers compute in parallel."""
 
-    def __init__(self, dataset, tokenizer, data_config, chat_template, tools):
+    def __init__(self, dataset, tokenizer, data_config, chat_template, tools_for):
         self.dataset, self.tokenizer, self.cfg, self.chat_template = dataset, tokenizer, data_config, chat_template
-        self.tools = tools
+        self.tools_for = tools_for
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -113,13 +113,13 @@ class _Tokenized:
             raise ValueError(f"data: item {i} of {type(self.dataset).__name__} must be a dict with 'raw_prompt' (chat "
                              f"messages), as verl 0.9.1's RLHFDataset returns; got {str(item)[:200]}")
         messages = _check_messages(where(self.dataset, i), "raw_prompt", item["raw_prompt"])
-        return item, self._tokenize(messages)
+        return item, self._tokenize(messages, self.tools_for(item) if self.tools_for else None)
 
-    def _tokenize(self, messages) -> list[int]:
+    def _tokenize(self, messages, tools) -> list[int]:
         template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if self.cfg.apply_chat_template and template:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      chat_template=template, tools=self.tools,
+                                                      chat_template=template, tools=tools,
                                                       **dict(self.cfg.apply_chat_template_kwargs))
         else:
             text = "\n".join(m["content"] for m in messages)
@@ -128,20 +128,20 @@ class _Tokenized:
 
 class PromptBatches:
     """A dataset's prompts, tokenized once at load (the chat template with data.apply_chat_template_kwargs, or
-    actor_rollout_ref.model.custom_chat_template; with `tools`, their OpenAI schemas as the template's tools=, as
-    the agent loop sees them), truncated or filtered to data.max_prompt_length; `batch`
+    actor_rollout_ref.model.custom_chat_template; `tools_for(item)` gives the OpenAI schemas of the tools the
+    item's agent loop offers, for the template's tools=), truncated or filtered to data.max_prompt_length; `batch`
     gives verl's rollout input: left-padded prompts + every other item field as non_tensor_batch columns.
     data.dataloader_num_workers processes (at most one per core and per 64 items) read and tokenize the items
     (0: this process).
     """
 
-    def __init__(self, dataset, tokenizer, data_config, chat_template: str | None = None, tools: list[dict] | None = None):
+    def __init__(self, dataset, tokenizer, data_config, chat_template: str | None = None, tools_for=None):
         import torch.utils.data
 
         self.max_prompt_length = data_config.max_prompt_length
         if data_config.truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
-        tokenized = _Tokenized(dataset, tokenizer, data_config, chat_template, tools or None)
+        tokenized = _Tokenized(dataset, tokenizer, data_config, chat_template, tools_for)
         # no more processes than rows / 64 (a pool for a few rows costs more than it saves) or than this machine's cores
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = min(data_config.dataloader_num_workers, len(dataset) // 64, cores)

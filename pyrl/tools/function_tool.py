@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,11 +39,30 @@ class FunctionTool:
     is_async: bool = False
 
     async def call(self, parameters: dict[str, Any]) -> Any:
-        """Calls the function with the model's arguments as keywords; a sync function runs in a thread so that
-        it does not stall the other trajectories' event loop."""
+        """Calls the function with the model's arguments as keywords. A sync function runs in a daemon thread of
+        its own, so that it stalls neither the other trajectories' event loop nor, when it hangs past the agent
+        loop's deadline (a thread cannot be killed), a shared pool that later calls would wait on."""
         if self.is_async:
             return await self.fn(**parameters)
-        return await asyncio.to_thread(self.fn, **parameters)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle(result=None, error=None):
+            if not done.done():  # the caller may have given up (timed out) already
+                done.set_exception(error) if error is not None else done.set_result(result)
+
+        def run():
+            try:
+                outcome = (self.fn(**parameters), None)
+            except BaseException as error:  # noqa: BLE001 - handed to the awaiting caller
+                outcome = (None, error)
+            try:
+                loop.call_soon_threadsafe(settle, *outcome)
+            except RuntimeError:  # the loop is gone (abandoned by a deadline): nobody waits for this answer
+                pass
+
+        threading.Thread(target=run, name=f"tool-{self.name}", daemon=True).start()
+        return await done
 
 
 def function_tool(name: str | Callable | None = None, *, schema: OpenAIFunctionToolSchema | dict | None = None):

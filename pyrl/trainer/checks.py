@@ -121,7 +121,8 @@ def check_models(config, tokenizer) -> None:
 
 def check_multi_turn(config) -> list[dict] | None:
     """rollout.multi_turn and rollout.agent: names, limits, and the tools and interactions themselves, loaded
-    here once before any worker does. Returns the tools' OpenAI schemas (None without tools)."""
+    here once before any worker does. Returns the OpenAI schemas of the tools the prompts list (data.tool_config_path
+    and data.function_tool_path, by default the rollout's; None without tools)."""
     from pyrl.tools.tool_registry import load_all_tools
     from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TRUNCATE_SIDES
     from pyrl.workers.rollout.tool_parser import ToolParser
@@ -134,8 +135,8 @@ def check_multi_turn(config) -> list[dict] | None:
     _check_name(f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side, TRUNCATE_SIDES)
     for name in ("max_assistant_turns", "max_user_turns"):
         value = getattr(multi_turn, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{key}.{name}={value}: expected null (no limit) or >= 1")
+        if value is not None and value < 0:
+            raise ValueError(f"{key}.{name}={value}: expected null or 0 (no limit, as verl) or >= 1")
     for name in ("max_parallel_calls", "max_tool_response_length", "tool_timeout_s"):
         if getattr(multi_turn, name) <= 0:
             raise ValueError(f"{key}.{name}={getattr(multi_turn, name)}: expected > 0")
@@ -147,23 +148,41 @@ def check_multi_turn(config) -> list[dict] | None:
 
         initialize_interactions_from_config(multi_turn.interaction_config_path)
     tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+    data = config.data  # the tools the prompts list (verl's dataset reads these; by default the rollout's)
+    if (data.tool_config_path, data.function_tool_path) != (multi_turn.tool_config_path, multi_turn.function_tool_path):
+        tools = load_all_tools(data.tool_config_path, data.function_tool_path)
     return [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools] or None
 
 
 def check_agent_loops(config, datasets) -> None:
     """Every row's agent_name is a known loop; multi_turn.enable=true with no row running the tool agent would
     leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
-    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT
+    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT, agent_name
 
     rollout = config.actor_rollout_ref.rollout
     default = rollout.agent.default_agent_loop
     used = set()
     for dataset in datasets:
         for i, row in enumerate(dataset.rows):
-            name = row.get("agent_name") or default
+            name = agent_name(row.get("agent_name"), default)
             if name not in AGENT_LOOPS:
                 raise ValueError(f"data row {i}: agent_name {name!r} is not one of {AGENT_LOOPS}")
             used.add(name)
+    if TOOL_AGENT in used and not config.data.return_raw_chat:
+        raise ValueError("data.return_raw_chat=false, but the tool agent needs each prompt's messages (raw_prompt): "
+                         "its tools and interactions see the conversation")
+    if rollout.multi_turn.interaction_config_path:
+        from pyrl.interactions.registry import initialize_interactions_from_config
+
+        names = set(initialize_interactions_from_config(rollout.multi_turn.interaction_config_path))
+        for dataset in datasets:
+            for i, row in enumerate(dataset.rows):
+                if agent_name(row.get("agent_name"), default) != TOOL_AGENT:
+                    continue
+                name = (row.get("interaction_kwargs") or {}).get("name") or (next(iter(names)) if len(names) == 1 else None)
+                if name not in names:
+                    raise ValueError(f"data row {i}: interaction_kwargs.name {name!r} is not one of the interactions "
+                                     f"{sorted(names)} (actor_rollout_ref.rollout.multi_turn.interaction_config_path)")
     if rollout.multi_turn.enable and TOOL_AGENT not in used:
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true, but no row runs the tool agent: set "
                          "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")

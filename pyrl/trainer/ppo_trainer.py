@@ -175,7 +175,9 @@ class PPOTrainer:
         (perf/mfu/gen) go into `metrics` when given."""
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"n": rollout.n, "temperature": rollout.temperature,
-                "seed": rollout.seed + 7919 * self.global_steps + 1_000_003 * refill}
+                "seed": rollout.seed + 7919 * self.global_steps + 1_000_003 * refill,
+                # the agent loop renders appended messages as the dataset rendered the prompts
+                "apply_chat_template_kwargs": dict(self.config.data.apply_chat_template_kwargs)}
         meta.update(overrides)
         batch.meta_info.update(meta)
         out = self.workers.actor.generate_sequences(batch)

@@ -25,7 +25,7 @@ from pyrl.workers.distributed import full_tensor, worker_device
 from pyrl.workers.policy import ResponseLogProbs
 from pyrl.workers.update import UpdatePlan, run_update
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
-from pyrl.workers.rollout.agent_loop import SINGLE_TURN, AgentLoop, trajectory_columns
+from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
 from pyrl.workers.rollout.base import prompt_token_lists
 from pyrl.interactions.registry import initialize_interactions_from_config
 from pyrl.tools.tool_registry import load_all_tools
@@ -119,14 +119,14 @@ class ActorRolloutRefWorker(Worker):
         batching.require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
         spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
         if spec.seed is not None:  # each rank draws its own samples
-            spec = dataclasses.replace(spec, seed=spec.seed + 1_000_003 * self.rank)
+            spec = dataclasses.replace(spec, seed=spec.seed + 15_485_863 * self.rank)  # not the trainer's refill stride
         start = time.perf_counter()
         masks, trajectories = None, None
         ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
         if len(prompts) == 0:
             responses, logprobs = [], [] if spec.logprobs else None
-        elif self._agent_names(prompts) != {SINGLE_TURN}:
-            agent_out = self._agent_loop().run(ids, self._agent_rows(prompts), spec)
+        elif uses_agent_loop(self.config.rollout, "agent_name" in prompts.non_tensor_batch):
+            agent_out = self._agent_loop(prompts.meta_info).run(ids, self._agent_rows(prompts), spec)
             responses, logprobs, masks = agent_out.responses, agent_out.logprobs, agent_out.response_masks
             trajectories = agent_out.trajectories
         else:
@@ -141,26 +141,25 @@ class ActorRolloutRefWorker(Worker):
                                                              seconds, self.device, self.engine.dtype, backward=False)}
         return out
 
-    def _agent_names(self, prompts: DataProto) -> set:
-        """The agent loops the rows ask for: their agent_name column, else rollout.agent.default_agent_loop."""
-        names = prompts.non_tensor_batch.get("agent_name")
-        return set(names) if names is not None else {self.config.rollout.agent.default_agent_loop}
-
     def _agent_rows(self, prompts: DataProto) -> list[dict]:
         nt, default = prompts.non_tensor_batch, self.config.rollout.agent.default_agent_loop
-        return [{"agent_name": nt["agent_name"][i] if "agent_name" in nt else default,
-                 **{key: nt[key][i] for key in ("raw_prompt", "tools_kwargs", "interaction_kwargs") if key in nt}}
+        names = nt["agent_name"] if "agent_name" in nt else [None] * len(prompts)
+        return [{"agent_name": agent_name(names[i], default),
+                 **{key: nt[key][i] for key in ("raw_prompt", "tools_kwargs", "interaction_kwargs", "extra_info")
+                    if key in nt}}
                 for i in range(len(prompts))]
 
-    def _agent_loop(self) -> AgentLoop:
-        """Built on first use: the tools and interactions of rollout.multi_turn, loaded in this worker."""
+    def _agent_loop(self, meta_info: dict) -> AgentLoop:
+        """Built on first use: the tools and interactions of rollout.multi_turn, loaded in this worker, and the
+        data's chat template keywords (the trainer sends data.apply_chat_template_kwargs with the prompts)."""
         if self.agent_loop is None:
             multi_turn = self.config.rollout.multi_turn
             tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
             interactions = (initialize_interactions_from_config(multi_turn.interaction_config_path)
                             if multi_turn.interaction_config_path else {})
             self.agent_loop = AgentLoop(self.engine, self.tokenizer, self.config.rollout, tools, interactions,
-                                        chat_template=self.config.model.custom_chat_template)
+                                        chat_template=self.config.model.custom_chat_template,
+                                        template_kwargs=meta_info.get("apply_chat_template_kwargs"))
         return self.agent_loop
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

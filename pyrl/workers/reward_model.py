@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pyrl.controller import Dispatch, Worker, register
-from pyrl.protocol import DataProto, PackedTensor
+from pyrl.protocol import DataProto, PackedTensor, response_lengths
 from pyrl.workers import batching, fsdp
 from pyrl.workers.actor import load_tokenizer, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
@@ -85,8 +85,7 @@ class RewardModelWorker(Worker):
                                                       self.device))
             if idx:
                 scores[idx] = out.cpu()
-        response_mask = data.batch["response_mask"]
-        last = (response_mask.sum(-1) - 1).clamp(min=0)
-        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-        rm_scores[torch.arange(len(data)), last] = scores * (response_mask.sum(-1) > 0)
+        lengths = response_lengths(data)  # the last attended token (a multi-turn response's mask has holes)
+        rm_scores = torch.zeros(data.batch["response_mask"].shape, dtype=torch.float32)
+        rm_scores[torch.arange(len(data)), (lengths - 1).clamp(min=0)] = scores * (lengths > 0)
         return DataProto.from_dict({"rm_scores": rm_scores})

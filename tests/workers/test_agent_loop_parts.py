@@ -74,8 +74,13 @@ def _loop(tokenizer, tools, response_length=512, **multi_turn) -> AgentLoop:
     return AgentLoop(engine=None, tokenizer=tokenizer, rollout_config=config, tools=tools)
 
 
+def _trajectory(loop: AgentLoop, **fields) -> Trajectory:
+    return Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={},
+                      tools=dict(loop.tools), **fields)
+
+
 def _answer(loop: AgentLoop, name: str, arguments: str):
-    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t = _trajectory(loop)
     return loop.runner.run([loop._call_tool(t, FunctionCall(name=name, arguments=arguments))],
                            loop.config.tool_timeout_s)[0]
 
@@ -101,10 +106,10 @@ def test_bad_tool_calls_are_answered_not_raised(tool_tokenizer):
     assert failed and text == "Unknown function 'python'. Available tools: ['calculator']"
     text, _, failed = _answer(loop, "calculator", '{"expression": "6*7"')
     assert failed and text.startswith("Invalid JSON in arguments for 'calculator'")
-    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t = _trajectory(loop)
     malformed = FunctionCall(name="", arguments='{"name": "calc', error="malformed tool call: not JSON (x)")
     assert loop.runner.run([loop._call_tool(t, malformed)], 1.0)[0] == ("Error: malformed tool call: not JSON (x)",
-                                                                       None, True)
+                                                                       0.0, True)
     text, _, failed = _answer(loop, "calculator", '["6*7"]')
     assert failed and "expected a JSON object" in text
     result = _answer(loop, "calculator", '{"expression": "raise"}')
@@ -129,7 +134,7 @@ def test_a_round_of_failing_calls_appends_error_messages_and_counts_them(tool_to
         return "9" * 1000
 
     loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=16, max_parallel_calls=4)
-    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t = _trajectory(loop)
     t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "%s"}' % e)
                        for e in ("hang", "raise", "ok")] + [FunctionCall(name="nope", arguments="{}")]
     loop._run_tools([t])
@@ -154,7 +159,7 @@ def test_tool_responses_past_the_budget_end_the_trajectory_unappended(tool_token
         return "1" * 100
 
     loop = _loop(tool_tokenizer, [_function_tool(calculator)], response_length=40, max_tool_response_length=1000)
-    t = Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={})
+    t = _trajectory(loop)
     t.append([5, 6, tool_tokenizer.eos_token_id], trained=True)
     t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "1"}')]
     loop._run_tools([t])
@@ -184,3 +189,29 @@ def test_turn_by_turn_tokens_equal_the_whole_conversation(tool_tokenizer):
         else:
             tokens += chat.turn_separator + chat.tool_responses([message], tools)
     assert tokens + chat.turn_separator == chat.render(conversation, False, tools)
+
+
+def test_tool_selection_limits_a_sample_to_the_tools_it_names(tool_tokenizer):
+    """verl 0.9.1's extra_info.tool_selection: the prompt lists only those tools and only they can be called."""
+    from pyrl.workers.rollout.agent_loop import prompt_tools, selected_tools
+
+    async def calculator(expression: str) -> str:
+        """Evaluates an expression.
+
+        Args:
+            expression: the arithmetic expression
+        """
+        return "1"
+
+    loop = _loop(tool_tokenizer, [_function_tool(calculator)])
+    assert selected_tools(loop.tools, {"tool_selection": ["search"]}) == {}
+    assert selected_tools(loop.tools, {"tool_selection": ["calculator"]}) == loop.tools == selected_tools(loop.tools, {})
+    t = _trajectory(loop)
+    t.tools = selected_tools(loop.tools, {"tool_selection": ["search"]})
+    text, _, failed = loop.runner.run([loop._call_tool(t, FunctionCall(name="calculator", arguments="{}"))], 1.0)[0]
+    assert failed and text == "Unknown function 'calculator'. Available tools: []"
+    schemas = loop.tool_schemas
+    assert prompt_tools(schemas, "tool_agent", {}) == schemas
+    assert prompt_tools(schemas, "tool_agent", {"extra_info": {"tool_selection": ["search"]}}) == []
+    assert prompt_tools(schemas, "single_turn_agent", {}) is None  # verl's single-turn loop renders no tools
+    assert prompt_tools(schemas, "single_turn_agent", {"agent_name": "tool_agent"}) == schemas

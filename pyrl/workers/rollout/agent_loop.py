@@ -44,6 +44,33 @@ _SYSTEM = {"role": "system", "content": "continuous token synthetic system"}
 _USER = {"role": "user", "content": "continuous token synthetic user"}
 
 
+def agent_name(name: str | None, default: str) -> str:
+    """The loop a row runs: its agent_name, else rollout.agent.default_agent_loop (verl 0.9.1)."""
+    return name or default
+
+
+def selected_tools(tools: dict, extra_info) -> dict:
+    """name -> tool a sample may call: those its extra_info.tool_selection names (verl 0.9.1), else all."""
+    selection = (extra_info or {}).get("tool_selection") if isinstance(extra_info, dict) else None
+    return {name: tools[name] for name in selection if name in tools} if selection else tools
+
+
+def prompt_tools(schemas: list[dict] | None, default: str, item: dict) -> list[dict] | None:
+    """The tools a data item's prompt is rendered with: the tool agent's (those its tool_selection names), none
+    for a single-turn row (verl 0.9.1's single_turn_agent renders the prompt without tools)."""
+    if not schemas or agent_name(item.get("agent_name"), default) != TOOL_AGENT:
+        return None
+    return list(selected_tools({s["function"]["name"]: s for s in schemas}, item.get("extra_info")).values())
+
+
+def uses_agent_loop(rollout_config, has_agent_name_column: bool) -> bool:
+    """Whether a run's rollouts go through the agent loop: with multi-turn on, a tool agent by default, or an
+    agent_name column in the data (the single-turn rows then end after one turn). Decided by the config and the
+    data's columns, never by a shard's rows, so every rank's rollout carries the same columns."""
+    return (rollout_config.multi_turn.enable or rollout_config.agent.default_agent_loop != SINGLE_TURN
+            or has_agent_name_column)
+
+
 # ---- tokens of appended messages ----
 class ChatTokens:
     """Token ids of messages appended to a conversation, as the chat template renders them there: the tokens
@@ -82,11 +109,13 @@ class ChatTokens:
     def tool_responses(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         calls = [{"id": m.get("tool_call_id", f"call_{i}"), "type": "function",
                   "function": {"name": m.get("name", "tool"), "arguments": {}}} for i, m in enumerate(messages)]
-        assistant = {"role": "assistant", "content": "", "tool_calls": calls}
+        # reasoning_content: templates that drop an earlier turn's reasoning (Qwen3) render this turn the same way
+        # with and without the messages after it, as verl 0.9.1's builder relies on
+        assistant = {"role": "assistant", "content": "", "reasoning_content": "reasoning", "tool_calls": calls}
         return self.delta([_SYSTEM, _USER, assistant], messages, tools)
 
     def user_message(self, message: dict, tools: list[dict] | None) -> list[int]:
-        return self.delta([_SYSTEM, _USER, {"role": "assistant", "content": "x"}], [message], tools)
+        return self.delta([_SYSTEM, _USER], [message], tools)  # verl 0.9.1's prefix for a user message
 
 
 # ---- running tools with a deadline ----
@@ -117,7 +146,7 @@ class ToolRunner:
         for future in futures:
             try:
                 results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except BaseException as error:  # noqa: BLE001 - the tool's failure becomes its response
+            except (Exception, asyncio.CancelledError) as error:  # the tool's failure becomes its response
                 if future.done():  # it raised, or wait_for timed it out (both TimeoutError: tell them apart)
                     results.append(error)
                 else:  # still running past the deadline: the loop never got to cancel it
@@ -161,6 +190,7 @@ class Trajectory:
     tool_rewards: list[float] = field(default_factory=list)
     extra_fields: dict = field(default_factory=dict)  # a tool may keep what it likes here (verl's agent_data)
     pending_calls: list = field(default_factory=list)  # this turn's parsed calls, not yet run
+    tools: dict = field(default_factory=dict)  # name -> the tools this sample may call
     interaction: Any = None  # (name, instance id) of its interaction, if any
     done: bool = False
 
@@ -212,9 +242,11 @@ class AgentLoop:
         self.tools = {tool.name: tool for tool in tools or []}
         self.tool_schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
                              for tool in self.tools.values()] or None
-        self.tool_schema_objects = [tool.tool_schema for tool in self.tools.values()]  # what parsers get (verl)
         self.interactions = dict(interactions or {})
         self.parser = ToolParser.get_tool_parser(self.config.format, tokenizer)
+        if self.parser.stop_token_ids:
+            raise NotImplementedError(f"tool parser {self.config.format!r} needs generation to stop at tokens "
+                                      f"{self.parser.stop_token_ids}: pyrl's engines stop at EOS only")
         self.chat = ChatTokens(tokenizer, chat_template, template_kwargs)
         self.runner = ToolRunner()
 
@@ -237,7 +269,8 @@ class AgentLoop:
                 self._assistant_turn(t, tokens[i], None if logprobs is None else logprobs[i])
             callers = [t for t in live if not t.done and t.pending_calls]
             self._run_tools(callers)
-            self._interact([t for t in live if not t.done and t not in callers])
+            calling = {id(t) for t in callers}
+            self._interact([t for t in live if not t.done and id(t) not in calling])
         for t in trajectories:
             if t.interaction is not None:
                 name, instance = t.interaction
@@ -254,7 +287,8 @@ class AgentLoop:
         t = Trajectory(prompt_ids=list(prompt_ids), agent_name=agent_name,
                        messages=copy.deepcopy(list(row.get("raw_prompt") or [])),
                        tools_kwargs=dict(row.get("tools_kwargs") or {}),
-                       interaction_kwargs=dict(row.get("interaction_kwargs") or {}))
+                       interaction_kwargs=dict(row.get("interaction_kwargs") or {}),
+                       tools=selected_tools(self.tools, row.get("extra_info")))
         if agent_name == TOOL_AGENT and self.interactions:
             name = t.interaction_kwargs.get("name") or (next(iter(self.interactions)) if len(self.interactions) == 1
                                                         else None)
@@ -276,7 +310,8 @@ class AgentLoop:
                 or (cfg.max_user_turns and t.user_turns >= cfg.max_user_turns)):
             t.done = True
             return
-        content, calls = self.runner.call(self.parser.extract_tool_calls(tokens, self.tool_schema_objects))
+        content, calls = self.runner.call(self.parser.extract_tool_calls(tokens, [tool.tool_schema for tool in
+                                                                                 t.tools.values()]))
         calls = calls[:cfg.max_parallel_calls]
         message = {"role": "assistant", "content": content or ""}
         if calls:
@@ -298,13 +333,15 @@ class AgentLoop:
         for (t, call), result in zip(jobs, results):
             t.tool_calls += 1
             if isinstance(result, BaseException):
+                limit = self.config.max_tool_response_length  # an exception's message is not bounded either
                 text = (f"Error: tool '{call.name}' timed out after {self.config.tool_timeout_s:g} s"
                         if isinstance(result, asyncio.TimeoutError) else
-                        f"Error executing tool '{call.name}': {type(result).__name__}: {result}")
-                result = (text, None, True)
+                        f"Error executing tool '{call.name}': {type(result).__name__}: "
+                        f"{truncate_text(str(result), limit, self.config.tool_response_truncate_side)}")
+                result = (text, 0.0, True)
             text, reward, failed = result
             t.tool_errors += int(failed)
-            if reward is not None:
+            if reward is not None:  # a failed call's is 0.0, as verl's
                 t.tool_rewards.append(float(reward))
             if not failed:  # verl truncates what a tool returned; its own error messages are short already
                 text = truncate_text(text, self.config.max_tool_response_length, self.config.tool_response_truncate_side)
@@ -316,22 +353,22 @@ class AgentLoop:
             t.pending_calls = []
             self._append_context(t, responses[id(t)], self.chat.tool_responses(responses[id(t)], self.tool_schemas))
 
-    async def _call_tool(self, t: Trajectory, call) -> tuple[str, float | None, bool]:
-        """(response text, reward or None, failed). verl 0.9.1's _call_tool: unknown names and bad JSON are
+    async def _call_tool(self, t: Trajectory, call) -> tuple[str, float, bool]:
+        """(response text, reward, failed). verl 0.9.1's _call_tool: unknown names and bad JSON are
         answered, not raised; a BaseTool runs create -> execute -> release."""
         from pyrl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
         if getattr(call, "error", None):
-            return f"Error: {call.error}", None, True
-        tool = self.tools.get(call.name)
+            return f"Error: {call.error}", 0.0, True
+        tool = t.tools.get(call.name)
         if tool is None:
-            return f"Unknown function '{call.name}'. Available tools: {list(self.tools)}", None, True
+            return f"Unknown function '{call.name}'. Available tools: {list(t.tools)}", 0.0, True
         try:
             arguments = json.loads(call.arguments)
         except (json.JSONDecodeError, TypeError) as error:
-            return f"Invalid JSON in arguments for '{call.name}': {error}", None, True
+            return f"Invalid JSON in arguments for '{call.name}': {error}", 0.0, True
         if not isinstance(arguments, dict):
-            return f"Invalid arguments for '{call.name}': expected a JSON object, got {call.arguments}", None, True
+            return f"Invalid arguments for '{call.name}': expected a JSON object, got {call.arguments}", 0.0, True
         if isinstance(tool, FunctionTool):
             response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
             return response.text or "", reward, False

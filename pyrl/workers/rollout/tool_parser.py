@@ -9,7 +9,6 @@ Only verl's `hermes` format (Qwen2.5/Qwen3, and pyrl's tiny tool model) is here;
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -88,9 +87,8 @@ class HermesToolParser(ToolParser):
 
     async def extract_tool_calls(self, responses_ids: list[int],
                                  tools: list[OpenAIFunctionToolSchema] | None = None) -> tuple[str, list[FunctionCall]]:
-        # decoding a long response takes a while; in a thread, the other trajectories' turns go on meanwhile
-        text = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.tokenizer.decode(responses_ids, skip_special_tokens=False))
+        # decoded here, not in the loop's default thread pool: hung sync tools may hold every thread of it
+        text = self.tokenizer.decode(responses_ids, skip_special_tokens=False)
         if self.tool_call_start_token not in text or self.tool_call_end_token not in text:
             return text, []
         function_calls = []
