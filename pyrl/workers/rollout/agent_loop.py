@@ -252,9 +252,9 @@ class AgentLoop:
 
     # ---- the loop ----
     def run(self, prompt_ids: list[list[int]], rows: list[dict], spec: SamplingSpec) -> AgentLoopOutput:
-        """prompt_ids: each prompt's tokens (rendered with the tools' schemas); rows: each prompt's
-        agent_name, raw_prompt, tools_kwargs, interaction_kwargs (missing: defaults). Returns spec.n
-        trajectories per prompt, interleaved."""
+        """prompt_ids: each prompt's tokens (a tool agent's rendered with its tools' schemas); rows: each
+        prompt's agent_name, raw_prompt, tools_kwargs, interaction_kwargs and extra_info (missing: defaults; a
+        missing agent_name is single_turn_agent). Returns spec.n trajectories per prompt, interleaved."""
         self.response_length = spec.max_tokens  # the run's budget (validation may set its own response_length)
         trajectories = [self._start(ids, row) for ids, row in zip(prompt_ids, rows) for _ in range(spec.n)]
         turn_spec = dataclasses.replace(spec, n=1)
@@ -281,15 +281,15 @@ class AgentLoop:
                                trajectories=trajectories)
 
     def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
-        agent_name = row.get("agent_name") or SINGLE_TURN
-        if agent_name not in AGENT_LOOPS:
-            raise ValueError(f"agent loop: agent_name {agent_name!r} is not one of {AGENT_LOOPS}")
-        t = Trajectory(prompt_ids=list(prompt_ids), agent_name=agent_name,
+        loop_name = row.get("agent_name") or SINGLE_TURN
+        if loop_name not in AGENT_LOOPS:
+            raise ValueError(f"agent loop: agent_name {loop_name!r} is not one of {AGENT_LOOPS}")
+        t = Trajectory(prompt_ids=list(prompt_ids), agent_name=loop_name,
                        messages=copy.deepcopy(list(row.get("raw_prompt") or [])),
                        tools_kwargs=dict(row.get("tools_kwargs") or {}),
                        interaction_kwargs=dict(row.get("interaction_kwargs") or {}),
                        tools=selected_tools(self.tools, row.get("extra_info")))
-        if agent_name == TOOL_AGENT and self.interactions:
+        if loop_name == TOOL_AGENT and self.interactions:
             name = t.interaction_kwargs.get("name") or (next(iter(self.interactions)) if len(self.interactions) == 1
                                                         else None)
             if name not in self.interactions:
