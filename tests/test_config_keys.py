@@ -120,3 +120,50 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
         check_models(config, tokenizer)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.agent.default_agent_loop=react_agent", "default_agent_loop='react_agent' is unknown"),
+    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss", "multi_turn.format='gpt-oss' is unknown; expected one of hermes"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=both", "tool_response_truncate_side='both'"),
+    ("actor_rollout_ref.rollout.multi_turn.max_user_turns=-1", "max_user_turns=-1: expected null or 0"),
+    ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0", "max_parallel_calls=0: expected > 0"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0", "tool_timeout_s=0.0: expected > 0"),
+    ("actor_rollout_ref.rollout.multi_turn.tool_config_path=/no/such/tools.yaml", "tools.yaml"),
+])
+def test_multi_turn_settings_checked_before_workers(override, message):
+    from pyrl.trainer.checks import check_multi_turn
+    from trainer.trainer_helpers import compose
+
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        check_multi_turn(compose("preset=toy", override))
+
+
+def test_agent_loops_checked_against_the_rows_before_workers(tmp_path):
+    """The rows' agent_name, the tool agent's need for raw_prompt, enable without a tool-agent row, and each
+    tool-agent row's interaction, all named before any worker starts."""
+    from types import SimpleNamespace
+
+    from pyrl.trainer.checks import check_agent_loops
+    from trainer.trainer_helpers import compose
+
+    def check(rows, *overrides):
+        check_agent_loops(compose("preset=toy", *overrides), [SimpleNamespace(rows=rows)])
+
+    check([{}, {"agent_name": "tool_agent"}])
+    with pytest.raises(ValueError, match="data row 1: agent_name 'react' is not one of"):
+        check([{}, {"agent_name": "react"}])
+    with pytest.raises(ValueError, match="data.return_raw_chat=false, but the tool agent"):
+        check([{"agent_name": "tool_agent"}], "data.return_raw_chat=false")
+    with pytest.raises(ValueError, match="multi_turn.enable=true, but no row runs the tool agent"):
+        check([{}, {"agent_name": "single_turn_agent"}], "actor_rollout_ref.rollout.multi_turn.enable=true")
+    config = tmp_path / "interactions.yaml"
+    config.write_text("interaction:\n  - name: guess\n    class_name: pyrl.interactions.guess_number.GuessNumberInteraction\n"
+                      "  - name: other\n    class_name: pyrl.interactions.guess_number.GuessNumberInteraction\n")
+    with_interactions = f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={config}"
+    check([{"agent_name": "tool_agent", "interaction_kwargs": {"name": "guess"}}, {}], with_interactions)
+    with pytest.raises(ValueError, match=r"data row 1: interaction_kwargs.name 'gues' is not one of the interactions "
+                                         r"\['guess', 'other'\]"):
+        check([{}, {"agent_name": "tool_agent", "interaction_kwargs": {"name": "gues"}}], with_interactions)
+    with pytest.raises(ValueError, match="data row 0: interaction_kwargs.name None"):  # two configured: name one
+        check([{"agent_name": "tool_agent"}], with_interactions)

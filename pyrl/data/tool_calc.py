@@ -139,17 +139,3 @@ def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int =
             pq.write_table(table, tmp / name)
 
     return task_files(f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}", write, cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tool_calc-"))
-    try:
-        train, val = tool_calc_pairs(seed, train_size, val_size)
-        for name, pairs, split in (("train.parquet", train, "train"), ("val.parquet", val, "test")):
-            table = pa.Table.from_pylist(_rows_for_parquet(tool_calc_rows(pairs, split)), schema=_schema())
-            pq.write_table(table, tmp / name)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process made it first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return files

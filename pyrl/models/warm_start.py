@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import warnings
 
 log = logging.getLogger("pyrl")
@@ -115,20 +113,16 @@ def supervised_warm_start(model, examples, evaluate, done, *, seed: int, max_ste
 
 def _save(root: str, path: str, model, tokenizer, info: dict) -> None:
     """The model, its tokenizer and `info` (pyrl_warm_start.json) into `path`, through a temporary directory."""
-    tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-sft-")
-    try:
+    from pyrl.models.tiny import _write_once
+
+    def write(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         with open(os.path.join(tmp, "pyrl_warm_start.json"), "w") as f:
             json.dump(info, f)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _write_once(root, path, write)
 
 
 def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: int = 4000, cache_dir: str | None = None,

@@ -120,8 +120,8 @@ def check_models(config, tokenizer) -> None:
 
 
 def check_multi_turn(config) -> list[dict] | None:
-    """rollout.multi_turn and rollout.agent: names, limits, and the tools and interactions themselves, loaded
-    here once before any worker does. Returns the OpenAI schemas of the tools the prompts list (data.tool_config_path
+    """rollout.multi_turn and rollout.agent: names, limits, and the tools themselves, loaded here once before any
+    worker does (the interactions load in check_agent_loops, which knows the rows). Returns the OpenAI schemas of the tools the prompts list (data.tool_config_path
     and data.function_tool_path, by default the rollout's; None without tools)."""
     from pyrl.tools.tool_registry import load_all_tools
     from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TRUNCATE_SIDES
@@ -143,10 +143,6 @@ def check_multi_turn(config) -> list[dict] | None:
     if agent.num_workers != 8:  # verl's default: nothing to say
         log.info("actor_rollout_ref.rollout.agent.num_workers=%d: pyrl has no separate agent-loop workers; each "
                  "rollout worker runs all its trajectories' turns and tool calls concurrently", agent.num_workers)
-    if multi_turn.interaction_config_path:
-        from pyrl.interactions.registry import initialize_interactions_from_config
-
-        initialize_interactions_from_config(multi_turn.interaction_config_path)
     tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
     data = config.data  # the tools the prompts list (verl's dataset reads these; by default the rollout's)
     if (data.tool_config_path, data.function_tool_path) != (multi_turn.tool_config_path, multi_turn.function_tool_path):
@@ -155,12 +151,18 @@ def check_multi_turn(config) -> list[dict] | None:
 
 
 def check_agent_loops(config, datasets) -> None:
-    """Every row's agent_name is a known loop; multi_turn.enable=true with no row running the tool agent would
+    """Every row's agent_name is a known loop and, on the tool agent with interactions, its interaction_kwargs
+    name one; the tool agent needs raw_prompt; multi_turn.enable=true with no row running the tool agent would
     leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
-    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT, agent_name
+    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT, agent_name, interaction_name
 
     rollout = config.actor_rollout_ref.rollout
-    default = rollout.agent.default_agent_loop
+    default, path = rollout.agent.default_agent_loop, rollout.multi_turn.interaction_config_path
+    interactions = {}
+    if path:
+        from pyrl.interactions.registry import initialize_interactions_from_config
+
+        interactions = initialize_interactions_from_config(path)
     used = set()
     for dataset in datasets:
         for i, row in enumerate(dataset.rows):
@@ -168,21 +170,11 @@ def check_agent_loops(config, datasets) -> None:
             if name not in AGENT_LOOPS:
                 raise ValueError(f"data row {i}: agent_name {name!r} is not one of {AGENT_LOOPS}")
             used.add(name)
+            if name == TOOL_AGENT and interactions:
+                interaction_name(row.get("interaction_kwargs") or {}, interactions, f"data row {i}")
     if TOOL_AGENT in used and not config.data.return_raw_chat:
         raise ValueError("data.return_raw_chat=false, but the tool agent needs each prompt's messages (raw_prompt): "
                          "its tools and interactions see the conversation")
-    if rollout.multi_turn.interaction_config_path:
-        from pyrl.interactions.registry import initialize_interactions_from_config
-
-        names = set(initialize_interactions_from_config(rollout.multi_turn.interaction_config_path))
-        for dataset in datasets:
-            for i, row in enumerate(dataset.rows):
-                if agent_name(row.get("agent_name"), default) != TOOL_AGENT:
-                    continue
-                name = (row.get("interaction_kwargs") or {}).get("name") or (next(iter(names)) if len(names) == 1 else None)
-                if name not in names:
-                    raise ValueError(f"data row {i}: interaction_kwargs.name {name!r} is not one of the interactions "
-                                     f"{sorted(names)} (actor_rollout_ref.rollout.multi_turn.interaction_config_path)")
     if rollout.multi_turn.enable and TOOL_AGENT not in used:
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true, but no row runs the tool agent: set "
                          "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")

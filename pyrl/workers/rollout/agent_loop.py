@@ -63,6 +63,15 @@ def prompt_tools(schemas: list[dict] | None, default: str, item: dict) -> list[d
     return list(selected_tools({s["function"]["name"]: s for s in schemas}, item.get("extra_info")).values())
 
 
+def interaction_name(interaction_kwargs: dict, interactions: dict, place: str) -> str:
+    """The interaction a sample talks to: interaction_kwargs.name, or the only one configured."""
+    name = interaction_kwargs.get("name") or (next(iter(interactions)) if len(interactions) == 1 else None)
+    if name not in interactions:
+        raise ValueError(f"{place}: interaction_kwargs.name {name!r} is not one of the interactions "
+                         f"{sorted(interactions)} (actor_rollout_ref.rollout.multi_turn.interaction_config_path)")
+    return name
+
+
 def uses_agent_loop(rollout_config, has_agent_name_column: bool) -> bool:
     """Whether a run's rollouts go through the agent loop: with multi-turn on, a tool agent by default, or an
     agent_name column in the data (the single-turn rows then end after one turn). Decided by the config and the
@@ -290,11 +299,7 @@ class AgentLoop:
                        interaction_kwargs=dict(row.get("interaction_kwargs") or {}),
                        tools=selected_tools(self.tools, row.get("extra_info")))
         if loop_name == TOOL_AGENT and self.interactions:
-            name = t.interaction_kwargs.get("name") or (next(iter(self.interactions)) if len(self.interactions) == 1
-                                                        else None)
-            if name not in self.interactions:
-                raise ValueError(f"agent loop: interaction_kwargs.name {name!r} is not one of the interactions "
-                                 f"{sorted(self.interactions)} (multi_turn.interaction_config_path)")
+            name = interaction_name(t.interaction_kwargs, self.interactions, "agent loop")
             instance = self.runner.call(self.interactions[name].start_interaction(t.request_id, **t.interaction_kwargs),
                                         self.config.tool_timeout_s)
             t.interaction = (name, instance or t.request_id)
