@@ -1,0 +1,538 @@
+"""The memory plan: each phase's peak memory per rank, estimated before any worker starts, from the model's
+config and the batch settings, checked against the device (trainer.memory_plan: check | warn | off).
+
+One formula sheet. Every term is a tensor (or a set of tensors) the code allocates, counted in bytes from the
+shapes the workers use; a term names the config key that shrinks it. Per rank, the processes that share its
+device (the actor/rollout/reference process, the critic's, the reward model's) hold their resident state at once:
+sharded master weights, gradients (kept from one update to the next: zero_grad runs before each mini-batch) and
+AdamW's two moments, the reference's weights, the rollout engine's weights and KV cache. Phases run one at a
+time, so a phase's peak is the resident set plus that phase's transient.
+
+Token counts are the workers' (pyrl/workers/batching.py), at their worst: every sequence prompt_length +
+response_length tokens long (L). A pass over R rows in micro-batches of m rows runs m x L tokens at once (packed,
+or padded to L); with use_dynamic_bsz, max(max_token_len, L) tokens (the token budget; a longer row runs alone),
+never more than the pass's rows. Log-probs (and values) are computed for the micro-batch's response tokens only:
+tokens x response_length / L of them. use_prefix_grouper shares prompts and needs fewer: the plan stays an upper
+bound there.
+
+What is not counted: the processes' own runtime (Python, torch, the libraries' code and caches: a few hundred MB
+per process on CPU, the CUDA context on GPU), the driver, the batches themselves (ids and masks: a few bytes per
+token), validation generation (val_batch_size), and the multi-turn agent loop's extra turns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+log = logging.getLogger("pyrl")
+
+GiB = 1 << 30
+MODES = ("check", "warn", "off")  # trainer.memory_plan
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CPU_MATMUL_ATTENTION_MAX_LEN = 128  # pyrl.models.varlen_attention's: short bf16 buckets on CPU attend by matmuls
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the formulas read of a model: parameter counts (the whole model, one decoder layer, and the rest:
+    embedding, final norm, head, what FSDP2's root holds) and the activation dimensions."""
+
+    params: int
+    layer_params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def root_params(self) -> int:
+        return self.params - self.layers * self.layer_params
+
+    @classmethod
+    def from_hf_config(cls, hf_config, kind: str = "causal_lm", trust_remote_code: bool = False) -> "ModelShape":
+        """kind: causal_lm (actor, reference, rollout), token_classification (critic), sequence_classification
+        (reward model), each with one label as the workers build them. Parameters are counted on a model built
+        on the meta device (no memory, any architecture transformers knows)."""
+        import copy
+
+        import torch
+        import transformers
+
+        hf_config = copy.deepcopy(hf_config)
+        if kind != "causal_lm":
+            hf_config.num_labels = 1
+        auto = {"causal_lm": transformers.AutoModelForCausalLM,
+                "token_classification": transformers.AutoModelForTokenClassification,
+                "sequence_classification": transformers.AutoModelForSequenceClassification}[kind]
+        with torch.device("meta"):
+            model = auto.from_config(hf_config, trust_remote_code=trust_remote_code)
+        body = getattr(model, model.base_model_prefix)
+        text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        return cls(params=sum(p.numel() for p in model.parameters()),
+                   layer_params=sum(p.numel() for p in body.layers[0].parameters()), layers=len(body.layers),
+                   hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
+                   kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
+                   vocab=text.vocab_size)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    tokens: int  # tokens the model runs at once (T)
+    scored: int  # response tokens scored (N): the logits' rows
+
+
+def micro_batch(rows: int, micro_batch_size, use_dynamic_bsz: bool, max_token_len: int, prompt_length: int,
+                response_length: int) -> MicroBatch:
+    """The largest micro-batch of a pass over `rows` rows of one rank (batching.micro_batch_indices)."""
+    length = prompt_length + response_length
+    if use_dynamic_bsz:
+        tokens = min(rows * length, max(int(max_token_len), length))
+    else:
+        tokens = min(micro_batch_size or rows, rows) * length
+    return MicroBatch(tokens, tokens * response_length // length)
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    knobs: str = ""  # the config keys that shrink it
+
+
+@dataclass
+class Phase:
+    name: str
+    resident: list  # [Term]: what every co-located process holds during this phase
+    transient: list  # [Term]: what this phase allocates on top
+    skipped: str = ""  # why the phase does not run (shown, not counted)
+
+    @property
+    def peak(self) -> int:
+        return sum(t.bytes for t in self.resident + self.transient)
+
+
+@dataclass
+class MemoryPlan:
+    phases: list
+    capacity: int  # bytes per rank
+    device: str  # "cuda" or "cpu", in words in table()
+    capacity_note: str = ""
+    notes: list = field(default_factory=list)
+
+    def running(self) -> list:
+        return [p for p in self.phases if not p.skipped]
+
+    def over(self) -> list:
+        return [p for p in self.running() if p.peak > self.capacity]
+
+    def table(self) -> str:
+        width = max(len(p.name) for p in self.phases)
+        lines = [f"memory plan per rank ({self.capacity_note}): phase, resident + transient = peak GiB"]
+        for p in self.phases:
+            if p.skipped:
+                lines.append(f"  {p.name:<{width}}  skipped ({p.skipped})")
+                continue
+            resident, transient = sum(t.bytes for t in p.resident), sum(t.bytes for t in p.transient)
+            lines.append(f"  {p.name:<{width}}  {resident / GiB:8.3f} + {transient / GiB:8.3f} = {p.peak / GiB:8.3f}"
+                         f"{'  OVER' if p.peak > self.capacity else ''}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+    def error(self) -> str:
+        """One message for the phases that do not fit, each with its largest terms and their knobs."""
+        parts = []
+        for p in self.over():
+            terms = sorted((t for t in p.resident + p.transient if t.bytes), key=lambda t: -t.bytes)[:4]
+            detail = "; ".join(f"{t.name} {t.bytes / GiB:.2f} GiB" + (f" ({t.knobs})" if t.knobs else "")
+                               for t in terms)
+            parts.append(f"{p.name} needs ~{p.peak / GiB:.2f} GiB per rank: {detail}")
+        return (f"the memory plan does not fit {self.capacity / GiB:.2f} GiB per rank ({self.capacity_note}): "
+                + " | ".join(parts) + ". Turn the knobs named, add ranks (trainer.n_gpus_per_node / trainer.nnodes / "
+                "trainer.n_cpu_workers_per_node), or set trainer.memory_plan=warn to run anyway")
+
+
+# ---- the formula sheet ----
+
+def norm_bytes_per_hidden(dtype_bytes: int) -> int:
+    """Bytes per token and hidden unit that one RMSNorm keeps for backward: float32 compute keeps its input, the
+    normalized values and the output (3 x 4); reduced precision keeps the float32 upcast, the normalized values cast
+    back and the output (4 + 2 + 2)."""
+    return 12 if dtype_bytes == 4 else 4 + 2 * dtype_bytes
+
+
+def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0) -> int:
+    """A decoder layer's activations kept for backward: two RMSNorms, q/k/v after rotary (k, v at the KV heads'
+    width), the attention output and its reshaped copy (o_proj's input), and the MLP's gate, its activation, up
+    and their product (SwiGLU: 4 x intermediate). matmul_attention_len > 0: the CPU matmul attention for short
+    bf16 sequences of that length also keeps float32 q, k, v and the [heads, L, L] probabilities."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    saved = tokens * (2 * norm_bytes_per_hidden(dtype_bytes) * shape.hidden
+                      + dtype_bytes * (3 * q + 2 * kv + 4 * shape.intermediate))
+    if matmul_attention_len:
+        saved += tokens * 4 * (q + 2 * kv + shape.heads * matmul_attention_len)
+    return saved
+
+
+def layer_forward_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0) -> int:
+    """A decoder layer's peak without autograd: the residual stream, the normed input and the MLP's activation,
+    up and product at once (the gate is freed once activated); float32 upcasts of the norm in reduced
+    precision; the matmul attention's float32 scores and probabilities."""
+    peak = tokens * dtype_bytes * (3 * shape.hidden + 3 * shape.intermediate)
+    if dtype_bytes < 4:
+        peak += tokens * 4 * 2 * shape.hidden
+    if matmul_attention_len:
+        peak += tokens * 4 * 2 * shape.heads * matmul_attention_len
+    return peak
+
+
+def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+    """The gradients in flight inside one layer's backward: two [T, intermediate] and two [T, hidden]."""
+    return tokens * dtype_bytes * 2 * (shape.intermediate + shape.hidden)
+
+
+def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
+    """The log-prob head without autograd: the scored hidden states and either the [N, vocab] logits
+    (pyrl.ops.logprobs_from_logits makes no float32 copy) or one fused chunk of them."""
+    from pyrl.ops.fused_linear_logprobs import default_chunk_size
+
+    rows = default_chunk_size(scored, shape.vocab, shape.hidden) if fused else scored
+    return scored * shape.hidden * dtype_bytes + rows * shape.vocab * dtype_bytes
+
+
+def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
+    """The log-prob head in the update, at its backward: the scored hidden states and their gradient, plus
+    unfused the [N, vocab] logits kept for backward and their gradient, or fused one chunk of logits and of
+    their gradient and the float32 [vocab, hidden] weight gradient (cast to the weight's dtype when narrower)."""
+    from pyrl.ops.fused_linear_logprobs import default_chunk_size
+
+    states = 2 * scored * shape.hidden * dtype_bytes
+    if not fused:
+        return states + 2 * scored * shape.vocab * dtype_bytes
+    rows = default_chunk_size(scored, shape.vocab, shape.hidden)
+    weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0))
+    return states + 2 * rows * shape.vocab * dtype_bytes + weight_grad
+
+
+def element_bytes(dtype) -> int:
+    return DTYPE_BYTES[str(dtype).removeprefix("torch.")]
+
+
+def kv_cache_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+    return shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes * tokens
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element: master weights (and gradients, AdamW's moments), forward/backward compute."""
+
+    master: int
+    compute: int
+
+
+def fsdp_precision(fsdp_config, device, distributed: bool) -> Precision:
+    from pyrl.config import torch_dtype
+    from pyrl.workers.fsdp import compute_dtype
+
+    master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
+    compute = compute_dtype(fsdp_config, device) if distributed else master  # fsdp_wrap: one process computes in master
+    return Precision(element_bytes(master), element_bytes(compute))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where the ranks run: the device type, data-parallel world size, whether FSDP2 is on (a process group)."""
+
+    device: str  # "cuda" | "cpu"
+    world: int
+    distributed: bool = True
+
+
+def sharded_state(shape: ModelShape, precision: Precision, world: int, trains: bool, offloaded: bool, key: str,
+                  name: str) -> list:
+    """Master weights (and gradients, AdamW's two moments for a trained model), sharded over the ranks; nothing
+    on the device with param_offload on CUDA (FSDP2's CPUOffloadPolicy keeps them in host memory)."""
+    if offloaded:
+        return []
+    shard = math.ceil(shape.params / world) * precision.master
+    knob = f"{key}.param_offload=true (CUDA), or more ranks"
+    terms = [Term(f"{name} weights", shard, knob)]
+    if trains:
+        terms += [Term(f"{name} gradients", shard, knob), Term(f"{name} AdamW moments", 2 * shard,
+                                                              f"{key}.optimizer_offload=true (CUDA), or more ranks")]
+    return terms
+
+
+def gathered_bytes(shape: ModelShape, precision: Precision, setting: Setting, backward: bool) -> int:
+    """FSDP2's unsharded parameters in compute dtype: the root (embedding, final norm, head: kept gathered
+    through the forward and backward) and two decoder layers (the one running and the one prefetched); in
+    backward also their unsharded gradients. A single process without a process group gathers nothing."""
+    if not setting.distributed:
+        return 0
+    params = shape.root_params + 2 * shape.layer_params
+    return params * precision.compute * (2 if backward else 1)
+
+
+def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
+                 head: str, fused: bool, prefix: str) -> list:
+    """A forward without autograd (old-log-prob, reference, values, reward scores): the layer peak or the head,
+    whichever is larger (the hidden states between layers are one [T, hidden] tensor), plus gathered weights.
+    head: "logits" (the vocabulary), "value" (one number per token)."""
+    attn = matmul_attention_len(setting, precision, length)
+    layer = layer_forward_bytes(shape, mb.tokens, precision.compute, attn)
+    micro = f"{prefix} micro-batch size or token budget"
+    if head == "logits":
+        head_bytes = logits_forward_bytes(shape, mb.scored, precision.compute, fused)
+        head_term = Term("logits", head_bytes, ", ".join(
+            k for k in ("" if fused else "actor_rollout_ref.model.use_fused_kernels=true", micro) if k))
+    else:
+        head_term = Term("head", mb.scored * shape.hidden * precision.compute, micro)
+    largest = head_term if head_term.bytes > layer else Term("activations", layer, micro)
+    return [largest, Term("gathered weights", gathered_bytes(shape, precision, setting, backward=False))]
+
+
+def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
+                head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str) -> list:
+    """A micro-batch's forward and backward, at the start of the backward: every layer's saved activations (or,
+    with gradient checkpointing, each layer's input plus one layer recomputed), the head's, the gradients in
+    flight and the gathered weights and gradients. The optimizer step runs after the activations are freed:
+    on CUDA AdamW's foreach step adds a temporary the size of the moments' shard."""
+    attn = matmul_attention_len(setting, precision, length)
+    per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn)
+    final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
+    if checkpointing:
+        activations = shape.layers * mb.tokens * shape.hidden * precision.compute + per_layer + final_norm
+        act_knob = f"{prefix} micro-batch size or token budget"
+    else:
+        activations = shape.layers * per_layer + final_norm
+        act_knob = f"{model_key}.enable_gradient_checkpointing=true, {prefix} micro-batch size or token budget"
+    if head == "logits":
+        head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused)
+        head_knob = "" if fused else f"{model_key}.use_fused_kernels=true"
+    else:
+        head_bytes = 2 * mb.scored * shape.hidden * precision.compute
+        head_knob = ""
+    step = math.ceil(shape.params / setting.world) * precision.master if setting.device == "cuda" else 0
+    work = activations + head_bytes + backward_workspace_bytes(shape, mb.tokens, precision.compute)
+    return [Term("activations", activations, act_knob),
+            Term("logits" if head == "logits" else "head", head_bytes,
+                 ", ".join(k for k in (head_knob, f"{prefix} micro-batch size or token budget") if k)),
+            Term("backward workspace", backward_workspace_bytes(shape, mb.tokens, precision.compute)),
+            Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True)),
+            Term("optimizer step temporary", max(0, step - work))]
+
+
+def matmul_attention_len(setting: Setting, precision: Precision, length: int) -> int:
+    on = setting.device == "cpu" and precision.compute < 4 and length <= CPU_MATMUL_ATTENTION_MAX_LEN
+    return length if on else 0
+
+
+# ---- the plan of a run ----
+
+def micro_key(prefix: str, dynamic: bool) -> str:
+    return f"{prefix}_max_token_len_per_gpu" if dynamic else f"{prefix}_micro_batch_size_per_gpu"
+
+
+def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int, rows: int) -> tuple[list, list]:
+    """(resident, rollout-phase transient) of the rollout engine on one rank."""
+    from pyrl.workers.precision import runnable_dtype
+    import torch
+
+    rollout = config.actor_rollout_ref.rollout
+    key = "actor_rollout_ref.rollout"
+    dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
+    length = rollout.prompt_length + rollout.response_length
+    weights = Term("rollout engine weights", shape.params * dtype, f"{key}.dtype")
+    if rollout.name == "vllm" and setting.device == "cuda":
+        engine = Term("vLLM (gpu_memory_utilization x device)", int(rollout.gpu_memory_utilization * capacity),
+                      f"{key}.gpu_memory_utilization")
+        # the engine sleeps during training (free_cache_engine): weights and KV cache come back for the rollout
+        return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
+    if rollout.name == "vllm":
+        from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
+
+        kv = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB
+        return [weights, Term("vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, "the VLLM_CPU_KVCACHE_SPACE environment "
+                                                                            "variable (GiB)")], []
+    # hf: generate's KV cache for every row at full length (grown by concatenation: one layer's copy on top),
+    # the prefill's forward over every prompt, float32 scores of each step kept for the log-probs (stacked and
+    # log-softmaxed at the end: three copies)
+    samples = rows * rollout.n
+    kv = kv_cache_bytes(shape, samples * length, dtype)
+    prefill = layer_forward_bytes(shape, samples * rollout.prompt_length, dtype)
+    scores = 3 * samples * rollout.response_length * shape.vocab * 4 if rollout.calculate_log_probs else 0
+    rows_knob = "data.train_batch_size, rollout.n, or more ranks"
+    return [weights], [Term("hf generate KV cache", kv + kv // shape.layers, f"{rows_knob}, {key}.name=vllm"),
+                       Term("hf generate prefill", prefill, rows_knob),
+                       Term("hf generate scores (calculate_log_probs)", scores,
+                            f"{key}.calculate_log_probs=false or {key}.name=vllm")]
+
+
+def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: str = "",
+         runs_old_log_prob: bool = True, uses_ref: bool = True, uses_critic: bool = False,
+         uses_reward_model: bool = False) -> MemoryPlan:
+    """The phases of a PPO step on one rank. shapes: ModelShape by role ("actor", and "critic" /
+    "reward_model" when used)."""
+    import torch
+
+    arr = config.actor_rollout_ref
+    actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
+    device = torch.device(setting.device)
+    world = setting.world
+    P, R = rollout.prompt_length, rollout.response_length
+    length = P + R
+    samples = config.data.train_batch_size * rollout.n // world  # rows per rank after generation
+    prompts = config.data.train_batch_size // world
+    shape = shapes["actor"]
+    on_cuda = setting.device == "cuda"
+    a_prec = fsdp_precision(actor.fsdp_config, device, setting.distributed)
+    key_a = "actor_rollout_ref.actor"
+    actor_state = sharded_state(shape, a_prec, world, True, actor.fsdp_config.param_offload and on_cuda,
+                                f"{key_a}.fsdp_config", "actor")
+    moments = [t for t in actor_state if "moments" in t.name]
+    if actor.fsdp_config.optimizer_offload and on_cuda and not actor.fsdp_config.param_offload:
+        actor_state_idle = [t for t in actor_state if t not in moments]
+    else:
+        actor_state_idle = actor_state
+    ref_state = []
+    if uses_ref:
+        r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
+        ref_state = sharded_state(shape, r_prec, world, False, ref.fsdp_config.param_offload and on_cuda,
+                                  "actor_rollout_ref.ref.fsdp_config", "reference")
+    engine_resident, engine_rollout = engine_terms(config, shape, setting, capacity, prompts)
+    critic_state, critic_idle, rm_state = [], [], []
+    if uses_critic:
+        c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
+        critic_state = sharded_state(shapes["critic"], c_prec, world, True,
+                                     config.critic.fsdp.param_offload and on_cuda, "critic.fsdp", "critic")
+        if config.critic.fsdp.optimizer_offload and on_cuda and not config.critic.fsdp.param_offload:
+            critic_idle = [t for t in critic_state if "moments" not in t.name]
+        else:
+            critic_idle = critic_state
+    if uses_reward_model:
+        rm_prec = fsdp_precision(config.reward_model.fsdp_config, device, setting.distributed)
+        rm_state = sharded_state(shapes["reward_model"], rm_prec, world, False,
+                                 config.reward_model.fsdp_config.param_offload and on_cuda,
+                                 "reward_model.fsdp_config", "reward model")
+    others = critic_idle + rm_state
+    idle = actor_state_idle + ref_state + engine_resident + others
+    phases = []
+    # loading: each model is built whole in float32 (from_pretrained), moved to the device, then sharded
+    load = shape.params * max(4, a_prec.master)
+    phases.append(Phase("load (whole model before sharding)", [], [Term("one whole model in float32", load,
+                                                                         "a device with more memory")]))
+    phases.append(Phase("rollout", idle, engine_rollout))
+
+    def micro(rows, size, dynamic, budget):
+        return micro_batch(rows, size, dynamic, budget, P, R)
+
+    old = micro(samples, rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                rollout.log_prob_max_token_len_per_gpu)
+    phases.append(Phase("old_log_prob", idle, forward_pass(
+        shape, a_prec, setting, old, length, "logits", model.use_fused_kernels,
+        f"actor_rollout_ref.rollout.{micro_key('log_prob', rollout.log_prob_use_dynamic_bsz)}"),
+        "" if runs_old_log_prob else "on-policy update or bypass_mode: the update's log-probs serve"))
+    if uses_ref:
+        r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
+        ref_mb = micro(samples, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                       ref.log_prob_max_token_len_per_gpu)
+        phases.append(Phase("ref_log_prob", idle, forward_pass(
+            shape, r_prec, setting, ref_mb, length, "logits", model.use_fused_kernels,
+            f"actor_rollout_ref.ref.{micro_key('log_prob', ref.log_prob_use_dynamic_bsz)}")))
+    if uses_critic:
+        critic, c_shape = config.critic, shapes["critic"]
+        values_mb = micro(samples, critic.forward_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
+                          critic.forward_max_token_len_per_gpu)
+        phases.append(Phase("values", idle, forward_pass(
+            c_shape, c_prec, setting, values_mb, length, "value", False,
+            f"critic.{'forward_max_token_len_per_gpu' if critic.use_dynamic_bsz else 'forward_micro_batch_size_per_gpu'}")))
+        mini = critic.ppo_mini_batch_size * rollout.n // world
+        critic_mb = micro(mini, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
+                          critic.ppo_max_token_len_per_gpu)
+        during = actor_state_idle + ref_state + engine_resident + critic_state + rm_state
+        phases.append(Phase("update_critic", during, update_pass(
+            c_shape, c_prec, setting, critic_mb, length, "value", False, critic.model.enable_gradient_checkpointing,
+            f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model")))
+    if uses_reward_model:
+        rm = config.reward_model
+        rm_mb = micro(samples, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        phases.append(Phase("reward_model", idle, forward_pass(
+            shapes["reward_model"], rm_prec, setting, rm_mb, length, "value", False,
+            f"reward_model.{'forward_max_token_len_per_gpu' if rm.use_dynamic_bsz else 'micro_batch_size_per_gpu'}")))
+    mini = actor.ppo_mini_batch_size * rollout.n // world
+    update_mb = micro(mini, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu)
+    phases.append(Phase("update_actor", actor_state + ref_state + engine_resident + others, update_pass(
+        shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
+        model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
+        "actor_rollout_ref.model")))
+    notes = []
+    if actor.use_prefix_grouper:
+        notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
+    return MemoryPlan(phases, capacity, setting.device, capacity_note, notes)
+
+
+# ---- the driver's check ----
+
+def device_capacity(setting: Setting, processes_per_node: int) -> tuple[int, str]:
+    """Bytes one rank may use: the GPU's memory, or on CPU the RAM available now shared by the node's ranks."""
+    if setting.device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory, f"{props.name}, {props.total_memory / GiB:.1f} GiB"
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return available // processes_per_node, (f"CPU RAM available {available / GiB:.1f} GiB / {processes_per_node} "
+                                             f"rank(s) per node")
+
+
+def run_plan(config) -> MemoryPlan:
+    """The plan of the run `config` (resolved: model paths local) on the devices the workers will get."""
+    from transformers import AutoConfig
+
+    from pyrl.trainer.ppo_trainer import skips_old_log_prob
+    from pyrl.trainer.workers import gpus_per_node, uses_critic, worker_count
+
+    def shape(model, kind):
+        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
+                                        **dict(model.override_config))
+        return ModelShape.from_hf_config(hf, kind, model.trust_remote_code)
+
+    trainer = config.trainer
+    world = worker_count(trainer)
+    setting = Setting("cuda" if gpus_per_node(trainer) > 0 else "cpu", world)
+    shapes = {"actor": shape(config.actor_rollout_ref.model, "causal_lm")}
+    critic, rm = uses_critic(config), config.reward.reward_model.enable
+    if critic:
+        shapes["critic"] = shape(config.critic.model, "token_classification")
+    if rm:
+        shapes["reward_model"] = shape(config.reward_model.model, "sequence_classification")
+    capacity, note = device_capacity(setting, world // trainer.nnodes)
+    uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+    runs_old = not skips_old_log_prob(config) and not config.algorithm.rollout_correction.bypass_mode
+    return plan(config, shapes, setting, capacity, note, runs_old, uses_ref, critic, rm)
+
+
+def check_memory_plan(config) -> MemoryPlan | None:
+    """trainer.memory_plan: check (log the table; stop when a phase does not fit, naming its knobs), warn (log
+    and go on), off (nothing)."""
+    mode = config.trainer.memory_plan
+    if mode not in MODES:
+        raise ValueError(f"trainer.memory_plan={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "off":
+        log.info("trainer.memory_plan=off: the memory plan is not checked")
+        return None
+    result = run_plan(config)
+    log.info("%s", result.table())
+    if result.over():
+        if mode == "check":
+            raise MemoryError(result.error())
+        log.warning("trainer.memory_plan=warn: %s", result.error())
+    return result
