@@ -53,6 +53,37 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def ray_env():
+    """For tests that start Ray clusters of their own in subprocesses: a private RAY_TMPDIR (short: Ray's unix
+    sockets live under it; Ray keeps the address file a bare ray.init() would follow there) and an env that marks
+    every process started with it, which teardown kills (only those), whatever the test's outcome."""
+    import shutil
+    import signal
+    import tempfile
+
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="pyrl-ray-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=tmp, PYRL_TEST_RAY_TMPDIR=tmp)
+    yield env
+    marked = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get("PYRL_TEST_RAY_TMPDIR") == tmp:
+                marked.append(proc)
+        except (psutil.Error, OSError):  # another user's process, or one gone meanwhile
+            continue
+    for proc in marked:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(marked, timeout=10)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def hub_cache(tmp_path_factory):
     """A Hugging Face hub cache (what HF_HUB_CACHE names) holding pyrl's tiny model as the hub model `id`,

@@ -62,9 +62,28 @@ class Worker:
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(self.local_rank)
+        if backend == "nccl":  # Ray shows each GPU worker only its own GPU(s): local rank 1 may see one device
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         if not dist.is_initialized():
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         return backend
+
+    def placement(self) -> dict:
+        """Where this rank runs: rank, local rank, Ray node id and IP, host name, process id, device, and the
+        torch.distributed backend and world size once set up (None before)."""
+        import torch
+        import torch.distributed as dist
+
+        try:
+            import ray
+
+            node_id, node_ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        except Exception:  # no Ray: a standalone worker
+            node_id, node_ip = "local", "127.0.0.1"
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        initialized = dist.is_available() and dist.is_initialized()
+        return {"rank": self.rank, "local_rank": self.local_rank, "node_id": node_id, "node_ip": node_ip,
+                "hostname": socket.gethostname(), "pid": os.getpid(), "device": device,
+                "backend": dist.get_backend() if initialized else None,
+                "dist_world_size": dist.get_world_size() if initialized else None}

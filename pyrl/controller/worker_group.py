@@ -49,16 +49,71 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) 
         auth_log.setLevel(level)
 
 
+# Ray labels every node with its id; a bundle whose label selector names it can only be placed there.
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot host the pool: too few suitable nodes, or a node's bundles never became ready."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """An alive Ray node: its id, address, host name and total CPU / GPU resources."""
+
+    id: str
+    ip: str
+    hostname: str
+    cpus: float
+    gpus: float
+
+    @classmethod
+    def from_ray(cls, info: dict) -> "Node":
+        resources = info.get("Resources", {})
+        return cls(info["NodeID"], info["NodeManagerAddress"], info.get("NodeManagerHostname", ""),
+                   resources.get("CPU", 0.0), resources.get("GPU", 0.0))
+
+    def __str__(self) -> str:
+        return f"{self.id[:8]} ({self.ip}, {self.hostname}): CPU {self.cpus:g}, GPU {self.gpus:g}"
+
+
+def alive_nodes() -> list[Node]:
+    return [Node.from_ray(info) for info in ray.nodes() if info.get("Alive")]
+
+
+def choose_nodes(nodes: list[Node], processes_per_node: list, cpus_per_process: float, gpus_per_process: float,
+                 first: str | None = None) -> list[Node]:
+    """A distinct node for each entry of processes_per_node, whose CPUs and GPUs hold that many processes;
+    the node with id `first` (the driver's) is tried first, the others in the order given. Raises a
+    PlacementError listing every node when there are too few."""
+    ordered = sorted(nodes, key=lambda node: node.id != first)
+    chosen: list[Node] = []
+    for count in processes_per_node:
+        fits = [node for node in ordered if node not in chosen and node.cpus >= count * cpus_per_process
+                and node.gpus >= count * gpus_per_process]
+        if not fits:
+            wanted = ", ".join(f"{c} x {{CPU: {cpus_per_process:g}, GPU: {gpus_per_process:g}}}"
+                               for c in processes_per_node)
+            listed = "; ".join(str(node) for node in nodes) or "none"
+            raise PlacementError(f"{len(processes_per_node)} distinct node(s) wanted, one per entry of [{wanted}], "
+                                 f"but only {len(chosen)} of the cluster's alive nodes can host them. Nodes: {listed}")
+        chosen.append(fits[0])
+    return chosen
+
+
 @dataclass
 class ResourcePool:
     """processes_per_node[i] worker processes on node i, each with `gpus_per_process` GPUs (0: CPU workers on
-    gloo) and `cpus_per_process` CPUs. Up to max_colocate_count worker groups may share the pool (e.g. the
-    critic next to the actor), each taking an equal slice of every bundle."""
+    gloo) and `cpus_per_process` CPUs (None: each chosen node's CPUs shared equally by its processes, the
+    smallest share over the nodes, at least 1). Node i is a distinct Ray node: its placement group is pinned
+    to it by its node id, so two "nodes" never share one Ray node. Up to max_colocate_count worker groups may
+    share the pool (e.g. the critic next to the actor), each taking an equal slice of every bundle."""
 
     processes_per_node: list = field(default_factory=lambda: [1])
     gpus_per_process: int = 0
-    cpus_per_process: float = 1.0
+    cpus_per_process: float | None = 1.0
     max_colocate_count: int = 1
+    nodes: list = field(default_factory=list)  # the Node each entry of processes_per_node runs on, once placed
     _groups: list = field(default_factory=list, repr=False)
     _users: int = field(default=0, repr=False)  # live WorkerGroups on the pool; the last one's kill() releases it
 
@@ -67,18 +122,33 @@ class ResourcePool:
         return sum(self.processes_per_node)
 
     def placement_groups(self, timeout_s: float = 60.0):
-        if not self._groups:
-            bundle = {"CPU": self.cpus_per_process}
-            if self.gpus_per_process:
-                bundle["GPU"] = self.gpus_per_process
-            for node, count in enumerate(self.processes_per_node):
-                pg = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK")
+        """One STRICT_PACK placement group per node, on the nodes choose_nodes picks (the driver's first);
+        raises a PlacementError when the cluster cannot host them."""
+        if self._groups:
+            return self._groups
+        nodes = alive_nodes()
+        self.nodes = choose_nodes(nodes, self.processes_per_node, self.cpus_per_process or 1, self.gpus_per_process,
+                                  first=ray.get_runtime_context().get_node_id())
+        if self.cpus_per_process is None:
+            self.cpus_per_process = max(1, min(int(node.cpus // count)
+                                               for node, count in zip(self.nodes, self.processes_per_node)))
+        bundle = {"CPU": self.cpus_per_process}
+        if self.gpus_per_process:
+            bundle["GPU"] = self.gpus_per_process
+        try:
+            for index, (node, count) in enumerate(zip(self.nodes, self.processes_per_node)):
+                pg = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK",
+                                     bundle_label_selector=[{NODE_ID_LABEL: node.id} for _ in range(count)])
+                self._groups.append(pg)
                 ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
                 if not ready:
-                    remove_placement_group(pg)
-                    raise RuntimeError(f"resource pool: node {node} cannot host {count} processes of {bundle} within "
-                                       f"{timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
-                self._groups.append(pg)
+                    raise PlacementError(
+                        f"resource pool: node {index}, {node}, cannot host {count} processes of {bundle} within "
+                        f"{timeout_s:.0f} s (other jobs hold its resources?); the cluster's available resources: "
+                        f"{ray.available_resources()}")
+        except BaseException:
+            self.release()
+            raise
         return self._groups
 
     def release(self) -> None:
@@ -116,6 +186,16 @@ class WorkerGroup:
         if init_distributed:
             master = self._gather(self._submit("master_address", [()], [{}], [0]), "master_address", ranks=[0])[0]
             self.execute_all("setup_distributed", *master, None, dist_timeout_s)
+        self.placements = self.execute_all("placement")  # where each rank runs, in rank order
+
+    def describe_placements(self) -> list[str]:
+        """One line per rank: its node (short id, IP, host name), process id, device and process group."""
+        lines = []
+        for p in self.placements:
+            group = f", {p['backend']} world {p['dist_world_size']}" if p["backend"] else ""
+            lines.append(f"rank {p['rank']} (local {p['local_rank']}) -> node {p['node_id'][:8]} ({p['node_ip']}, "
+                         f"{p['hostname']}), pid {p['pid']}, {p['device']}{group}")
+        return lines
 
     # ---- calling workers ----
     def _gather(self, refs, method: str, ranks=None):

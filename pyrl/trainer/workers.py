@@ -48,6 +48,39 @@ def uses_critic(config) -> bool:
     return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
 
 
+def place(pool, trainer_config) -> None:
+    """Reserve the pool's bundles on trainer.nnodes distinct Ray nodes now, before any worker starts; a cluster
+    with too few suitable nodes stops the run naming the keys that ask for them."""
+    from pyrl.controller.worker_group import PlacementError
+
+    per_node = pool.processes_per_node[0]
+    if pool.gpus_per_process:
+        asked = f"trainer.n_gpus_per_node={per_node}: {per_node} GPU worker(s)"
+    else:
+        asked = (f"trainer.n_gpus_per_node={trainer_config.n_gpus_per_node}: CPU workers, "
+                 f"trainer.n_cpu_workers_per_node={per_node}")
+    try:
+        pool.placement_groups()
+    except PlacementError as e:
+        raise ValueError(f"trainer.nnodes={trainer_config.nnodes} ({asked} per node) cannot be placed: {e}. Join a "
+                         "cluster with that many nodes (trainer.ray_address, see the README's \"Running on a Ray "
+                         "cluster\") or ask for fewer nodes or workers.") from None
+
+
+def threads_per_process(pool, groups: int) -> int:
+    """OMP threads of each CPU worker: its CPUs shared by the groups colocated on it. Processes on this machine
+    also share its cores (several Ray nodes may run on one machine, as in a test cluster, and a node may
+    advertise more CPUs than the machine has)."""
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    local = sum(count for node, count in zip(pool.nodes, pool.processes_per_node) if node.ip == here)
+    cpus = pool.cpus_per_process
+    if local:
+        cpus = min(cpus, (os.cpu_count() or 1) // local)
+    return max(1, int(cpus // groups))
+
+
 def build_workers(config) -> Workers:
     import torch
 
@@ -63,10 +96,11 @@ def build_workers(config) -> Workers:
     use_rm = config.reward.reward_model.enable
     groups = 1 + use_critic + use_rm
     per_node = worker_count(trainer) // trainer.nnodes
-    cpus = max(1, (os.cpu_count() or 1) // per_node)
     init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, per_node * trainer.nnodes))  # a local one's CPUs
-    pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=cpus,
+    # each node's CPUs (the cluster's count, not this machine's) shared by its processes
+    pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=None,
                         max_colocate_count=groups)
+    place(pool, trainer)
     world = pool.world_size
     if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
@@ -75,11 +109,13 @@ def build_workers(config) -> Workers:
     # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     if gpus == 0:
-        env["OMP_NUM_THREADS"] = max(1, cpus // groups)
+        env["OMP_NUM_THREADS"] = threads_per_process(pool, groups)
     group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
     role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
         else "actor_rollout"
     actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, **group_options)
+    for line in actor.describe_placements():
+        log.info("placement: %s", line)
     actor.init_model()
     critic = reward_model = None
     if use_critic:

@@ -5,15 +5,11 @@ its address file reaches other runs, and cleanup kills only the processes starte
 
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-import psutil
 import pytest
 
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -40,30 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def ray_env():
-    """A private RAY_TMPDIR (short: Ray's unix sockets live under it) and an env that marks every process
-    started with it, which teardown kills."""
-    tmp = tempfile.mkdtemp(prefix="pyrl-ray-", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=tmp, PYRL_TEST_RAY_TMPDIR=tmp)
-    yield env
-    marked = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get("PYRL_TEST_RAY_TMPDIR") == tmp:
-                marked.append(proc)
-        except (psutil.Error, OSError):  # another user's process, or one gone meanwhile
-            continue
-    for proc in marked:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(marked, timeout=10)
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def drive(env, *modes) -> tuple[dict, str]:

@@ -1,0 +1,103 @@
+"""`python -m pyrl.ppo` on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head and a
+worker node, one CPU each, in a subprocess with its own RAY_TMPDIR): one FSDP rank per node over gloo, each rank
+logged with the node that holds it, and a run killed after its step-2 checkpoint resumes on the cluster to the
+same step-3 metrics as an uninterrupted run. The placement itself: distinct nodes or a clear error."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainer_helpers import SMALL, compose, read_metrics, run_cli
+
+# hosts the cluster until its stdin closes; prints its address and node ids (head first)
+HOST = """
+import json, sys
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+worker = cluster.add_node(num_cpus=1)
+cluster.wait_for_nodes()
+print(json.dumps({"address": cluster.address, "nodes": [cluster.head_node.node_id, worker.node_id]}), flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+PLACEMENT = re.compile(r"placement: rank (\d+) \(local (\d+)\) -> node ([0-9a-f]{8}) \(.*\), pid \d+, cpu, "
+                       r"gloo world (\d+)")
+COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+            "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max"]
+
+
+@pytest.fixture
+def two_nodes(ray_env):
+    """(the cluster's address, [head node id, worker node id], the env that reaches it); shut down after the
+    test, and whatever is left of it killed by ray_env's teardown."""
+    host = subprocess.Popen([sys.executable, "-c", HOST], env=ray_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = host.stdout.readline()
+        assert line, "the cluster host exited before the cluster came up"
+        cluster = json.loads(line)
+        yield cluster["address"], cluster["nodes"], ray_env
+    finally:
+        host.stdin.close()
+        try:
+            host.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            host.kill()
+
+
+def test_two_node_run_places_a_rank_per_node_and_resumes(two_nodes, tmp_path):
+    address, nodes, env = two_nodes
+    args = [*SMALL, "actor_rollout_ref.rollout.name=hf", f"trainer.ray_address={address}", "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=1", "trainer.total_training_steps=3",
+            "trainer.save_freq=2", "actor_rollout_ref.actor.optim.lr=0.002"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    proc = run_cli(args + [f"trainer.default_local_dir={full}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    placed = PLACEMENT.findall(proc.stdout + proc.stderr)
+    assert [(rank, local, world) for rank, local, _, world in placed] == [("0", "0", "2"), ("1", "0", "2")], placed
+    assert sorted(node for _, _, node, _ in placed) == sorted(node[:8] for node in nodes)  # one rank per node
+    assert [r["step"] for r in read_metrics(full)] == [1, 2, 3]
+
+    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *args, f"trainer.default_local_dir={part}"],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    latest = part / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + 300
+    while not (latest.exists() and latest.read_text().strip() == "2"):
+        assert killed.poll() is None, "the run ended before its step-2 checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)  # the driver; the cluster ends its workers and frees their nodes
+    killed.wait()
+    assert sorted(p.name for p in (part / "global_step_2" / "actor").glob("*.distcp")) == ["__0_0.distcp",
+                                                                                         "__1_0.distcp"]
+
+    proc = run_cli(args + [f"trainer.default_local_dir={part}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout + proc.stderr and len(PLACEMENT.findall(proc.stdout + proc.stderr)) == 2
+    reference, resumed = read_metrics(full), read_metrics(part)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for key in COMPARED:
+        assert resumed[2][key] == pytest.approx(reference[2][key], rel=1e-6, abs=1e-9), key
+
+
+def test_too_few_nodes_stop_the_run_naming_the_keys_and_the_nodes(ray_session):
+    """The session's Ray has one node: nnodes=2 is refused before any worker starts, the message naming the
+    keys and listing the node with its resources; two entries never share a node."""
+    from pyrl.controller import ResourcePool
+    from pyrl.trainer.workers import place
+
+    config = compose("trainer.nnodes=2", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=1")
+    pool = ResourcePool([1, 1], cpus_per_process=None)
+    node = ray_session.get_runtime_context().get_node_id()
+    with pytest.raises(ValueError, match=r"trainer\.nnodes=2 \(trainer\.n_gpus_per_node=0: CPU workers, "
+                                         r"trainer\.n_cpu_workers_per_node=1 per node\) cannot be placed: 2 distinct "
+                                         rf"node\(s\) wanted.*only 1 .*Nodes: {node[:8]} \(.*\): CPU 4, GPU 0"):
+        place(pool, config.trainer)
