@@ -9,6 +9,10 @@ verl's, e.g. the checkpoint's own huggingface/ saved with save_contents=[...,hf_
 checkpoint (a causal LM or a token-classification value model). It runs in this one process on CPU: no Ray, no
 torch.distributed; the shards of every rank are merged as torch.distributed.checkpoint loads them.
 
+A LoRA checkpoint (model.lora_rank > 0) holds only the adapters: `merge` writes its base model with the adapters
+merged in, and the adapter itself (PEFT's format) in OUT/lora_adapter. verl 0.9.1's merger writes the base weights
+unmerged beside lora_adapter/, so its OUT is not the trained policy; pyrl's is.
+
 Unlike verl, which casts the merged weights to bf16, the weights keep the checkpoint's dtype (pyrl's float32
 master weights): the merged model is the trained policy exactly; config.json's dtype still says what to run in.
 """
@@ -17,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import warnings
 
 import torch
+
+from pyrl.workers.lora import ADAPTER_DIR
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,13 +75,35 @@ def load_merged_model(local_dir: str, trust_remote_code: bool = False):
         raise FileNotFoundError(f"--local_dir {local_dir!r}: no huggingface/config.json beside the shards (the model "
                                 "config a checkpoint saves; pyrl's older checkpoints lack it)")
     config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):  # no memory until the checkpoint's tensors are assigned
-        model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
-    model.load_state_dict(checkpoint_state(local_dir, model.state_dict().keys()), strict=True, assign=True)
-    model.tie_weights()
+    if os.path.isdir(os.path.join(local_dir, ADAPTER_DIR)):
+        model = merged_lora_model(local_dir, config, trust_remote_code)
+    else:
+        with torch.device("meta"):  # no memory until the checkpoint's tensors are assigned
+            model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
+        model.load_state_dict(checkpoint_state(local_dir, model.state_dict().keys()), strict=True, assign=True)
+        model.tie_weights()
     if model.can_generate() and os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
         model.generation_config = GenerationConfig.from_pretrained(hf_dir)  # the source model's, not the default
     return model.eval()
+
+
+def merged_lora_model(local_dir: str, config, trust_remote_code: bool):
+    """A LoRA checkpoint (its shards and lora_adapter/ hold the adapters only) merged into its base model, which
+    adapter_config.json names (the model directory the run trained from: it must still be there)."""
+    import json
+
+    from peft import PeftModel
+
+    adapter_dir = os.path.join(local_dir, ADAPTER_DIR)
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        base_path = json.load(f).get("base_model_name_or_path")
+    if not base_path or not os.path.isfile(os.path.join(base_path, "config.json")):
+        raise FileNotFoundError(f"--local_dir {local_dir!r} is a LoRA checkpoint whose base model {base_path!r} "
+                                f"(base_model_name_or_path in {ADAPTER_DIR}/adapter_config.json) is not a model "
+                                "directory here: put the base model there or edit that path")
+    base = auto_model_class(config).from_pretrained(base_path, config=config, dtype=torch.float32,
+                                                    trust_remote_code=trust_remote_code)
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
 
 
 def checkpoint_state(local_dir: str, expected) -> dict[str, torch.Tensor]:
@@ -105,6 +134,9 @@ def merge(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.local_dir, "huggingface"),
                                               trust_remote_code=args.trust_remote_code)
     tokenizer.save_pretrained(args.target_dir)
+    if os.path.isdir(os.path.join(args.local_dir, ADAPTER_DIR)):  # the adapter too, as verl's merger writes it
+        shutil.copytree(os.path.join(args.local_dir, ADAPTER_DIR), os.path.join(args.target_dir, ADAPTER_DIR),
+                        dirs_exist_ok=True)
     print(f"saved the merged model to {os.path.abspath(args.target_dir)}")
     if args.hf_upload_path:
         from huggingface_hub import HfApi

@@ -5,26 +5,30 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Iterable
 
 import torch
 from torch import nn
 
+from pyrl.workers import lora
 from pyrl.workers.distributed import barrier
 from pyrl.workers.fsdp import full_state_items
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int, extra: dict | None = None,
                     hf_model: nn.Module | None = None, strip_prefix: str = "", tokenizer=None,
-                    hf_weights: bool = False) -> None:
+                    hf_weights: bool = False, peft_model=None, base_model_path: str | None = None) -> None:
     """Sharded model + optimizer state through torch.distributed.checkpoint, and each rank's LR schedule,
     RNG states and `extra` beside it, written into PATH.tmp and renamed to PATH when every rank is done:
     a checkpoint directory is complete or absent.
 
     With `hf_model` (the HF model held in `model` under `strip_prefix`), PATH/huggingface as verl writes it: the
     config, generation config and `tokenizer` always (what `python -m pyrl.model_merger` needs beside the
-    shards), and the whole weights too with `hf_weights` (save_contents has hf_model)."""
+    shards), and the whole weights too with `hf_weights` (save_contents has hf_model).
+
+    With `peft_model` (LoRA, pyrl.workers.lora) only the trainable weights (the adapters) are saved, in the shards
+    and as a PEFT adapter in PATH/lora_adapter (its base: `base_model_path`); hf_weights are merged."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     path = os.path.abspath(path)
     tmp = path + ".tmp"
@@ -32,16 +36,16 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     barrier()
-    model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
-    state = {"model": model_state}
-    if optimizer is not None:
-        state["optimizer"] = optim_state
-    dcp.save(state, checkpoint_id=tmp)
+    dcp.save(_checkpoint_state(model, optimizer, trainable_only=peft_model is not None)[0], checkpoint_id=tmp)
     extra = {**(extra or {}), "lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state()}
     torch.save(extra, os.path.join(tmp, f"extra_rank{rank}.pt"))
+    if peft_model is not None:
+        lora.save_adapter(os.path.join(tmp, lora.ADAPTER_DIR), peft_model, model, strip_prefix, rank, base_model_path)
     if hf_model is not None:
-        write_hf(os.path.join(tmp, "huggingface"), hf_model, tokenizer, rank, model if hf_weights else None,
-                 strip_prefix)
+        items = None
+        if hf_weights:
+            items = (lora.merged_state_items if peft_model is not None else full_state_items)(model, strip_prefix)
+        write_hf(os.path.join(tmp, "huggingface"), hf_model, tokenizer, rank, items)
     barrier()
     if rank == 0:
         old = path + ".old"
@@ -52,21 +56,40 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
     barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int) -> dict:
-    """Restore what save_checkpoint wrote (any world size for the model and optimizer), the LR schedule and
-    the RNG states; returns the rest of `extra`."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+def _checkpoint_state(model: nn.Module, optimizer, trainable_only: bool):
+    """({"model": ..., "optimizer": ...} as torch.distributed.checkpoint saves them, their StateDictOptions);
+    trainable_only leaves the frozen weights (LoRA's base model) out."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"checkpoint {path!r}: not a directory written by save_checkpoint (no .metadata)")
-    model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [], options=options)
+    if trainable_only:  # ignore_frozen_params keeps a frozen weight's tied alias (lm_head.weight = embed_tokens.weight)
+        trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+        model_state = {name: value for name, value in model_state.items() if name in trainable}
     state = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optim_state
+    return state, options
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int,
+                    trainable_only: bool = False) -> dict:
+    """Restore what save_checkpoint wrote (any world size for the model and optimizer), the LR schedule and
+    the RNG states; returns the rest of `extra`. trainable_only: a LoRA checkpoint (the adapters only)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"checkpoint {path!r}: not a directory written by save_checkpoint (no .metadata)")
+    has_adapter = os.path.isdir(os.path.join(path, lora.ADAPTER_DIR))
+    if has_adapter != trainable_only:
+        raise ValueError(f"checkpoint {path!r}: {'a LoRA' if has_adapter else 'a whole-model'} checkpoint, but the "
+                         f"run is {'LoRA (model.lora_rank > 0)' if trainable_only else 'whole-model (model.lora_rank=0)'}"
+                         ": resume with the model settings it was saved with")
+    state, options = _checkpoint_state(model, optimizer, trainable_only)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+                   optim_state_dict=state.get("optimizer", {}), options=options)
     extra_file = os.path.join(path, f"extra_rank{rank}.pt")
     extra = torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else {}
     if "lr_scheduler" in extra:
@@ -76,25 +99,26 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
     return extra
 
 
-def export_hf(path: str, hf_model: nn.Module, wrapped: nn.Module, strip_prefix: str, tokenizer, rank: int) -> None:
-    """The whole model as a Hugging Face directory (save_pretrained) at PATH, via PATH.tmp + rename."""
+def export_hf(path: str, hf_model: nn.Module, items: Iterable[tuple[str, torch.Tensor]], tokenizer, rank: int) -> None:
+    """The whole model (`items`: every weight, named as hf_model names it, e.g. fsdp.full_state_items) as a Hugging
+    Face directory (save_pretrained) at PATH, via PATH.tmp + rename."""
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    write_hf(tmp, hf_model, tokenizer, rank, wrapped, strip_prefix)
+    write_hf(tmp, hf_model, tokenizer, rank, items)
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     barrier()
 
 
-def write_hf(directory: str, hf_model: nn.Module, tokenizer, rank: int, wrapped: nn.Module | None = None,
-             strip_prefix: str = "") -> None:
-    """Rank 0 writes `hf_model`'s config and generation config, and `tokenizer`, into DIRECTORY; with `wrapped`
-    (the FSDP module holding hf_model under `strip_prefix`) the whole weights too, as save_pretrained lays them
-    out. Every rank must call it: gathering the weights is a collective."""
-    state = dict(full_state_items(wrapped, strip_prefix)) if wrapped is not None else None
+def write_hf(directory: str, hf_model: nn.Module, tokenizer, rank: int,
+             items: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Rank 0 writes `hf_model`'s config and generation config, and `tokenizer`, into DIRECTORY; with `items`
+    (the whole weights, one gathered tensor at a time) the weights too, as save_pretrained lays them out. Every
+    rank must call it: gathering the weights is a collective."""
+    state = dict(items) if items is not None else None
     if rank != 0:
         return
     if state is not None:  # save_pretrained writes the config and generation config with the weights

@@ -10,7 +10,7 @@ from torch import nn
 from pyrl import ops
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
-from pyrl.workers import batching, checkpoint, fsdp, optim
+from pyrl.workers import batching, checkpoint, fsdp, lora, optim
 from pyrl.workers.actor import load_tokenizer, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import worker_device
@@ -66,10 +66,14 @@ class CriticWorker(Worker):
         torch.manual_seed(self.config.data_loader_seed)  # the new value head starts equal on every rank
         self.tokenizer = load_tokenizer(self.config.model)
         self.value_model = load_value_model(self.config.model)
+        self.peft_model = None
+        if lora.uses_lora(self.config.model):  # adapters on the body; the new value head trains whole
+            self.peft_model = lora.add_adapters(self.value_model, self.config.model, "TOKEN_CLS")
         torch.manual_seed(self.config.data_loader_seed + self.rank)
         self.critic = ResponseValues(self.value_model)
         self.compute_dtype = fsdp.fsdp_wrap(self.critic, self.critic.body.layers, self.config.fsdp, self.device)
-        self.optimizer = optim.build_optimizer(self.critic.parameters(), self.config.optim)
+        self.optimizer = optim.build_optimizer([p for p in self.critic.parameters() if p.requires_grad],
+                                               self.config.optim)
         self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.optim)
 
     def _values(self, tensors: dict, kept: int) -> torch.Tensor:
@@ -124,8 +128,10 @@ class CriticWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         checkpoint.save_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank, None,
                                    self.value_model, "value_model.", self.tokenizer,
-                                   "hf_model" in self.config.checkpoint.save_contents)
+                                   "hf_model" in self.config.checkpoint.save_contents, self.peft_model,
+                                   resolve_model_path(self.config.model.path))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        checkpoint.load_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank)
+        checkpoint.load_checkpoint(path, self.critic, self.optimizer, self.lr_scheduler, self.rank,
+                                   trainable_only=self.peft_model is not None)
