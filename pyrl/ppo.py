@@ -155,6 +155,7 @@ def run_ppo(config: PPOConfig) -> dict:
     from pyrl.rewards import load_reward_manager
     from pyrl.rewards.managers import close_scoring_pools
     from pyrl.trainer.checks import check_agent_loops, check_models, check_multi_turn
+    from pyrl.trainer.memory_plan import check_memory_plan
     from pyrl.trainer.ppo_trainer import PPOTrainer
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
@@ -162,6 +163,7 @@ def run_ppo(config: PPOConfig) -> dict:
     resolve_defaults(config)
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
     check_models(config, tokenizer)  # lengths and vocabulary against the models, before workers start
+    check_memory_plan(config)  # each phase's peak memory per rank against the device, before workers start
     tool_schemas = check_multi_turn(config)  # the tools load here first: a bad tool file stops the run now
     train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples, tool_schemas)
     val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples, tool_schemas) \
@@ -212,6 +214,12 @@ def wants_toy_preset(argv: list[str]) -> bool:
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    run_from_hydra(cfg)
+
+
+def run_from_hydra(cfg: DictConfig) -> None:
+    """An entry's Hydra config -> the run: logging, the preset's line, the typed config (every value's type
+    checked), run_ppo."""
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
     if not sys.stderr.isatty():  # a log file (CI, nohup): no progress-bar redraws from transformers or the hub
         import huggingface_hub.utils
@@ -227,12 +235,14 @@ def main(cfg: DictConfig) -> None:
     run_ppo(config)
 
 
-def cli() -> None:
+def cli(hydra_main=None) -> None:
+    """hydra_main: the Hydra entry to run (main; pyrl.experimental.one_step_off_policy.main_ppo's names its own
+    config)."""
     global AUTO_PRESET
     AUTO_PRESET = wants_toy_preset(sys.argv[1:])
     if AUTO_PRESET:
         sys.argv.append(f"preset={TOY_PRESET}")
-    main()
+    (hydra_main or main)()
 
 
 AUTO_PRESET = False

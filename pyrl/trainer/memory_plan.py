@@ -181,10 +181,10 @@ def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_a
 
 
 def layer_forward_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0) -> int:
-    """A decoder layer's peak without autograd: the residual stream, the normed input and the MLP's activation,
-    up and product at once (the gate is freed once activated); float32 upcasts of the norm in reduced
-    precision; the matmul attention's float32 scores and probabilities."""
-    peak = tokens * dtype_bytes * (3 * shape.hidden + 3 * shape.intermediate)
+    """A decoder layer's peak without autograd: the MLP's activation, up and their product at once (3 x
+    intermediate) beside the residual stream, the normed input and the norm's temporaries (8 x hidden); float32
+    upcasts of the norm in reduced precision; the matmul attention's float32 scores and probabilities."""
+    peak = tokens * dtype_bytes * (8 * shape.hidden + 3 * shape.intermediate)
     if dtype_bytes < 4:
         peak += tokens * 4 * 2 * shape.hidden
     if matmul_attention_len:
@@ -197,27 +197,30 @@ def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -
     return tokens * dtype_bytes * 2 * (shape.intermediate + shape.hidden)
 
 
-def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
-    """The log-prob head without autograd: the scored hidden states and either the [N, vocab] logits
-    (pyrl.ops.logprobs_from_logits makes no float32 copy) or one fused chunk of them."""
+def fused_chunk_rows(shape: ModelShape, scored: int) -> int:
     from pyrl.ops.fused_linear_logprobs import default_chunk_size
 
-    rows = default_chunk_size(scored, shape.vocab, shape.hidden) if fused else scored
-    return scored * shape.hidden * dtype_bytes + rows * shape.vocab * dtype_bytes
+    return default_chunk_size(scored, shape.vocab, shape.hidden)
+
+
+def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
+    """The log-prob head without autograd: the scored hidden states and either the [N, vocab] logits
+    (pyrl.ops.logprobs_from_logits makes no float32 copy) or, fused, two [chunk, vocab] blocks (the next chunk's
+    logits are computed before the previous ones are released)."""
+    blocks = 2 * fused_chunk_rows(shape, scored) if fused else scored
+    return scored * shape.hidden * dtype_bytes + blocks * shape.vocab * dtype_bytes
 
 
 def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
-    """The log-prob head in the update, at its backward: the scored hidden states and their gradient, plus
-    unfused the [N, vocab] logits kept for backward and their gradient, or fused one chunk of logits and of
-    their gradient and the float32 [vocab, hidden] weight gradient (cast to the weight's dtype when narrower)."""
-    from pyrl.ops.fused_linear_logprobs import default_chunk_size
-
+    """The log-prob head's backward: the scored hidden states and their gradient, plus unfused the [N, vocab]
+    logits kept for backward and their gradient, or fused three [chunk, vocab] blocks (a chunk's logits and
+    gradient beside the previous chunk's gradient) and the float32 [vocab, hidden] weight gradient (plus its cast
+    to the weight's dtype when narrower)."""
     states = 2 * scored * shape.hidden * dtype_bytes
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
-    rows = default_chunk_size(scored, shape.vocab, shape.hidden)
     weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0))
-    return states + 2 * rows * shape.vocab * dtype_bytes + weight_grad
+    return states + 3 * fused_chunk_rows(shape, scored) * shape.vocab * dtype_bytes + weight_grad
 
 
 def element_bytes(dtype) -> int:
@@ -299,31 +302,38 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
                 head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str) -> list:
-    """A micro-batch's forward and backward, at the start of the backward: every layer's saved activations (or,
-    with gradient checkpointing, each layer's input plus one layer recomputed), the head's, the gradients in
-    flight and the gathered weights and gradients. The optimizer step runs after the activations are freed:
-    on CUDA AdamW's foreach step adds a temporary the size of the moments' shard."""
+    """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with
+    gradient checkpointing only each layer's input) and the final norm's. On top, the larger of the head's
+    backward (which runs first) and one layer's backward (its activations recomputed with checkpointing, and the
+    gradients in flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once
+    the logits are released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded gradients. The optimizer step runs after the
+    activations are freed: on CUDA AdamW's foreach step adds a temporary the size of the moments' shard. The
+    gradients of the last step are freed when the mini-batch starts (zero_grad), so they are not resident here."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn)
     final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
+    micro = f"{prefix} micro-batch size or token budget"
+    workspace = backward_workspace_bytes(shape, mb.tokens, precision.compute)
     if checkpointing:
-        activations = shape.layers * mb.tokens * shape.hidden * precision.compute + per_layer + final_norm
-        act_knob = f"{prefix} micro-batch size or token budget"
+        kept = Term("activations (layer inputs, checkpointed)",
+                    shape.layers * mb.tokens * shape.hidden * precision.compute + final_norm, micro)
+        layer = Term("layer backward (recomputed layer + gradients)", per_layer + workspace, micro)
     else:
-        activations = shape.layers * per_layer + final_norm
-        act_knob = f"{model_key}.enable_gradient_checkpointing=true, {prefix} micro-batch size or token budget"
+        kept = Term("activations", shape.layers * per_layer + final_norm,
+                    f"{model_key}.enable_gradient_checkpointing=true, {micro}")
+        layer = Term("layer backward (gradients)", workspace, micro)
+    head_grad = 0
     if head == "logits":
-        head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused)
-        head_knob = "" if fused else f"{model_key}.use_fused_kernels=true"
+        head_term = Term("logits", logits_update_bytes(shape, mb.scored, precision.compute, fused),
+                         micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
+        if not fused and not setting.distributed:  # lands after the logits are released, beside their gradient
+            head_grad = max(0, shape.vocab * shape.hidden * precision.master - mb.scored * shape.vocab * precision.compute)
     else:
-        head_bytes = 2 * mb.scored * shape.hidden * precision.compute
-        head_knob = ""
+        head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
+    backward = max(head_term, layer, key=lambda t: t.bytes)
     step = math.ceil(shape.params / setting.world) * precision.master if setting.device == "cuda" else 0
-    work = activations + head_bytes + backward_workspace_bytes(shape, mb.tokens, precision.compute)
-    return [Term("activations", activations, act_knob),
-            Term("logits" if head == "logits" else "head", head_bytes,
-                 ", ".join(k for k in (head_knob, f"{prefix} micro-batch size or token budget") if k)),
-            Term("backward workspace", backward_workspace_bytes(shape, mb.tokens, precision.compute)),
+    work = kept.bytes + backward.bytes
+    return [kept, backward, Term("head weight gradient", head_grad),
             Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True)),
             Term("optimizer step temporary", max(0, step - work))]
 
@@ -455,7 +465,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
         mini = critic.ppo_mini_batch_size * rollout.n // world
         critic_mb = micro(mini, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
                           critic.ppo_max_token_len_per_gpu)
-        during = actor_state_idle + ref_state + engine_resident + critic_state + rm_state
+        during = actor_state_idle + ref_state + engine_resident + rm_state + [
+            t for t in critic_state if "gradients" not in t.name]
         phases.append(Phase("update_critic", during, update_pass(
             c_shape, c_prec, setting, critic_mb, length, "value", False, critic.model.enable_gradient_checkpointing,
             f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model")))
@@ -467,7 +478,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
             f"reward_model.{'forward_max_token_len_per_gpu' if rm.use_dynamic_bsz else 'micro_batch_size_per_gpu'}")))
     mini = actor.ppo_mini_batch_size * rollout.n // world
     update_mb = micro(mini, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu)
-    phases.append(Phase("update_actor", actor_state + ref_state + engine_resident + others, update_pass(
+    without_grads = [t for t in actor_state if "gradients" not in t.name]
+    phases.append(Phase("update_actor", without_grads + ref_state + engine_resident + others, update_pass(
         shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
         model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
         "actor_rollout_ref.model")))
