@@ -124,6 +124,16 @@ def filter_groups(batch: DataProto, metric: str) -> DataProto:
     return batch.select_idxs(keep)
 
 
+def skips_old_log_prob(config) -> bool:
+    """Each sample is used by exactly one optimizer step and nothing else needs the old log-probs before the update
+    (the KL in the reward, the optimal token baseline, the check against the rollout engine's log-probs): the
+    old-log-prob forward is skipped, the update's own log-probs serve."""
+    algorithm, rollout_n = config.algorithm, config.actor_rollout_ref.rollout.n
+    return (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
+            and not algorithm.use_kl_in_reward and algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS
+            and not config.actor_rollout_ref.rollout.calculate_log_probs)
+
+
 class PPOTrainer:
     def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
         """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group and optional critic / reward model)."""
@@ -144,15 +154,8 @@ class PPOTrainer:
         self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
-        rollout_n = config.actor_rollout_ref.rollout.n
-        needs_sum_pi_squared = algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS
-        # each sample used by exactly one optimizer step and nothing else needing the old log-probs before the
-        # update (the KL in the reward, the optimal token baseline, the check against the rollout engine's
-        # log-probs): skip the old-log-prob forward, the update's own log-probs serve
         self.correction = algorithm.rollout_correction
-        self.on_policy = (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
-                          and not algorithm.use_kl_in_reward and not needs_sum_pi_squared
-                          and not config.actor_rollout_ref.rollout.calculate_log_probs)
+        self.on_policy = skips_old_log_prob(config)
         if self.on_policy:
             log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
                      "update's own log-probs serve as old_log_probs")
