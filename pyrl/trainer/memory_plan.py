@@ -415,7 +415,14 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
         r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
         ref_state = sharded_state(shape, r_prec, world, False, ref.fsdp_config.param_offload and on_cuda,
                                   "actor_rollout_ref.ref.fsdp_config", "reference")
-    engine_resident, engine_rollout = engine_terms(config, shape, setting, capacity, prompts)
+    notes = []
+    if arr.hybrid_engine:
+        engine_resident, engine_rollout = engine_terms(config, shape, setting, capacity, prompts)
+    else:  # the rollout's own workers on their own devices (one-step-off): not in these ranks
+        engine_resident, engine_rollout = [], []
+        notes.append("hybrid_engine=false: the rollout workers' devices are not planned here")
+    if getattr(model, "lora_rank", 0):
+        notes.append("model.lora_rank > 0: gradients and AdamW moments counted for the whole model (an upper bound)")
     critic_state, critic_idle, rm_state = [], [], []
     if uses_critic:
         c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
@@ -483,7 +490,6 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
         shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
         model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
         "actor_rollout_ref.model")))
-    notes = []
     if actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
     return MemoryPlan(phases, capacity, setting.device, capacity_note, notes)

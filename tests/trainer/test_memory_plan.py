@@ -1,0 +1,143 @@
+"""The memory plan (pyrl/trainer/memory_plan.py): its formulas by hand on a tiny config, its estimates against peaks
+measured on CPU through the real worker (within 25%), and the driver stopping an impossible run before any worker
+starts, naming the knob."""
+
+import math
+import os
+import sys
+
+import pytest
+from transformers import Qwen2Config
+
+sys.path.insert(0, os.path.dirname(__file__))
+import memory_measure  # noqa: E402
+from trainer_helpers import SMALL, compose, run_cli  # noqa: E402
+
+from pyrl.trainer import memory_plan as mp  # noqa: E402
+
+# hidden 64, 2 layers, 2 heads of 32, 1 KV head, intermediate 128, vocab 100, untied head
+TINY = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                   intermediate_size=128, vocab_size=100, tie_word_embeddings=False)
+
+
+def test_model_shape_counts_parameters_by_hand():
+    shape = mp.ModelShape.from_hf_config(TINY)
+    # q (64x64 + bias 64), k and v (64x32 + bias 32 each), o (64x64), MLP 3 x 64x128, two norms of 64
+    layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert shape.layer_params == layer
+    assert shape.params == 2 * layer + 100 * 64 * 2 + 64  # + embedding, head, final norm
+    assert (shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim, shape.vocab) == \
+        (64, 128, 2, 1, 32, 100)
+    critic = mp.ModelShape.from_hf_config(TINY, "token_classification")
+    assert critic.params == 2 * layer + 100 * 64 + 64 + (64 + 1)  # the value head replaces the LM head
+
+
+def test_micro_batch_tokens_as_the_workers_cut_them():
+    # fixed: 4 rows of 10 + 6 tokens; the pass's rows cap it; None: the whole pass
+    assert mp.micro_batch(32, 4, False, 0, 10, 6) == mp.MicroBatch(64, 24)
+    assert mp.micro_batch(3, 4, False, 0, 10, 6) == mp.MicroBatch(48, 18)
+    assert mp.micro_batch(32, None, False, 0, 10, 6) == mp.MicroBatch(512, 192)
+    # dynamic: the token budget, at least one whole row, at most the pass
+    assert mp.micro_batch(32, None, True, 100, 10, 6) == mp.MicroBatch(100, 37)
+    assert mp.micro_batch(32, None, True, 5, 10, 6) == mp.MicroBatch(16, 6)
+    assert mp.micro_batch(2, None, True, 1000, 10, 6) == mp.MicroBatch(32, 12)
+
+
+def test_activation_formulas_by_hand():
+    shape = mp.ModelShape.from_hf_config(TINY)
+    T = 10
+    # float32: norms 2 x 3 x 4 bytes per hidden unit; q, k, v, attention out x2 (3 x 64 + 2 x 32); MLP 4 x 128
+    assert mp.layer_saved_bytes(shape, T, 4) == T * (24 * 64 + 4 * (3 * 64 + 2 * 32 + 4 * 128))
+    # bf16: each norm keeps a float32 upcast and two bf16 tensors
+    assert mp.layer_saved_bytes(shape, T, 2) == T * (16 * 64 + 2 * (3 * 64 + 2 * 32 + 4 * 128))
+    # CPU matmul attention over sequences of 16: float32 q, k, v and [heads, 16] probabilities per token
+    assert mp.layer_saved_bytes(shape, T, 2, 16) - mp.layer_saved_bytes(shape, T, 2) == T * 4 * (64 + 64 + 2 * 16)
+    assert mp.layer_forward_bytes(shape, T, 4) == T * 4 * (8 * 64 + 3 * 128)
+    # unfused logits of N=6 scored tokens and their gradient; fused: three chunks (default_chunk_size = all 6
+    # rows here) and the float32 weight gradient
+    assert mp.logits_update_bytes(shape, 6, 4, False) == 2 * 6 * 64 * 4 + 2 * 6 * 100 * 4
+    assert mp.logits_update_bytes(shape, 6, 4, True) == 2 * 6 * 64 * 4 + 3 * 6 * 100 * 4 + 100 * 64 * 4
+    assert mp.logits_forward_bytes(shape, 6, 2, False) == 6 * 64 * 2 + 6 * 100 * 2
+    assert mp.kv_cache_bytes(shape, 7, 2) == 2 * 2 * 1 * 32 * 2 * 7
+
+
+def test_plan_resident_state_and_phases_by_hand():
+    """Two CPU ranks, float32 master weights, a reference, the hf engine in float32; no critic."""
+    config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32",
+                     "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                     "actor_rollout_ref.model.use_fused_kernels=false",
+                     "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+                     "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.ref.fsdp_config.dtype=float32")
+    shape = mp.ModelShape.from_hf_config(TINY)
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    phases = {p.name: p for p in result.phases}
+    shard = math.ceil(shape.params / 2) * 4
+    terms = {t.name: t.bytes for t in phases["old_log_prob"].resident}
+    assert terms == {"actor weights": shard, "actor gradients": shard, "actor AdamW moments": 2 * shard,
+                     "reference weights": shard, "rollout engine weights": shape.params * 4}
+    assert "actor gradients" not in {t.name for t in phases["update_actor"].resident}  # zero_grad freed them
+    # update: a micro-batch of 2 rows x (32 + 8) tokens, 16 scored; all layers kept, then the logits' backward
+    T, N = 80, 16
+    kept = 2 * mp.layer_saved_bytes(shape, T, 4) + T * 12 * 64
+    logits = 2 * N * 64 * 4 + 2 * N * 100 * 4
+    gathered = (shape.root_params + 2 * shape.layer_params) * 4 * 2
+    assert sum(t.bytes for t in phases["update_actor"].transient) == kept + max(logits, T * 4 * 2 * (128 + 64)) + gathered
+    # the hf engine's rollout: 4 prompts x 2 samples of 40 tokens of KV (+ one layer's copy), the prefill, the scores
+    kv = mp.kv_cache_bytes(shape, 8 * 40, 4)
+    rollout = {t.name: t.bytes for t in phases["rollout"].transient}
+    assert rollout["hf generate KV cache"] == kv + kv // 2
+    assert rollout["hf generate scores (calculate_log_probs)"] == 0  # the toy preset turns them off
+    assert phases["old_log_prob"].skipped == ""  # two epochs: not on-policy
+
+
+@pytest.fixture(scope="module")
+def measured_model(tmp_path_factory):
+    """~21M parameters (hidden 256, 4 layers, intermediate 1024, vocab 32768, untied): 79 MB of float32 weights,
+    and activations of hundreds of MB, far above the allocator's noise."""
+    return memory_measure.make_model(str(tmp_path_factory.mktemp("memory_plan") / "model"), hidden=256, layers=4,
+                                     intermediate=1024, vocab=32768)
+
+
+@pytest.mark.parametrize("checkpointing, fused", [(False, False), (True, True)])
+def test_estimates_match_measured_peaks_on_cpu(measured_model, checkpointing, fused):
+    """The real worker's update (with and without gradient checkpointing), log-prob pass (with and without the
+    fused kernel) and resident weights + gradients + AdamW moments, each within 25% of the plan."""
+    spec = {"model": measured_model, "rows": 32, "micro": 32, "prompt": 32, "response": 32,
+            "checkpointing": checkpointing, "fused": fused}
+    estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
+    for phase in ("resident", "update_actor", "old_log_prob"):
+        assert measured[phase] > 30 * 2 ** 20, (phase, measured)  # well above allocator noise
+        assert estimated[phase] == pytest.approx(measured[phase], rel=0.25), (phase, estimated, measured)
+
+
+IMPOSSIBLE = ["data.train_batch_size=4096", "actor_rollout_ref.actor.ppo_mini_batch_size=4096",
+              "actor_rollout_ref.rollout.n=64"]
+
+
+def test_impossible_setting_stops_at_start_naming_the_knob(tmp_path):
+    """A whole 262k-sample mini-batch in one micro-batch: the CLI stops before any worker starts, naming the
+    phase and the micro-batch key."""
+    args = [a for a in SMALL if not a.startswith(("data.train_batch_size", "actor_rollout_ref.rollout.n",
+                                                  "actor_rollout_ref.actor.ppo_mini_batch_size"))]
+    proc = run_cli(args + IMPOSSIBLE + [f"trainer.default_local_dir={tmp_path}/run"], cwd=tmp_path, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "MemoryError: the memory plan does not fit" in output
+    assert "update_actor needs" in output and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in output
+    assert "memory plan per rank" in output and "OVER" in output  # the table was logged first
+    assert "workers:" not in output and not os.path.exists(tmp_path / "run" / "config.yaml")
+
+
+def test_warn_mode_logs_and_goes_on(caplog):
+    from pyrl.ppo import resolve_defaults
+    from pyrl.trainer.memory_plan import check_memory_plan
+
+    config = compose(*SMALL, *IMPOSSIBLE, "trainer.memory_plan=warn")
+    resolve_defaults(config)
+    with caplog.at_level("WARNING", logger="pyrl"):
+        result = check_memory_plan(config)
+    assert [p.name for p in result.over()] and "trainer.memory_plan=warn" in caplog.text
+    config.trainer.memory_plan = "sometimes"
+    with pytest.raises(ValueError, match="trainer.memory_plan='sometimes': expected one of check, warn, off"):
+        check_memory_plan(config)
