@@ -1,5 +1,5 @@
-"""`python -m pyrl.ppo` on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head and a
-worker node, one CPU each, in a subprocess with its own RAY_TMPDIR): one FSDP rank per node over gloo, each rank
+"""`python -m pyrl.ppo` on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head with 4
+CPUs and a worker node with 1, in a subprocess with its own RAY_TMPDIR): one FSDP rank per node over gloo, each rank
 logged with the node that holds it, and a run killed after its step-2 checkpoint resumes on the cluster to the
 same step-3 metrics as an uninterrupted run. The placement itself: distinct nodes or a clear error."""
 
@@ -15,12 +15,14 @@ import pytest
 
 from trainer_helpers import SMALL, compose, read_metrics, run_cli
 
-# hosts the cluster until its stdin closes; prints its address and node ids (head first)
+# hosts the cluster until its stdin closes; prints its address and node ids (head first). The head is big enough
+# for both ranks: Ray alone packs two 1-CPU STRICT_PACK placement groups onto it (every time, as measured with
+# Ray 2.60), so a rank on each node shows the pool's pinning at work.
 HOST = """
 import json, sys
 from ray.cluster_utils import Cluster
 
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
 worker = cluster.add_node(num_cpus=1)
 cluster.wait_for_nodes()
 print(json.dumps({"address": cluster.address, "nodes": [cluster.head_node.node_id, worker.node_id]}), flush=True)
