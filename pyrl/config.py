@@ -413,9 +413,22 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutPoolConfig:
+    """verl 0.9.1's one-step-off-policy `rollout` section: the rollout's own workers, used with
+    actor_rollout_ref.hybrid_engine=false (pyrl.trainer.one_step_off); any other value with the hybrid engine stops
+    the run at start."""
+
+    nnodes: int = 1
+    # -1: the GPUs this machine has beyond trainer.n_gpus_per_node (verl: 8); 0 (no GPU): CPU workers on gloo
+    n_gpus_per_node: int = -1
+    n_cpu_workers_per_node: int = 1  # pyrl's, as trainer.n_cpu_workers_per_node: rollout processes per node on CPU
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
@@ -434,7 +447,6 @@ CONTENTS_KEYS = tuple(f"{role}.checkpoint.{name}" for role in ("actor_rollout_re
 # verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
 # why). Anything else stops the run at start instead of being silently ignored.
 LIMITS: dict[str, tuple[tuple, str]] = {
-    "actor_rollout_ref.hybrid_engine": ((True,), "actor, rollout and reference always share their workers"),
     "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch (verl's importlib "
                                                     "managers are classes of verl's own reward-loop API)"),
     "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),

@@ -55,6 +55,13 @@ class Worker:
             address = "127.0.0.1"
         return address, _free_port()
 
+    def put_object(self, value):
+        """`value` in Ray's object store, once; the reference returned reaches other workers as a call's argument
+        (each gets the value) without the data passing through the driver."""
+        import ray
+
+        return ray.put(value)
+
     def setup_distributed(self, master_addr: str, master_port: int, backend: str | None = None,
                           timeout_s: float = 600.0) -> str:
         import torch

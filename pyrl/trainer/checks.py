@@ -15,8 +15,11 @@ log = logging.getLogger("pyrl")
 
 def check_config(config) -> None:
     """What needs no model: run before any model is downloaded or built."""
+    from pyrl.trainer.one_step_off import check_one_step_off
+
     check_names(config)
     check_batch_sizes(config, worker_count(config.trainer))
+    check_one_step_off(config)
 
 
 def _check_name(key: str, value, known) -> None:

@@ -92,7 +92,9 @@ def compute_throughput_metrics(batch: DataProto, timing: dict, n_workers: int) -
     step = timing["step"]
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step,
             "perf/throughput": tokens / (step * max(n_workers, 1)),
-            "perf/gen_tokens_per_s": response_lengths(batch).sum().item() / max(timing.get("gen", 0.0), 1e-9)}
+            # one-step-off rollout: gen is the wait for the batch, generate_async its generation
+            "perf/gen_tokens_per_s": response_lengths(batch).sum().item()
+            / max(timing.get("generate_async", timing.get("gen", 0.0)), 1e-9)}
 
 
 def reduce_metrics(metrics: dict) -> dict:

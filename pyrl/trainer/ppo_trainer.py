@@ -19,6 +19,7 @@ from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
+from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
 from pyrl.workers.actor import is_on_policy
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
@@ -136,7 +137,8 @@ def skips_old_log_prob(config) -> bool:
 
 class PPOTrainer:
     def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
-        """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group and optional critic / reward model)."""
+        """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group, or the actor/ref and the rollout groups,
+        and optional critic / reward model)."""
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
@@ -156,6 +158,12 @@ class PPOTrainer:
         self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
         self.correction = algorithm.rollout_correction
         self.on_policy = skips_old_log_prob(config)
+        # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers (pyrl.trainer.one_step_off)
+        self.weight_push = self.one_step_off = None
+        if workers.rollout is not workers.actor:
+            self.weight_push = WeightPush(workers.actor, workers.rollout)
+            self.one_step_off = OneStepOff(self.collect_step_batch, lambda: {"perf/update_weights_bytes": self.push_weights()},
+                                           self.total_steps)
         if self.on_policy:
             log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
                      "update's own log-probs serve as old_log_probs")
@@ -171,19 +179,20 @@ class PPOTrainer:
                                                  dtype=object)
         return batch
 
-    def generate(self, batch: DataProto, refill: int = 0, metrics: dict | None = None, **overrides) -> DataProto:
-        """Rollouts with the configured sampling (`overrides` replace it). The seed depends on the step and on
-        which generation batch of the step this is (`refill`: dynamic sampling's extra batches draw anew), never
-        on what ran before, so a resumed run samples what the uninterrupted one did. The workers' metrics
-        (perf/mfu/gen) go into `metrics` when given."""
+    def generate(self, batch: DataProto, refill: int = 0, metrics: dict | None = None, step: int | None = None,
+                 **overrides) -> DataProto:
+        """Rollouts with the configured sampling (`overrides` replace it). The seed depends on the step (`step`,
+        else the current one) and on which generation batch of the step this is (`refill`: dynamic sampling's
+        extra batches draw anew), never on what ran before, so a resumed run samples what the uninterrupted one
+        did. The workers' metrics (perf/mfu/gen) go into `metrics` when given."""
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"n": rollout.n, "temperature": rollout.temperature,
-                "seed": rollout.seed + 7919 * self.global_steps + 1_000_003 * refill,
+                "seed": rollout.seed + 7919 * (self.global_steps if step is None else step) + 1_000_003 * refill,
                 # the agent loop renders appended messages as the dataset rendered the prompts
                 "apply_chat_template_kwargs": dict(self.config.data.apply_chat_template_kwargs)}
         meta.update(overrides)
         batch.meta_info.update(meta)
-        out = self.workers.actor.generate_sequences(batch)
+        out = self.workers.rollout.generate_sequences(batch)
         if metrics is not None:
             metrics.update(M.reduce_metrics(out.meta_info.get("metrics", {})))
         # later passes score with the sampling temperature; the rest (seed, n) would clash when batches concat
@@ -191,22 +200,23 @@ class PPOTrainer:
         return out
 
     # ---- the step ----
-    def collect_batch(self, timing: dict, metrics: dict) -> DataProto:
+    def collect_batch(self, timing: dict, metrics: dict, step: int | None = None) -> DataProto:
         """Sample prompts, generate n responses each, score them; with dynamic sampling (DAPO) keep only groups
-        whose rewards vary and generate more until the batch is full."""
+        whose rewards vary and generate more until the batch is full. `step`: the step the batch is for (else the
+        current one; one-step-off rollout collects the next step's)."""
         cfg, algorithm = self.config, self.config.algorithm
-        actor = self.workers.actor
+        rollout = self.workers.rollout
         wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         batch, generated_batches = None, 0
         while True:  # more than once only with dynamic sampling
             prompts = self.next_batch()
             with M.timer("gen", timing):
-                gen = self.generate(prompts, refill=generated_batches, metrics=metrics)
-                actor.sleep_rollout()
+                gen = self.generate(prompts, refill=generated_batches, metrics=metrics, step=step)
+                rollout.sleep_rollout()
             generated_batches += 1
             if algorithm.adv_estimator == "remax":
                 with M.timer("gen_max", timing):
-                    greedy = self.generate(prompts, n=1, do_sample=False)
+                    greedy = self.generate(prompts, n=1, do_sample=False, step=step)
                     baseline_scores, _, _ = self.reward_fn(greedy)
                     baselines = baseline_scores.sum(-1)
                 gen.batch["reward_baselines"] = baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
@@ -234,13 +244,29 @@ class PPOTrainer:
                                    f"{wanted} samples from groups with varied rewards (algorithm.filter_groups."
                                    f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
         metrics["training/num_gen_batches"] = generated_batches
+        metrics["training/epoch"] = self.sampler.epoch
         return batch
+
+    def collect_step_batch(self, step: int) -> tuple[DataProto, dict, dict]:
+        """collect_batch for step `step`, with its own timing and metrics (one-step-off rollout runs it in the
+        background while the step before trains)."""
+        timing, metrics = {}, {}
+        return self.collect_batch(timing, metrics, step), timing, metrics
+
+    def push_weights(self) -> int:
+        """The actor's current weights into the rollout engines; returns the bytes each engine loaded."""
+        if self.weight_push is None:  # the hybrid engine: each actor rank into its own engine, in-process
+            return self.workers.actor.update_weights()[0]["perf/update_weights_bytes"]
+        return self.weight_push()
 
     def train_step(self, timing: dict) -> tuple[DataProto, dict]:
         cfg, algorithm = self.config, self.config.algorithm
         actor = self.workers.actor
         metrics: dict = {}
-        batch = self.collect_batch(timing, metrics)
+        if self.one_step_off is None:
+            batch = self.collect_batch(timing, metrics)
+        else:  # collected while the last step trained; the next step's batch starts now (pyrl.trainer.one_step_off)
+            batch = self.one_step_off.batch(self.global_steps, timing, metrics)
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.workers.world_size, cfg.actor_rollout_ref.actor.use_prefix_grouper))
         if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
@@ -279,9 +305,11 @@ class PPOTrainer:
         if cfg.trainer.critic_warmup <= self.global_steps:
             with M.timer("update_actor", timing):
                 metrics.update(M.reduce_metrics(actor.update_actor(packed_tokens(batch)).meta_info["metrics"]))
-            with M.timer("update_weights", timing):
-                push = actor.update_weights()
-                metrics["perf/update_weights_bytes"] = push[0]["perf/update_weights_bytes"]
+            if self.one_step_off is None:
+                with M.timer("update_weights", timing):
+                    metrics["perf/update_weights_bytes"] = self.push_weights()
+            else:  # pushed once the batch in flight is generated, before the next generation
+                self.one_step_off.actor_updated()
         return batch, metrics
 
     # ---- validation ----
@@ -313,7 +341,7 @@ class PPOTrainer:
                 for key, values in extra.items():
                     out.non_tensor_batch[key] = np.asarray(values, dtype=object)
                 records += generation_records(self.tokenizer, out, sequence_scores, self.global_steps, extra)
-        self.workers.actor.sleep_rollout()
+        self.workers.rollout.sleep_rollout()
         # a field some batches lack (a scorer that returns it only sometimes) is None there
         infos = {key: [v for count, info in batch_infos for v in info.get(key, [None] * count)]
                  for key in dict.fromkeys(key for _, info in batch_infos for key in info)}
@@ -343,6 +371,8 @@ class PPOTrainer:
             self.workers.critic.save_checkpoint(os.path.join(step_dir, "critic"))
         state = {"global_steps": self.global_steps, "sampler": self.sampler.state_dict(),
                  "kl_ctrl": self.kl_ctrl.state_dict()}
+        if self.one_step_off is not None:  # the next step's batch, generated with older weights than these
+            state.update(self.one_step_off.state_dict())
         tmp = os.path.join(step_dir, "data.pt.tmp")
         torch.save(state, tmp)
         os.replace(tmp, os.path.join(step_dir, "data.pt"))
@@ -393,6 +423,11 @@ class PPOTrainer:
         self.global_steps = state["global_steps"]
         self.sampler.load_state_dict(state["sampler"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.one_step_off is not None:
+            self.one_step_off.load_state_dict(state)
+        elif state.get("next_batch") is not None:
+            log.warning("%s holds a one-step-off run's next batch, which the hybrid engine does not use: its prompts "
+                        "are skipped", path)
         truncate_metrics(self.run_dir, self.global_steps)
         log.info("resumed from %s (step %d)", path, self.global_steps)
 
@@ -403,7 +438,7 @@ class PPOTrainer:
         if self.global_steps >= self.total_steps:
             log.info("the checkpoint is at step %d of %d: nothing left to train (trainer.resume_mode=disable starts "
                      "over)", self.global_steps, self.total_steps)
-        self.workers.actor.update_weights()
+        self.push_weights()
         tracker = Tracking(trainer.logger, self.run_dir, trainer.project_name, trainer.experiment_name,
                            dataclasses.asdict(self.config), self.total_steps, initial_step=self.global_steps)
         last_val: dict = {}
@@ -426,6 +461,8 @@ class PPOTrainer:
                     last_step = self.global_steps == self.total_steps
                     if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or last_step):
                         with M.timer("testing", timing):
+                            if self.one_step_off is not None:  # the batch in flight, then the current weights
+                                self.one_step_off.sync(timing, metrics)
                             last_val = self.run_validation(tracker)
                             metrics.update(last_val)
                     saved = trainer.save_freq > 0 and (self.global_steps % trainer.save_freq == 0 or last_step)
@@ -436,7 +473,6 @@ class PPOTrainer:
                 metrics.update(M.compute_timing_metrics(batch, timing))
                 metrics.update(M.compute_throughput_metrics(batch, timing, self.workers.world_size))
                 metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = self.sampler.epoch
                 tracker.log(metrics, step=self.global_steps)
                 if saved:
                     self.commit_checkpoint()
@@ -449,4 +485,6 @@ class PPOTrainer:
             raise SystemExit(130) from None  # 128 + SIGINT, the shell's code for a Ctrl-C
         finally:
             tracker.close()
+            if self.one_step_off is not None:
+                self.one_step_off.close()
         return last_val

@@ -1,6 +1,8 @@
 """Placing the workers: one resource pool over the nodes; the actor, rollout and reference share each
 process (the hybrid engine); the critic and the reward model are processes colocated on the same
-bundles. trainer.n_gpus_per_node=0 gives CPU workers on gloo (trainer.n_cpu_workers_per_node of them)."""
+bundles. trainer.n_gpus_per_node=0 gives CPU workers on gloo (trainer.n_cpu_workers_per_node of them).
+Without the hybrid engine (actor_rollout_ref.hybrid_engine=false) the rollout has a pool and workers of its own
+(pyrl.trainer.one_step_off)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ class Workers:
     reward_model: Any
     world_size: int
     pool: Any
+    rollout: Any = None  # the group that generates: the actor's (the hybrid engine) unless one of its own
+
+    def __post_init__(self):
+        if self.rollout is None:
+            self.rollout = self.actor
 
     def shutdown(self) -> None:
-        for group in (self.reward_model, self.critic, self.actor):
+        for group in (self.reward_model, self.critic, self.actor, self.rollout):
             if group is not None:
                 group.kill()
 
@@ -89,6 +96,7 @@ def build_workers(config) -> Workers:
     from pyrl.workers.critic import CriticWorker
     from pyrl.workers.perf import peak_flops
     from pyrl.workers.reward_model import RewardModelWorker
+    from pyrl.trainer.one_step_off import build_rollout_workers, rollout_processes, shared_cpus_per_process
 
     trainer = config.trainer
     gpus = gpus_per_node(trainer)
@@ -96,10 +104,13 @@ def build_workers(config) -> Workers:
     use_rm = config.reward.reward_model.enable
     groups = 1 + use_critic + use_rm
     per_node = worker_count(trainer) // trainer.nnodes
-    init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, per_node * trainer.nnodes))  # a local one's CPUs
+    processes = per_node * trainer.nnodes + rollout_processes(config)  # the rollout's own workers too
+    init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, processes))  # a local one's CPUs
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
     pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=None,
                         max_colocate_count=groups)
+    if not config.actor_rollout_ref.hybrid_engine:  # the rollout's processes share the nodes' CPUs
+        pool.cpus_per_process = shared_cpus_per_process(config, per_node)
     place(pool, trainer)
     world = pool.world_size
     if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
@@ -113,6 +124,8 @@ def build_workers(config) -> Workers:
     group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
     role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
         else "actor_rollout"
+    if not config.actor_rollout_ref.hybrid_engine:  # the rollout runs in workers of its own
+        role = role.replace("_rollout", "")
     actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, **group_options)
     for line in actor.describe_placements():
         log.info("placement: %s", line)
@@ -127,4 +140,5 @@ def build_workers(config) -> Workers:
         reward_model.init_model()
     log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
              " + critic" if use_critic else "", " + reward model" if use_rm else "")
-    return Workers(actor, critic, reward_model, world, pool)
+    rollout = None if config.actor_rollout_ref.hybrid_engine else build_rollout_workers(config, pool.cpus_per_process, env)
+    return Workers(actor, critic, reward_model, world, pool, rollout)

@@ -2,7 +2,9 @@
 policy being trained, optionally a frozen FSDP2 reference copy, and a rollout engine that generates
 with the policy's current weights, pushed in memory after each update.
 
-Roles: "actor_rollout_ref" (all three), "actor_rollout", "actor", "ref" (reference only).
+Roles: "actor_rollout_ref" (all three), "actor_rollout", "actor", "ref" (reference only); without the hybrid
+engine (one-step-off-policy rollout, pyrl.trainer.one_step_off) "actor" or "actor_ref" train and publish their
+weights, and "rollout" workers (tokenizer and engine, no FSDP model) generate and load them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pyrl.workers.rollout.base import prompt_token_lists
 from pyrl.interactions.registry import initialize_interactions_from_config
 from pyrl.tools.tool_registry import load_all_tools
 
-ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref")
+ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref", "actor_ref", "rollout")
 
 
 def load_tokenizer(model_config):
@@ -99,6 +101,10 @@ class ActorRolloutRefWorker(Worker):
             self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
         if self.has_rollout:
+            from transformers import AutoConfig
+
+            self.hf_config = self.lm.config if self.has_actor else AutoConfig.from_pretrained(
+                self.model_path, trust_remote_code=self.config.model.trust_remote_code)
             rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank)
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer)
         torch.manual_seed(self.config.actor.data_loader_seed + self.rank)
@@ -110,6 +116,31 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         loaded = self.engine.load_weights(fsdp.full_state_items(self.policy, "lm.", self.engine.dtype))
         return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def engine_dtype(self) -> torch.dtype:
+        """The dtype the rollout engine computes in, which its weights are pushed in."""
+        return self.engine.dtype
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def publish_weights(self, dtype: torch.dtype):
+        """The actor's whole weights in `dtype` for rollout workers in other processes: every rank takes part in
+        the gather (a collective, run to the end); rank 0 puts the (name, tensor) list in Ray's object store once
+        and returns its reference, the other ranks None."""
+        items = fsdp.full_state_items(self.policy, "lm.", dtype)
+        if self.rank != 0:
+            for _ in items:
+                pass
+            return None
+        return self.put_object(list(items))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_weights(self, named_tensors: list) -> dict:
+        """Load the (name, tensor) list an actor published (Ray resolves its reference in each worker) into this
+        worker's rollout engine."""
+        start = time.perf_counter()
+        loaded = self.engine.load_weights(iter(named_tensors))
+        return {"timing_s/load_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -137,7 +168,7 @@ class ActorRolloutRefWorker(Worker):
         out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad, masks)
         if trajectories is not None:
             out.non_tensor_batch.update(trajectory_columns(trajectories))
-        out.meta_info["metrics"] = {"perf/mfu/gen": perf.mfu(self.lm.config, out.batch["attention_mask"].sum(-1).tolist(),
+        out.meta_info["metrics"] = {"perf/mfu/gen": perf.mfu(self.hf_config, out.batch["attention_mask"].sum(-1).tolist(),
                                                              seconds, self.device, self.engine.dtype, backward=False)}
         return out
 

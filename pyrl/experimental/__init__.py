@@ -1,0 +1,1 @@
+"""pyrl's counterparts of verl's experimental trainers, reached by the same module paths."""

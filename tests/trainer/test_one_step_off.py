@@ -1,0 +1,165 @@
+"""One-step-off-policy rollout (actor_rollout_ref.hybrid_engine=false): the rollout's own worker generates batch
+k+1 with the weights of step k-1 while the actor trains on batch k. One uninterrupted run (real Ray workers: an
+FSDP actor process and an hf-engine rollout process) serves three checks: each stored batch's rollout log-probs
+equal an independent HF forward's under the weights of two steps before, not one (so the push delivered those
+weights, and the schedule is one step off); the trainer's own staleness metric is fp32 noise at step 1 and not
+after; a run killed after its step-2 checkpoint and started again reproduces it. Bad settings stop at start."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from trainer_helpers import read_metrics, run_cli
+
+ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.train_batch_size=8",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
+        "trainer.test_freq=2", "trainer.total_training_steps=4", "trainer.save_freq=1", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.optim.lr=0.002", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.hybrid_engine=false",
+        "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+            "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max", "training/rollout_probs_diff_mean",
+            "rollout_corr/kl", "val-core/pyrl/toy_addition/acc/mean@1"]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one_step_off") / "full"
+    proc = run_cli(ARGS + [f"trainer.default_local_dir={run_dir}"], cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def response_log_probs(model_dir, batch) -> torch.Tensor:
+    """log p(response token) under the HF model in model_dir (float64 softmax), [B, R]; the reference the rollout's
+    log-probs are held to."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    responses = batch.batch["responses"]
+    width = responses.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=batch.batch["input_ids"], attention_mask=batch.batch["attention_mask"],
+                       position_ids=batch.batch["position_ids"]).logits
+    logp = logits[:, -width - 1:-1].double().log_softmax(-1)  # the toy preset samples at temperature 1
+    return logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+
+
+def test_each_batch_is_generated_with_the_weights_of_two_steps_before(full_run):
+    from pyrl.models import resolve_model_path
+
+    weights = {0: resolve_model_path("pyrl:tiny-toy-sft")}
+    weights.update({k: str(full_run / f"global_step_{k}" / "actor" / "huggingface") for k in (1, 2, 3)})
+    for saved_at in (1, 2, 3):  # the checkpoint of step k holds batch k+1, generated with the weights of step k-1
+        state = torch.load(full_run / f"global_step_{saved_at}" / "data.pt", weights_only=False)
+        nxt = state["next_batch"]
+        assert nxt["step"] == saved_at + 1
+        batch, mask = nxt["batch"], nxt["batch"].batch["response_mask"].bool()
+        rollout = batch.batch["rollout_log_probs"].double()[mask]
+        generating = response_log_probs(weights[saved_at - 1], batch)[mask]
+        current = response_log_probs(weights[saved_at], batch)[mask]
+        assert (rollout - generating).abs().max() < 1e-4, f"batch {saved_at + 1} vs the weights of step {saved_at - 1}"
+        staleness = (rollout - current).abs().mean()
+        assert staleness > 1e-3, f"batch {saved_at + 1}: step {saved_at}'s weights give the same log-probs ({staleness})"
+    last = torch.load(full_run / "global_step_4" / "data.pt", weights_only=False)
+    assert last["next_batch"] is None  # the last step starts no generation
+
+
+def test_metrics_show_the_staleness_and_the_overlap(full_run):
+    rows = read_metrics(full_run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # step 1 trains on a batch of the weights it holds (fp32 rounding); later steps on one update older ones
+    assert rows[0]["training/rollout_probs_diff_max"] < 1e-4
+    assert all(r["training/rollout_probs_diff_mean"] > 1e-3 for r in rows[1:])
+    assert "timing_s/generate_async" not in rows[0] and all("timing_s/generate_async" in r for r in rows[1:])
+    # a push when a step starts after an update, or before validating (test_freq=2): step 3's batch-4 generation
+    # started with the weights step 2's validation had pushed
+    pushed = [r["step"] for r in rows if "timing_s/update_weights" in r and r["perf/update_weights_bytes"] > 0]
+    assert pushed == [2, 4]
+    assert all("rollout_corr/rollout_is_mean" in r for r in rows)
+    assert [r["training/epoch"] for r in rows] == [0, 0, 0, 0]
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(full_run):
+    part = full_run.parent / "part"
+    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *ARGS, f"trainer.default_local_dir={part}"],
+                              cwd=full_run.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    latest = part / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + 400
+    while not (latest.exists() and latest.read_text().strip() == "2"):
+        assert killed.poll() is None, "the run ended before its step-2 checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    proc = run_cli(ARGS + [f"trainer.default_local_dir={part}"], cwd=full_run.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference, resumed = read_metrics(full_run), read_metrics(part)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for want, got in zip(reference[2:], resumed[2:]):
+        for key in COMPARED:
+            if key in want:
+                assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
+    assert "val-core/pyrl/toy_addition/acc/mean@1" in resumed[3]
+
+
+def compose(config_name, *overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from omegaconf import OmegaConf
+
+    import pyrl.ppo  # noqa: F401 - registers the schema
+
+    with initialize_config_module("pyrl.configs", version_base=None):
+        return OmegaConf.to_object(hydra_compose(config_name, overrides=list(overrides)))
+
+
+def test_the_one_step_off_entry_trains_with_verls_defaults(tmp_path, ray_session):
+    """verl's one_step_off_ppo_trainer defaults (bypass mode: the rollout's log-probs are the old ones), run."""
+    from pyrl.ppo import run_ppo
+
+    config = compose("one_step_off_ppo_trainer", "preset=toy", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
+                     "trainer.test_freq=-1", "trainer.total_training_steps=2", "actor_rollout_ref.rollout.name=hf",
+                     f"trainer.default_local_dir={tmp_path}")
+    arr = config.actor_rollout_ref
+    assert not arr.hybrid_engine and not arr.rollout.free_cache_engine and arr.rollout.calculate_log_probs
+    assert config.algorithm.rollout_correction.bypass_mode and config.rollout.nnodes == 1
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "timing_s/old_log_prob" not in rows[1] and "actor/rollout_corr/kl" in rows[1]
+    assert "timing_s/generate_async" in rows[1]
+    entry = subprocess.run([sys.executable, "-m", "pyrl.experimental.one_step_off_policy.main_ppo", "--cfg", "job"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert entry.returncode == 0 and "hybrid_engine: false" in entry.stdout, entry.stderr[-2000:]
+
+
+OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
+       "actor_rollout_ref.rollout.calculate_log_probs=true"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.nnodes=2"], "rollout.nnodes=2: the rollout has workers of its own only with "
+                           "actor_rollout_ref.hybrid_engine=false"),
+    (["actor_rollout_ref.hybrid_engine=false"], "free_cache_engine=true: .* set it to false"),
+    (OFF[:2] + ["actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "set actor_rollout_ref.rollout.calculate_log_probs=true"),
+    (OFF + ["rollout.n_gpus_per_node=0", "rollout.n_cpu_workers_per_node=0"], "rollout.n_cpu_workers_per_node must be >= 1"),
+    (OFF + ["rollout.nnodes=0"], "rollout.nnodes=0: the rollout needs at least one node"),
+    (OFF + ["trainer.n_gpus_per_node=0", "rollout.n_gpus_per_node=2"], "both on GPUs or both on CPU"),
+])
+def test_bad_settings_stop_the_run_at_start(overrides, message):
+    from pyrl.ppo import resolve_defaults
+
+    config = compose("ppo_trainer", "preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", *overrides)
+    with pytest.raises(ValueError, match=message):
+        resolve_defaults(config)
