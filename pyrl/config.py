@@ -54,6 +54,12 @@ class ModelConfig:
     use_fused_kernels: bool = False  # true: log-probs from hidden states without [tokens, vocab] logits
     override_config: dict = field(default_factory=dict)
     custom_chat_template: Optional[str] = None  # a Jinja chat template used instead of the tokenizer's
+    # LoRA through PEFT (pyrl/workers/lora.py), verl's keys: rank 0 trains the whole model
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"  # PEFT's: all-linear, a module name list, or a regex
+    exclude_modules: Any = None
+    lora_adapter_path: Optional[str] = None  # a PEFT adapter directory to start from (trainable)
 
 
 @dataclass
@@ -202,6 +208,9 @@ class RolloutConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     free_cache_engine: bool = True
+    # verl's: gather LoRA-merged weights layer by layer for the push (LIMITS: pyrl's push always gathers one tensor
+    # at a time, which bounds the memory at least as tightly)
+    layered_summon: bool = False
     load_format: str = "dummy"  # dummy: random weights until the actor's first push
     logprobs_mode: str = "processed_logprobs"
     calculate_log_probs: bool = True
@@ -456,6 +465,10 @@ LIMITS: dict[str, tuple[tuple, str]] = {
                                                                                            "reward_model.model")},
     **{f"{role}.custom_chat_template": ((None,), "the prompts are the actor's (actor_rollout_ref.model."
                                                  "custom_chat_template)") for role in ("critic.model", "reward_model.model")},
+    "actor_rollout_ref.rollout.layered_summon": ((False, True), "either way the push gathers one tensor at a time"),
+    # verl's reward model has no LoRA keys: it never trains
+    "reward_model.model.lora_rank": ((0,), "the reward model never trains"),
+    "reward_model.model.lora_adapter_path": ((None,), "the reward model never trains"),
     "data.tokenizer": ((None,), "verl 0.9.1 reads it nowhere either; the tokenizer is "
                                 "actor_rollout_ref.model.tokenizer_path, else the model's own"),
     "actor_rollout_ref.actor.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),

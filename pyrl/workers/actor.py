@@ -9,6 +9,7 @@ weights, and "rollout" workers (tokenizer and engine, no FSDP model) generate an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -21,7 +22,7 @@ from pyrl.controller import Dispatch, Worker, register
 from pyrl.models import varlen_attention
 from pyrl.models.hub import resolve_model_path  # noqa: F401 - the critic and reward model workers import it from here
 from pyrl.protocol import DataProto
-from pyrl.workers import batching, checkpoint, fsdp, optim, perf
+from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import full_tensor, worker_device
 from pyrl.workers.policy import ResponseLogProbs
@@ -81,6 +82,7 @@ class ActorRolloutRefWorker(Worker):
         self.packed = config.model.use_remove_padding
         self.engine = None
         self.agent_loop = None
+        self.peft_model = None  # with model.lora_rank > 0: the policy's adapters (pyrl.workers.lora)
 
     # ---- setup ----
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -90,11 +92,16 @@ class ActorRolloutRefWorker(Worker):
         self.model_path = resolve_model_path(self.config.model.path)
         if self.has_actor:
             self.lm, self.policy = load_policy(self.config.model)
+            if lora.uses_lora(self.config.model):  # only the adapters train; the reference is the same model without
+                self.peft_model = lora.add_adapters(self.lm, self.config.model, "CAUSAL_LM")
             self.compute_dtype = fsdp.fsdp_wrap(self.policy, self.lm.model.layers, self.config.actor.fsdp_config,
                                                 self.device)
-            self.optimizer = optim.build_optimizer(self.policy.parameters(), self.config.actor.optim)
+            self.optimizer = optim.build_optimizer([p for p in self.policy.parameters() if p.requires_grad],
+                                                   self.config.actor.optim)
             self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.actor.optim)
-        if self.has_ref:
+        if self.has_ref and self.peft_model is not None:  # the actor with its adapters off: no second copy
+            self.ref_policy, self.ref_compute_dtype, self.ref_hf_config = self.policy, self.compute_dtype, self.lm.config
+        elif self.has_ref:
             ref_lm, self.ref_policy = load_policy(self.config.model)
             self.ref_compute_dtype = fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config,
                                                     self.device)
@@ -114,7 +121,7 @@ class ActorRolloutRefWorker(Worker):
     def update_weights(self) -> dict:
         """Push the actor's current weights into the rollout engine (in memory, tensor by tensor)."""
         start = time.perf_counter()
-        loaded = self.engine.load_weights(fsdp.full_state_items(self.policy, "lm.", self.engine.dtype))
+        loaded = self.engine.load_weights(self._state_items(self.policy, "lm.", self.engine.dtype))
         return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -127,7 +134,7 @@ class ActorRolloutRefWorker(Worker):
         """The actor's whole weights in `dtype` for rollout workers in other processes: every rank takes part in
         the gather (a collective, run to the end); rank 0 puts the (name, tensor) list in Ray's object store once
         and returns its reference, the other ranks None."""
-        items = fsdp.full_state_items(self.policy, "lm.", dtype)
+        items = self._state_items(self.policy, "lm.", dtype)
         if self.rank != 0:
             for _ in items:
                 pass
@@ -239,10 +246,12 @@ class ActorRolloutRefWorker(Worker):
         ref = self.config.ref
         batching.require_tokens("compute_ref_log_prob", data, ["responses"])
         self.ref_policy.eval()
-        (logp, _), mfu = self._forward(self.ref_policy, self.ref_hf_config, self.ref_compute_dtype, data,
-                                       data.meta_info.get("temperature", self.config.rollout.temperature), False,
-                                       ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
-                                       ref.log_prob_max_token_len_per_gpu)
+        base = lora.adapters_disabled(self.peft_model) if self.peft_model is not None else contextlib.nullcontext()
+        with base:
+            (logp, _), mfu = self._forward(self.ref_policy, self.ref_hf_config, self.ref_compute_dtype, data,
+                                           data.meta_info.get("temperature", self.config.rollout.temperature), False,
+                                           ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                                           ref.log_prob_max_token_len_per_gpu)
         return DataProto.from_dict({"ref_log_prob": logp}, meta_info={"metrics": {"perf/mfu/ref": mfu}})
 
     # ---- training ----
@@ -331,18 +340,26 @@ class ActorRolloutRefWorker(Worker):
         if self.engine is not None and hasattr(self.engine, "generator"):
             extra["rollout_rng"] = self.engine.generator.get_state()
         checkpoint.save_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank, extra, self.lm,
-                                   "lm.", self.tokenizer, "hf_model" in self.config.actor.checkpoint.save_contents)
+                                   "lm.", self.tokenizer, "hf_model" in self.config.actor.checkpoint.save_contents,
+                                   self.peft_model, self.model_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        extra = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank)
+        extra = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.lr_scheduler, self.rank,
+                                           trainable_only=self.peft_model is not None)
         if "rollout_rng" in extra and self.engine is not None and hasattr(self.engine, "generator"):
             self.engine.generator.set_state(extra["rollout_rng"])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """The current policy as a Hugging Face model directory (loadable by transformers and vLLM)."""
-        checkpoint.export_hf(path, self.lm, self.policy, "lm.", self.tokenizer, self.rank)
+        checkpoint.export_hf(path, self.lm, self._state_items(self.policy, "lm."), self.tokenizer, self.rank)
+
+    def _state_items(self, module, strip_prefix: str, dtype=None):
+        """The policy's whole weights, one tensor at a time, adapters merged in with LoRA (a collective)."""
+        if self.peft_model is not None:
+            return lora.merged_state_items(module, strip_prefix, dtype)
+        return fsdp.full_state_items(module, strip_prefix, dtype)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_digest(self) -> dict:

@@ -23,6 +23,7 @@ from torch import nn
 from pyrl.workers.distributed import full_tensor
 
 ADAPTER = "default"  # PEFT's name for the one adapter
+VALUE_HEADS = ["score", "classifier"]  # a token-classification model's head: PEFT's TOKEN_CLS modules_to_save
 ADAPTER_DIR = "lora_adapter"  # a checkpoint's adapter in PEFT's format (verl's merger writes the same name)
 
 
@@ -59,9 +60,13 @@ def add_adapters(model: nn.Module, model_config, task_type: str):
     if model_config.lora_adapter_path:
         peft_model = PeftModel.from_pretrained(model, model_config.lora_adapter_path, is_trainable=True)
     else:
+        exclude = _plain(model_config.exclude_modules)
+        if task_type == "TOKEN_CLS":  # the value head trains whole (modules_to_save), so it takes no adapter
+            exclude = (VALUE_HEADS if exclude is None else exclude + VALUE_HEADS if isinstance(exclude, list)
+                       else f"(?:{exclude})|(?:{'|'.join(VALUE_HEADS)})")
         config = LoraConfig(task_type=TaskType[task_type], r=model_config.lora_rank,
                             lora_alpha=model_config.lora_alpha, target_modules=_plain(model_config.target_modules),
-                            exclude_modules=_plain(model_config.exclude_modules), bias="none")
+                            exclude_modules=exclude, bias="none")
         peft_model = get_peft_model(model, config)
     unsupported = sorted({type(m).__name__ for m in model.modules() if isinstance(m, LoraLayer)
                           and not isinstance(m, LoraLinear)})
