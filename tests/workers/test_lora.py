@@ -194,6 +194,16 @@ def test_checkpoint_holds_the_adapters_only_and_merges(group, tiny_path, tmp_pat
         torch.testing.assert_close(merged[name], value, atol=1e-6, rtol=0, msg=name)
     assert os.path.isfile(tmp_path / "hf" / "lora_adapter" / "adapter_config.json")
 
+    # model.lora_adapter_path starts a run from the saved adapter, trainable
+    start = make_config(*LORA, f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'ckpt' / 'lora_adapter'}")
+    single = ActorRolloutRefWorker(start.actor_rollout_ref, "actor")
+    single.init_model()
+    started = single.state_digest()["params"]
+    assert adapters_of({"params": started}).keys() == adapters_of(saved).keys()
+    for name, value in adapters_of(saved).items():
+        assert torch.equal(started[name], value), name
+    assert all(p.requires_grad == (".lora_" in n) for n, p in single.policy.named_parameters())
+
 
 def test_whole_model_checkpoint_into_a_lora_run_is_refused(group, tmp_path, ray_session):
     from pyrl.controller import WorkerError
