@@ -308,7 +308,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     gradients in flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once
     the logits are released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded gradients. The optimizer step runs after the
     activations are freed: on CUDA AdamW's foreach step adds a temporary the size of the moments' shard. The
-    gradients of the last step are freed when the mini-batch starts (zero_grad), so they are not resident here."""
+    gradients of the last step are freed when the mini-batch starts (zero_grad), so they are not resident here;
+    they return during the backward (the peak may come late, when they are nearly all back)."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn)
     final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
@@ -331,9 +332,17 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     else:
         head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
     backward = max(head_term, layer, key=lambda t: t.bytes)
-    step = math.ceil(shape.params / setting.world) * precision.master if setting.device == "cuda" else 0
-    work = kept.bytes + backward.bytes
+    grads = math.ceil(shape.params / setting.world) * precision.master
+    # late in the backward the gradients are back (all but the first layer's and the embedding's, which come last)
+    # beside the first layer's backward: with small activations (checkpointing) that is the peak
+    late = max(grads, grads - (shape.layer_params + shape.vocab * shape.hidden) * precision.master // setting.world
+               + layer.bytes)
+    early = kept.bytes + backward.bytes + head_grad
+    step = grads if setting.device == "cuda" else 0
+    work = max(early, late)
     return [kept, backward, Term("head weight gradient", head_grad),
+            Term("gradients, late in the backward", max(0, late - early),
+                 "fsdp_config.param_offload=true (CUDA), or more ranks"),
             Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True)),
             Term("optimizer step temporary", max(0, step - work))]
 
