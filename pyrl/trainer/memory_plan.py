@@ -27,6 +27,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from pyrl.workers.lora import add_adapters, uses_lora
+
 log = logging.getLogger("pyrl")
 
 GiB = 1 << 30
@@ -49,16 +51,27 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    trainable: int | None = None  # parameters that train (LoRA's adapters); None: all of them
 
     @property
     def root_params(self) -> int:
         return self.params - self.layers * self.layer_params
 
+    @property
+    def trained_params(self) -> int:
+        return self.params if self.trainable is None else self.trainable
+
+    @property
+    def head_trains(self) -> bool:
+        return self.trainable is None  # LoRA leaves the output head frozen (pyrl.workers.lora refuses adapting it)
+
     @classmethod
-    def from_hf_config(cls, hf_config, kind: str = "causal_lm", trust_remote_code: bool = False) -> "ModelShape":
+    def from_hf_config(cls, hf_config, kind: str = "causal_lm", trust_remote_code: bool = False,
+                       model_config=None) -> "ModelShape":
         """kind: causal_lm (actor, reference, rollout), token_classification (critic), sequence_classification
         (reward model), each with one label as the workers build them. Parameters are counted on a model built
-        on the meta device (no memory, any architecture transformers knows)."""
+        on the meta device (no memory, any architecture transformers knows); with `model_config`'s lora_rank > 0
+        the trainable ones are the adapters (and the critic's head) PEFT adds there, as the workers add them."""
         import copy
 
         import torch
@@ -76,8 +89,13 @@ class ModelShape:
         text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
         heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        return cls(params=sum(p.numel() for p in model.parameters()),
-                   layer_params=sum(p.numel() for p in body.layers[0].parameters()), layers=len(body.layers),
+        params = sum(p.numel() for p in model.parameters())
+        layer_params = sum(p.numel() for p in body.layers[0].parameters())
+        trainable = None
+        if model_config is not None and uses_lora(model_config):
+            add_adapters(model, model_config, "CAUSAL_LM" if kind == "causal_lm" else "TOKEN_CLS")
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return cls(params=params, layer_params=layer_params, layers=len(body.layers), trainable=trainable,
                    hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
                    kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    vocab=text.vocab_size)
@@ -214,12 +232,12 @@ def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused
 def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
     """The log-prob head's backward: the scored hidden states and their gradient, plus unfused the [N, vocab]
     logits kept for backward and their gradient, or fused three [chunk, vocab] blocks (a chunk's logits and
-    gradient beside the previous chunk's gradient) and the float32 [vocab, hidden] weight gradient (plus its cast
-    to the weight's dtype when narrower)."""
+    gradient beside the previous chunk's gradient) and, when the head trains (not with LoRA, which never adapts
+    it), the float32 [vocab, hidden] weight gradient (plus its cast to the weight's dtype when narrower)."""
     states = 2 * scored * shape.hidden * dtype_bytes
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
-    weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0))
+    weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0)) * shape.head_trains
     return states + 3 * fused_chunk_rows(shape, scored) * shape.vocab * dtype_bytes + weight_grad
 
 
@@ -266,9 +284,10 @@ def sharded_state(shape: ModelShape, precision: Precision, world: int, trains: b
     shard = math.ceil(shape.params / world) * precision.master
     knob = f"{key}.param_offload=true (CUDA), or more ranks"
     terms = [Term(f"{name} weights", shard, knob)]
-    if trains:
-        terms += [Term(f"{name} gradients", shard, knob), Term(f"{name} AdamW moments", 2 * shard,
-                                                              f"{key}.optimizer_offload=true (CUDA), or more ranks")]
+    if trains:  # for the trained parameters only (LoRA: the adapters)
+        trained = math.ceil(shape.trained_params / world) * precision.master
+        terms += [Term(f"{name} gradients", trained, knob),
+                  Term(f"{name} AdamW moments", 2 * trained, f"{key}.optimizer_offload=true (CUDA), or more ranks")]
     return terms
 
 
@@ -327,16 +346,16 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     if head == "logits":
         head_term = Term("logits", logits_update_bytes(shape, mb.scored, precision.compute, fused),
                          micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
-        if not fused and not setting.distributed:  # lands after the logits are released, beside their gradient
+        if not fused and not setting.distributed and shape.head_trains:  # after the logits are released
             head_grad = max(0, shape.vocab * shape.hidden * precision.master - mb.scored * shape.vocab * precision.compute)
     else:
         head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
     backward = max(head_term, layer, key=lambda t: t.bytes)
-    grads = math.ceil(shape.params / setting.world) * precision.master
+    grads = math.ceil(shape.trained_params / setting.world) * precision.master
     # late in the backward the gradients are back (all but the first layer's and the embedding's, which come last)
     # beside the first layer's backward: with small activations (checkpointing) that is the peak
-    late = max(grads, grads - (shape.layer_params + shape.vocab * shape.hidden) * precision.master // setting.world
-               + layer.bytes)
+    last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // setting.world
+    late = max(grads, grads - min(grads, last) + layer.bytes)
     early = kept.bytes + backward.bytes + head_grad
     step = grads if setting.device == "cuda" else 0
     work = max(early, late)
@@ -420,7 +439,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
     else:
         actor_state_idle = actor_state
     ref_state = []
-    if uses_ref:
+    if uses_ref and not uses_lora(model):  # with LoRA the reference is the actor with its adapters off
         r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
         ref_state = sharded_state(shape, r_prec, world, False, ref.fsdp_config.param_offload and on_cuda,
                                   "actor_rollout_ref.ref.fsdp_config", "reference")
@@ -430,8 +449,6 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
     else:  # the rollout's own workers on their own devices (one-step-off): not in these ranks
         engine_resident, engine_rollout = [], []
         notes.append("hybrid_engine=false: the rollout workers' devices are not planned here")
-    if getattr(model, "lora_rank", 0):
-        notes.append("model.lora_rank > 0: gradients and AdamW moments counted for the whole model (an upper bound)")
     critic_state, critic_idle, rm_state = [], [], []
     if uses_critic:
         c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
@@ -530,7 +547,8 @@ def run_plan(config) -> MemoryPlan:
     def shape(model, kind):
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
-        return ModelShape.from_hf_config(hf, kind, model.trust_remote_code)
+        return ModelShape.from_hf_config(hf, kind, model.trust_remote_code, model if kind != "sequence_classification"
+                                         else None)
 
     trainer = config.trainer
     world = worker_count(trainer)

@@ -61,7 +61,8 @@ def config_overrides(spec: dict) -> list[str]:
             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
             f"actor_rollout_ref.model.enable_gradient_checkpointing={spec['checkpointing']}",
             f"actor_rollout_ref.model.use_fused_kernels={spec['fused']}",
-            "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32"]
+            "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
+            f"actor_rollout_ref.model.lora_rank={spec.get('lora', 0)}"]
 
 
 def resolved_config(overrides: list[str]):
@@ -79,7 +80,7 @@ def estimate(spec: dict) -> dict:
     from pyrl.trainer.memory_plan import ModelShape, Setting, plan
 
     config = resolved_config(config_overrides(spec))
-    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(spec["model"]))
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(spec["model"]), model_config=config.actor_rollout_ref.model)
     result = plan(config, {"actor": shape}, Setting("cpu", 1, distributed=False), capacity=1 << 50, uses_ref=False)
     phases = {p.name: p for p in result.phases}
     held = lambda name: sum(t.bytes for t in phases[name].resident if t.name.startswith("actor "))  # noqa: E731
@@ -128,6 +129,19 @@ def _batch(spec: dict):
     }, meta_info={"temperature": 1.0})
 
 
+def _read_frozen_weights(module) -> None:
+    """A frozen (LoRA) weight loaded from safetensors stays a view of the file's mapping, whose untouched pages (the
+    embedding rows no batch looks up) are not resident, unlike a trained weight (a private copy from its first
+    optimizer step): read them all, as the plan counts them. In a function, so no loop variable keeps a weight (and
+    with it the whole file's storage) alive after the worker is dropped."""
+    import torch
+
+    with torch.no_grad():
+        for param in module.parameters():
+            if not param.requires_grad:
+                param.sum()
+
+
 def measure_here(spec: dict) -> dict:
     """In this process: the transients of an update and a log-prob pass, and the worker's resident state (what
     the resident set loses when the worker is dropped: its tensors, not the libraries it imported)."""
@@ -142,6 +156,7 @@ def measure_here(spec: dict) -> dict:
     batch = _batch(spec)
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, "actor")
     worker.init_model()
+    _read_frozen_weights(worker.policy)
     worker.update_actor(batch)  # the first step allocates the gradients and AdamW's moments
     worker.compute_log_prob(batch)
     out = {"update_actor": _phase_peak(lambda: worker.update_actor(batch)),

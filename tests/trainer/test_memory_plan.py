@@ -91,6 +91,23 @@ def test_plan_resident_state_and_phases_by_hand():
     assert phases["old_log_prob"].skipped == ""  # two epochs: not on-policy
 
 
+def test_lora_plan_counts_the_adapters_and_no_reference_copy():
+    """LoRA rank 4 on all-linear: r x (in + out) per adapted layer; gradients and AdamW moments for those only, and
+    the reference is the actor with its adapters off (no weights of its own)."""
+    config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=true",
+                     "actor_rollout_ref.model.lora_rank=4", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.fsdp_config.dtype=float32")
+    shape = mp.ModelShape.from_hf_config(TINY, model_config=config.actor_rollout_ref.model)
+    # q and o 64 -> 64, k and v 64 -> 32, gate and up 64 -> 128, down 128 -> 64; the head is not adapted
+    per_layer = 4 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 3)
+    assert shape.trainable == 2 * per_layer and shape.params == mp.ModelShape.from_hf_config(TINY).params
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["ref_log_prob"].resident}
+    assert terms["actor weights"] == math.ceil(shape.params / 2) * 4
+    assert terms["actor gradients"] == per_layer * 4 and terms["actor AdamW moments"] == 2 * per_layer * 4
+    assert "reference weights" not in terms
+
+
 @pytest.fixture(scope="module")
 def measured_model(tmp_path_factory):
     """~21M parameters (hidden 256, 4 layers, intermediate 1024, vocab 32768, untied): 79 MB of float32 weights,
@@ -99,12 +116,12 @@ def measured_model(tmp_path_factory):
                                      intermediate=1024, vocab=32768)
 
 
-@pytest.mark.parametrize("checkpointing, fused", [(False, False), (True, True)])
-def test_estimates_match_measured_peaks_on_cpu(measured_model, checkpointing, fused):
-    """The real worker's update (with and without gradient checkpointing), log-prob pass (with and without the
-    fused kernel) and resident weights + gradients + AdamW moments, each within 25% of the plan."""
+@pytest.mark.parametrize("checkpointing, fused, lora", [(False, False, 0), (True, True, 0), (False, True, 16)])
+def test_estimates_match_measured_peaks_on_cpu(measured_model, checkpointing, fused, lora):
+    """The real worker's update (with and without gradient checkpointing, with LoRA), log-prob pass (with and
+    without the fused kernel) and resident weights + gradients + AdamW moments, each within 25% of the plan."""
     spec = {"model": measured_model, "rows": 32, "micro": 32, "prompt": 32, "response": 32,
-            "checkpointing": checkpointing, "fused": fused}
+            "checkpointing": checkpointing, "fused": fused, "lora": lora}
     estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
     for phase in ("resident", "update_actor", "old_log_prob"):
         assert measured[phase] > 30 * 2 ** 20, (phase, measured)  # well above allocator noise
