@@ -132,14 +132,16 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def publish_weights(self, dtype: torch.dtype):
         """The actor's whole weights in `dtype` for rollout workers in other processes: every rank takes part in
-        the gather (a collective, run to the end); rank 0 puts the (name, tensor) list in Ray's object store once
-        and returns its reference, the other ranks None."""
+        the gather (a collective, run to the end); rank 0 moves each whole tensor to CPU as it is gathered (its
+        device never holds more than one, and the object store holds CPU tensors that each rollout engine copies to
+        its own device), puts the (name, tensor) list in Ray's object store once and returns its reference, the
+        other ranks None."""
         items = self._state_items(self.policy, "lm.", dtype)
         if self.rank != 0:
             for _ in items:
                 pass
             return None
-        return self.put_object(list(items))
+        return self.put_object([(name, tensor.cpu()) for name, tensor in items])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, named_tensors: list) -> dict:
