@@ -467,8 +467,9 @@ LIMITS: dict[str, tuple[tuple, str]] = {
                                                  "custom_chat_template)") for role in ("critic.model", "reward_model.model")},
     "actor_rollout_ref.rollout.layered_summon": ((False, True), "either way the push gathers one tensor at a time"),
     # verl's reward model has no LoRA keys: it never trains
-    "reward_model.model.lora_rank": ((0,), "the reward model never trains"),
-    "reward_model.model.lora_adapter_path": ((None,), "the reward model never trains"),
+    **{f"reward_model.model.{key}": ((value,), "the reward model never trains")
+       for key, value in (("lora_rank", 0), ("lora_alpha", 16), ("target_modules", "all-linear"),
+                          ("exclude_modules", None), ("lora_adapter_path", None))},
     "data.tokenizer": ((None,), "verl 0.9.1 reads it nowhere either; the tokenizer is "
                                 "actor_rollout_ref.model.tokenizer_path, else the model's own"),
     "actor_rollout_ref.actor.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),

@@ -62,8 +62,8 @@ def check_names(config) -> None:
         _check_name(f"{key}.optimizer", optim.optimizer.lower(), OPTIMIZERS)
         _check_name(f"{key}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULES)
     check_backends(config.trainer.logger)
-    check_lora_config(config.actor_rollout_ref.model, "actor_rollout_ref.model")
-    check_lora_config(config.critic.model, "critic.model")
+    check_lora_config(config.actor_rollout_ref.model, "actor_rollout_ref.model", "CAUSAL_LM")
+    check_lora_config(config.critic.model, "critic.model", "TOKEN_CLS")
     if actor.use_prefix_grouper and not config.actor_rollout_ref.model.use_remove_padding:
         raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=true shares prompts between packed sequences: it needs "
                          "actor_rollout_ref.model.use_remove_padding=true")

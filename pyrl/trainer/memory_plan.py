@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pyrl.workers.lora import add_adapters, uses_lora
+from pyrl.workers.lora import adapter_config, uses_lora
 
 log = logging.getLogger("pyrl")
 
@@ -92,8 +92,10 @@ class ModelShape:
         params = sum(p.numel() for p in model.parameters())
         layer_params = sum(p.numel() for p in body.layers[0].parameters())
         trainable = None
-        if model_config is not None and uses_lora(model_config):
-            add_adapters(model, model_config, "CAUSAL_LM" if kind == "causal_lm" else "TOKEN_CLS")
+        if model_config is not None and uses_lora(model_config):  # no weights: adapters built from the config only
+            from peft import get_peft_model
+
+            get_peft_model(model, adapter_config(model_config, "CAUSAL_LM" if kind == "causal_lm" else "TOKEN_CLS"))
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return cls(params=params, layer_params=layer_params, layers=len(body.layers), trainable=trainable,
                    hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,

@@ -93,7 +93,7 @@ class ActorRolloutRefWorker(Worker):
         if self.has_actor:
             self.lm, self.policy = load_policy(self.config.model)
             if lora.uses_lora(self.config.model):  # only the adapters train; the reference is the same model without
-                self.peft_model = lora.add_adapters(self.lm, self.config.model, "CAUSAL_LM")
+                self.peft_model = lora.add_adapters(self.lm, self.config.model, "CAUSAL_LM", "actor_rollout_ref.model")
             self.compute_dtype = fsdp.fsdp_wrap(self.policy, self.lm.model.layers, self.config.actor.fsdp_config,
                                                 self.device)
             self.optimizer = optim.build_optimizer([p for p in self.policy.parameters() if p.requires_grad],

@@ -68,7 +68,7 @@ class CriticWorker(Worker):
         self.value_model = load_value_model(self.config.model)
         self.peft_model = None
         if lora.uses_lora(self.config.model):  # adapters on the body; the new value head trains whole
-            self.peft_model = lora.add_adapters(self.value_model, self.config.model, "TOKEN_CLS")
+            self.peft_model = lora.add_adapters(self.value_model, self.config.model, "TOKEN_CLS", "critic.model")
         torch.manual_seed(self.config.data_loader_seed + self.rank)
         self.critic = ResponseValues(self.value_model)
         self.compute_dtype = fsdp.fsdp_wrap(self.critic, self.critic.body.layers, self.config.fsdp, self.device)

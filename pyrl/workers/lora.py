@@ -14,6 +14,7 @@ bookkeeping (benchmarks/lora_sync.py measures this against vLLM's adapter loadin
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Iterator
 
@@ -22,6 +23,7 @@ from torch import nn
 
 from pyrl.workers.distributed import full_tensor
 
+log = logging.getLogger("pyrl")
 ADAPTER = "default"  # PEFT's name for the one adapter
 VALUE_HEADS = ["score", "classifier"]  # a token-classification model's head: PEFT's TOKEN_CLS modules_to_save
 ADAPTER_DIR = "lora_adapter"  # a checkpoint's adapter in PEFT's format (verl's merger writes the same name)
@@ -31,7 +33,7 @@ def uses_lora(model_config) -> bool:
     return model_config.lora_rank > 0
 
 
-def check_lora_config(model_config, key: str) -> None:
+def check_lora_config(model_config, key: str, task_type: str) -> None:
     """The LoRA keys of `key` (e.g. actor_rollout_ref.model) hold values PEFT can use; raised at start."""
     if model_config.lora_rank < 0:
         raise ValueError(f"{key}.lora_rank: expected >= 0 (0 trains the whole model), got {model_config.lora_rank}")
@@ -46,37 +48,74 @@ def check_lora_config(model_config, key: str) -> None:
     if path and not os.path.isfile(os.path.join(path, "adapter_config.json")):
         raise FileNotFoundError(f"{key}.lora_adapter_path: {path!r} is not a PEFT adapter directory (no "
                                 "adapter_config.json)")
+    if path:
+        check_adapter_task(model_config, task_type, key)
+        loaded = adapter_config(model_config, task_type)
+        log.info("%s.lora_adapter_path: its adapter_config.json sets rank %d, alpha %s, targets %s; %s.lora_rank, "
+                 "lora_alpha, target_modules and exclude_modules are not used", key, loaded.r, loaded.lora_alpha,
+                 sorted(loaded.target_modules) if isinstance(loaded.target_modules, set) else loaded.target_modules, key)
 
 
-def add_adapters(model: nn.Module, model_config, task_type: str):
-    """PEFT's LoRA injected into `model` in place (verl's _build_lora_module): from model.lora_adapter_path
-    (trainable), else fresh with rank / alpha / target and excluded modules. task_type CAUSAL_LM (the actor) or
-    TOKEN_CLS (the critic: its new value head trains whole, as PEFT's modules_to_save). Returns the PeftModel
-    (for adapters_disabled and the adapter's config); `model` itself keeps its structure."""
-    from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+def adapter_config(model_config, task_type: str):
+    """The LoraConfig a model gets: model.lora_adapter_path's adapter_config.json (its rank, alpha and targets
+    rule, as in verl), else rank / alpha / target and excluded modules. task_type CAUSAL_LM (the actor) or
+    TOKEN_CLS (the critic: its value head trains whole, as PEFT's modules_to_save, and takes no adapter)."""
+    from peft import LoraConfig, TaskType
+
+    if model_config.lora_adapter_path:
+        return LoraConfig.from_pretrained(model_config.lora_adapter_path)
+    exclude = _plain(model_config.exclude_modules)
+    if task_type == "TOKEN_CLS":
+        exclude = (VALUE_HEADS if exclude is None else exclude + VALUE_HEADS if isinstance(exclude, list)
+                   else f"(?:{exclude})|(?:{'|'.join(VALUE_HEADS)})")
+    return LoraConfig(task_type=TaskType[task_type], r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
+                      target_modules=_plain(model_config.target_modules), exclude_modules=exclude, bias="none")
+
+
+def add_adapters(model: nn.Module, model_config, task_type: str, key: str):
+    """PEFT's LoRA injected into `model` in place (verl's _build_lora_module): model.lora_adapter_path's weights
+    (trainable), else fresh adapters of adapter_config(). Returns the PeftModel (for adapters_disabled and the
+    adapter's config); `model` itself keeps its structure. `key` names the config section in errors."""
+    from peft import PeftModel, get_peft_model
+
+    if model_config.lora_adapter_path:
+        check_adapter_task(model_config, task_type, key)
+        peft_model = PeftModel.from_pretrained(model, model_config.lora_adapter_path, is_trainable=True)
+    else:
+        peft_model = get_peft_model(model, adapter_config(model_config, task_type))
+    check_adapted(model, task_type, key)
+    return peft_model
+
+
+def check_adapter_task(model_config, task_type: str, key: str) -> None:
+    """model.lora_adapter_path's adapter was saved for this kind of model: an actor's (CAUSAL_LM) adapter has no
+    value head to train, a critic's (TOKEN_CLS) one carries a head the actor does not have."""
+    saved = adapter_config(model_config, task_type).task_type
+    saved = getattr(saved, "value", saved)
+    if saved != task_type:
+        raise ValueError(f"{key}.lora_adapter_path: the adapter was saved with task_type {saved}, expected {task_type}"
+                         f" ({'the critic: a pyrl critic checkpoint' if task_type == 'TOKEN_CLS' else 'the actor: a pyrl actor checkpoint'}"
+                         "'s lora_adapter)")
+
+
+def check_adapted(model: nn.Module, task_type: str, key: str) -> None:
+    """What pyrl can train and push: adapters on linear layers only, never on the output head, and for the critic
+    a trainable value head (an actor's adapter loaded into a critic would leave its new head random and frozen)."""
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
-    if model_config.lora_adapter_path:
-        peft_model = PeftModel.from_pretrained(model, model_config.lora_adapter_path, is_trainable=True)
-    else:
-        exclude = _plain(model_config.exclude_modules)
-        if task_type == "TOKEN_CLS":  # the value head trains whole (modules_to_save), so it takes no adapter
-            exclude = (VALUE_HEADS if exclude is None else exclude + VALUE_HEADS if isinstance(exclude, list)
-                       else f"(?:{exclude})|(?:{'|'.join(VALUE_HEADS)})")
-        config = LoraConfig(task_type=TaskType[task_type], r=model_config.lora_rank,
-                            lora_alpha=model_config.lora_alpha, target_modules=_plain(model_config.target_modules),
-                            exclude_modules=exclude, bias="none")
-        peft_model = get_peft_model(model, config)
     unsupported = sorted({type(m).__name__ for m in model.modules() if isinstance(m, LoraLayer)
                           and not isinstance(m, LoraLinear)})
-    if unsupported:  # the merged push below handles Linear's W + s * B @ A only
-        raise ValueError(f"model.target_modules: LoRA on {', '.join(unsupported)} layers is not supported (pyrl merges "
-                         "adapters of linear layers); target linear layers only, e.g. all-linear")
+    if unsupported:  # the merged push handles Linear's W + s * B @ A only
+        raise ValueError(f"{key}.target_modules: LoRA on {', '.join(unsupported)} layers is not supported (pyrl "
+                         "merges adapters of linear layers); target linear layers only, e.g. all-linear")
     if isinstance(model.get_output_embeddings(), LoraLayer):  # the fused log-prob kernel reads the head's weight
-        raise ValueError("model.target_modules: LoRA on the output head (lm_head) is not supported; all-linear leaves "
-                         "it out")
-    return peft_model
+        raise ValueError(f"{key}.target_modules: LoRA on the output head (lm_head) is not supported; all-linear "
+                         "leaves it out")
+    if task_type == "TOKEN_CLS" and not any(p.requires_grad for name, p in model.named_parameters()
+                                            if name.split(".")[0] in VALUE_HEADS):
+        raise ValueError(f"{key}.lora_adapter_path: the adapter leaves the critic's value head frozen (an adapter "
+                         "saved with task_type TOKEN_CLS, such as a pyrl critic checkpoint's lora_adapter, trains it)")
 
 
 def _plain(value):

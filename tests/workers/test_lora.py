@@ -73,7 +73,7 @@ def test_merged_weights_and_disabled_adapters_single_process(tiny_path):
 
     config = make_config(*LORA).actor_rollout_ref.model
     lm, policy = load_policy(config)
-    peft_model = lora.add_adapters(lm, config, "CAUSAL_LM")
+    peft_model = lora.add_adapters(lm, config, "CAUSAL_LM", "actor_rollout_ref.model")
     assert peft_model.base_model.model is lm
     with torch.no_grad():
         for name, p in policy.named_parameters():
@@ -106,15 +106,15 @@ def test_bad_lora_keys_are_named(keys, message):
 
     config = dataclasses.replace(make_config(*LORA).actor_rollout_ref.model, **keys)
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        lora.check_lora_config(config, "actor_rollout_ref.model")
+        lora.check_lora_config(config, "actor_rollout_ref.model", "CAUSAL_LM")
 
 
 @pytest.mark.parametrize("targets", [["embed_tokens", "q_proj"], ["lm_head"]])
 def test_unsupported_targets_are_refused(targets):
     config = make_config(*LORA, f"actor_rollout_ref.model.target_modules=[{','.join(targets)}]").actor_rollout_ref.model
     lm, _ = load_policy(config)
-    with pytest.raises(ValueError, match="model.target_modules: LoRA on"):
-        lora.add_adapters(lm, config, "CAUSAL_LM")
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.target_modules: LoRA on"):
+        lora.add_adapters(lm, config, "CAUSAL_LM", "actor_rollout_ref.model")
 
 
 def test_update_equals_peft_reference_and_ref_stays_base(group, tiny_path):
@@ -216,3 +216,32 @@ def test_whole_model_checkpoint_into_a_lora_run_is_refused(group, tmp_path, ray_
         whole.kill()
     with pytest.raises(WorkerError, match="a whole-model checkpoint, but the run is LoRA"):
         group.load_checkpoint(str(tmp_path / "whole"))
+
+
+def test_critic_starts_from_a_value_adapter_and_refuses_an_actor_adapter(tiny_path, tmp_path):
+    """critic.model.lora_adapter_path: a TOKEN_CLS adapter (a critic's) trains its value head; an actor's adapter
+    (CAUSAL_LM) would leave the new head random and frozen, and is refused naming the key."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from pyrl.workers.critic import CriticWorker
+
+    keys = ["critic.model.lora_rank=4", "critic.model.lora_alpha=8", "algorithm.adv_estimator=gae"]
+    value_model = AutoModelForTokenClassification.from_pretrained(tiny_path, num_labels=1, dtype=torch.float32)
+    get_peft_model(value_model, lora.adapter_config(make_config(*keys).critic.model, "TOKEN_CLS")).save_pretrained(
+        str(tmp_path / "critic"))
+    actor = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    get_peft_model(actor, lora.adapter_config(make_config(*keys).critic.model, "CAUSAL_LM")).save_pretrained(
+        str(tmp_path / "actor"))
+
+    critic = CriticWorker(make_config(*keys, f"critic.model.lora_adapter_path={tmp_path / 'critic'}").critic)
+    critic.init_model()
+    trained = {name for name, p in critic.critic.named_parameters() if p.requires_grad}
+    assert any(".lora_" in n for n in trained) and any(".score." in n for n in trained)
+    assert all(".lora_" in n or ".score." in n for n in trained)
+    wrong = make_config(*keys, f"critic.model.lora_adapter_path={tmp_path / 'actor'}")
+    with pytest.raises(ValueError, match="critic.model.lora_adapter_path: the adapter was saved with task_type "
+                                         "CAUSAL_LM, expected TOKEN_CLS"):
+        lora.check_lora_config(wrong.critic.model, "critic.model", "TOKEN_CLS")  # at start, in the driver
+    with pytest.raises(ValueError, match="critic.model.lora_adapter_path: the adapter was saved with task_type"):
+        CriticWorker(wrong.critic).init_model()
