@@ -36,7 +36,7 @@ def check_names(config) -> None:
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
     from pyrl.trainer.tracking import check_backends
-    from pyrl.workers.lora import check_lora_config
+    from pyrl.workers.lora import check_lora_config, uses_lora
     from pyrl.workers.optim import LR_SCHEDULES, OPTIMIZERS
 
     actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
@@ -64,6 +64,9 @@ def check_names(config) -> None:
     check_backends(config.trainer.logger)
     check_lora_config(config.actor_rollout_ref.model, "actor_rollout_ref.model", "CAUSAL_LM")
     check_lora_config(config.critic.model, "critic.model", "TOKEN_CLS")
+    if uses_lora(config.actor_rollout_ref.model) and (actor.use_kl_loss or algorithm.use_kl_in_reward):
+        log.info("actor_rollout_ref.model.lora_rank > 0: the reference policy is the actor with its adapters off (no "
+                 "model of its own), so actor_rollout_ref.ref.fsdp_config is not used")
     if actor.use_prefix_grouper and not config.actor_rollout_ref.model.use_remove_padding:
         raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=true shares prompts between packed sequences: it needs "
                          "actor_rollout_ref.model.use_remove_padding=true")
