@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
@@ -59,44 +59,56 @@ class PlacementError(RuntimeError):
 
 @dataclass(frozen=True)
 class Node:
-    """An alive Ray node: its id, address, host name and total CPU / GPU resources."""
+    """An alive Ray node: its id, address, host name, total CPU / GPU resources and the part of them still free
+    (not reserved by a placement group, this run's earlier pools included, nor held by a task or actor)."""
 
     id: str
     ip: str
     hostname: str
     cpus: float
     gpus: float
+    free_cpus: float
+    free_gpus: float
 
     @classmethod
-    def from_ray(cls, info: dict) -> "Node":
+    def from_ray(cls, info: dict, available: dict) -> "Node":
         resources = info.get("Resources", {})
         return cls(info["NodeID"], info["NodeManagerAddress"], info.get("NodeManagerHostname", ""),
-                   resources.get("CPU", 0.0), resources.get("GPU", 0.0))
+                   resources.get("CPU", 0.0), resources.get("GPU", 0.0), available.get("CPU", 0.0),
+                   available.get("GPU", 0.0))
 
     def __str__(self) -> str:
-        return f"{self.id[:8]} ({self.ip}, {self.hostname}): CPU {self.cpus:g}, GPU {self.gpus:g}"
+        return (f"{self.id[:8]} ({self.ip}, {self.hostname}): CPU {self.cpus:g} ({self.free_cpus:g} free), "
+                f"GPU {self.gpus:g} ({self.free_gpus:g} free)")
 
 
 def alive_nodes() -> list[Node]:
-    return [Node.from_ray(info) for info in ray.nodes() if info.get("Alive")]
+    """The alive nodes with what is free on each now. Ray's GCS takes a placement group's bundles off its node's
+    available resources when the group is committed, before pg.ready() resolves, so a pool placed just before
+    shows here (Ray's per-node view is a DeveloperAPI of ray._private.state; a resource at 0 is left out)."""
+    from ray._private.state import available_resources_per_node
+
+    available = available_resources_per_node()
+    return [Node.from_ray(info, available.get(info["NodeID"], {})) for info in ray.nodes() if info.get("Alive")]
 
 
 def choose_nodes(nodes: list[Node], processes_per_node: list, cpus_per_process: float, gpus_per_process: float,
                  first: str | None = None) -> list[Node]:
-    """A distinct node for each entry of processes_per_node, whose CPUs and GPUs hold that many processes;
-    the node with id `first` (the driver's) is tried first, the others in the order given. Raises a
-    PlacementError listing every node when there are too few."""
+    """A distinct node for each entry of processes_per_node, whose free CPUs and GPUs hold that many processes
+    (what other pools already reserve does not count: a second pool goes to the nodes with room); the node with id
+    `first` (the driver's) is tried first, the others in the order given. Raises a PlacementError listing every
+    node when there are too few."""
     ordered = sorted(nodes, key=lambda node: node.id != first)
     chosen: list[Node] = []
     for count in processes_per_node:
-        fits = [node for node in ordered if node not in chosen and node.cpus >= count * cpus_per_process
-                and node.gpus >= count * gpus_per_process]
+        fits = [node for node in ordered if node not in chosen and node.free_cpus >= count * cpus_per_process
+                and node.free_gpus >= count * gpus_per_process]
         if not fits:
             wanted = ", ".join(f"{c} x {{CPU: {cpus_per_process:g}, GPU: {gpus_per_process:g}}}"
                                for c in processes_per_node)
             listed = "; ".join(str(node) for node in nodes) or "none"
             raise PlacementError(f"{len(processes_per_node)} distinct node(s) wanted, one per entry of [{wanted}], "
-                                 f"but only {len(chosen)} of the cluster's alive nodes can host them. Nodes: {listed}")
+                                 f"but only {len(chosen)} of the cluster's alive nodes have them free. Nodes: {listed}")
         chosen.append(fits[0])
     return chosen
 
@@ -104,7 +116,7 @@ def choose_nodes(nodes: list[Node], processes_per_node: list, cpus_per_process: 
 @dataclass
 class ResourcePool:
     """processes_per_node[i] worker processes on node i, each with `gpus_per_process` GPUs (0: CPU workers on
-    gloo) and `cpus_per_process` CPUs (None: each chosen node's CPUs shared equally by its processes, the
+    gloo) and `cpus_per_process` CPUs (None: each chosen node's free CPUs shared equally by its processes, the
     smallest share over the nodes, at least 1). Node i is a distinct Ray node: its placement group is pinned
     to it by its node id, so two "nodes" never share one Ray node. Up to max_colocate_count worker groups may
     share the pool (e.g. the critic next to the actor), each taking an equal slice of every bundle."""
@@ -123,14 +135,16 @@ class ResourcePool:
 
     def placement_groups(self, timeout_s: float = 60.0):
         """One STRICT_PACK placement group per node, on the nodes choose_nodes picks (the driver's first);
-        raises a PlacementError when the cluster cannot host them."""
+        raises a PlacementError when the cluster cannot host them, or when Ray put a group elsewhere than the
+        node its bundles' label selector names (Ray ignored the label selectors of STRICT_PACK groups until
+        ray-project/ray#60170, merged in January 2026: hence pyproject's ray>=2.54, the first release after it)."""
         if self._groups:
             return self._groups
         nodes = alive_nodes()
         self.nodes = choose_nodes(nodes, self.processes_per_node, self.cpus_per_process or 1, self.gpus_per_process,
                                   first=ray.get_runtime_context().get_node_id())
         if self.cpus_per_process is None:
-            self.cpus_per_process = max(1, min(int(node.cpus // count)
+            self.cpus_per_process = max(1, min(int(node.free_cpus // count)
                                                for node, count in zip(self.nodes, self.processes_per_node)))
         bundle = {"CPU": self.cpus_per_process}
         if self.gpus_per_process:
@@ -146,6 +160,13 @@ class ResourcePool:
                         f"resource pool: node {index}, {node}, cannot host {count} processes of {bundle} within "
                         f"{timeout_s:.0f} s (other jobs hold its resources?); the cluster's available resources: "
                         f"{ray.available_resources()}")
+                landed = set(placement_group_table(pg)["bundles_to_node_id"].values())
+                if landed != {node.id}:
+                    raise PlacementError(
+                        f"resource pool: node {index} was to be {node}, but Ray placed its bundles on "
+                        f"{', '.join(sorted(n[:8] for n in landed))}: this Ray ({ray.__version__}) does not honor "
+                        f"bundle label selectors of STRICT_PACK placement groups (ray-project/ray#60170); "
+                        f"install ray>=2.54")
         except BaseException:
             self.release()
             raise

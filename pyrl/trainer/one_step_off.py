@@ -76,19 +76,27 @@ def shared_cpus_per_process(config, trainer_per_node: int) -> int:
     return max(1, int(cpus // (trainer_per_node + rollout_pool_shape(config)[0])))
 
 
-def build_rollout_workers(config, cpus_per_process: int, env: dict):
-    """The rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on a pool of their own; each
-    generates its share of a batch alone, so they form no process group."""
-    from pyrl.controller import ResourcePool, WorkerGroup
-    from pyrl.workers.actor import ActorRolloutRefWorker
+def rollout_resource_pool(config, cpus_per_process: int):
+    """The rollout's own pool: rollout.nnodes distinct nodes with rollout_pool_shape's processes each (not yet
+    placed; pyrl.trainer.workers.place puts it after the trainer's, on the nodes with room left)."""
+    from pyrl.controller import ResourcePool
 
     per_node, gpus = rollout_pool_shape(config)
-    pool = ResourcePool([per_node] * config.rollout.nnodes, gpus_per_process=gpus, cpus_per_process=cpus_per_process)
-    env = {**env, "OMP_NUM_THREADS": cpus_per_process} if gpus == 0 else env
+    return ResourcePool([per_node] * config.rollout.nnodes, gpus_per_process=gpus, cpus_per_process=cpus_per_process)
+
+
+def build_rollout_workers(config, pool, env: dict):
+    """The rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on their pool
+    (rollout_resource_pool); each generates its share of a batch alone, so they form no process group."""
+    from pyrl.controller import WorkerGroup
+    from pyrl.workers.actor import ActorRolloutRefWorker
+
+    gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
+    env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
     group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", init_distributed=False, env=env)
     group.init_model()
     log.info("rollout workers (one-step-off-policy): %d process(es) x %s", pool.world_size,
-             f"{gpus} GPU" if gpus else f"CPU ({cpus_per_process} thread(s))")
+             f"{gpus} GPU" if gpus else f"CPU ({cpus} thread(s))")
     return group
 
 

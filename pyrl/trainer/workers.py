@@ -55,23 +55,25 @@ def uses_critic(config) -> bool:
     return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
 
 
-def place(pool, trainer_config) -> None:
-    """Reserve the pool's bundles on trainer.nnodes distinct Ray nodes now, before any worker starts; a cluster
-    with too few suitable nodes stops the run naming the keys that ask for them."""
+def place(pool, section, prefix: str = "trainer") -> None:
+    """Reserve the pool's bundles on section.nnodes distinct Ray nodes now, before any worker starts; a cluster
+    with too few nodes with room stops the run naming the keys that ask for them: `prefix` is the section's name,
+    trainer (config.trainer) or rollout (config.rollout, the one-step-off rollout's pool, placed after the
+    trainer's on what that leaves free)."""
     from pyrl.controller.worker_group import PlacementError
 
     per_node = pool.processes_per_node[0]
     if pool.gpus_per_process:
-        asked = f"trainer.n_gpus_per_node={per_node}: {per_node} GPU worker(s)"
+        asked = f"{prefix}.n_gpus_per_node={per_node}: {per_node} GPU worker(s)"
     else:
-        asked = (f"trainer.n_gpus_per_node={trainer_config.n_gpus_per_node}: CPU workers, "
-                 f"trainer.n_cpu_workers_per_node={per_node}")
+        asked = (f"{prefix}.n_gpus_per_node={section.n_gpus_per_node}: CPU workers, "
+                 f"{prefix}.n_cpu_workers_per_node={per_node}")
     try:
         pool.placement_groups()
     except PlacementError as e:
-        raise ValueError(f"trainer.nnodes={trainer_config.nnodes} ({asked} per node) cannot be placed: {e}. Join a "
-                         "cluster with that many nodes (trainer.ray_address, see the README's \"Running on a Ray "
-                         "cluster\") or ask for fewer nodes or workers.") from None
+        raise ValueError(f"{prefix}.nnodes={section.nnodes} ({asked} per node) cannot be placed: {e}. Join a "
+                         "cluster with that many nodes with room (trainer.ray_address, see the README's \"Running on "
+                         "a Ray cluster\") or ask for fewer nodes or workers.") from None
 
 
 def threads_per_process(pool, groups: int) -> int:
@@ -96,7 +98,8 @@ def build_workers(config) -> Workers:
     from pyrl.workers.critic import CriticWorker
     from pyrl.workers.perf import peak_flops
     from pyrl.workers.reward_model import RewardModelWorker
-    from pyrl.trainer.one_step_off import build_rollout_workers, rollout_processes, shared_cpus_per_process
+    from pyrl.trainer.one_step_off import (build_rollout_workers, rollout_processes, rollout_resource_pool,
+                                           shared_cpus_per_process)
 
     trainer = config.trainer
     gpus = gpus_per_node(trainer)
@@ -112,6 +115,14 @@ def build_workers(config) -> Workers:
     if not config.actor_rollout_ref.hybrid_engine:  # the rollout's processes share the nodes' CPUs
         pool.cpus_per_process = shared_cpus_per_process(config, per_node)
     place(pool, trainer)
+    rollout_pool = None
+    if not config.actor_rollout_ref.hybrid_engine:  # placed now too, on what the trainer's pool leaves free
+        rollout_pool = rollout_resource_pool(config, pool.cpus_per_process)
+        try:
+            place(rollout_pool, config.rollout, "rollout")
+        except ValueError:
+            pool.release()
+            raise
     world = pool.world_size
     if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
@@ -140,5 +151,5 @@ def build_workers(config) -> Workers:
         reward_model.init_model()
     log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
              " + critic" if use_critic else "", " + reward model" if use_rm else "")
-    rollout = None if config.actor_rollout_ref.hybrid_engine else build_rollout_workers(config, pool.cpus_per_process, env)
+    rollout = None if rollout_pool is None else build_rollout_workers(config, rollout_pool, env)
     return Workers(actor, critic, reward_model, world, pool, rollout)

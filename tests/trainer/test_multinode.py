@@ -101,5 +101,6 @@ def test_too_few_nodes_stop_the_run_naming_the_keys_and_the_nodes(ray_session):
     node = ray_session.get_runtime_context().get_node_id()
     with pytest.raises(ValueError, match=r"trainer\.nnodes=2 \(trainer\.n_gpus_per_node=0: CPU workers, "
                                          r"trainer\.n_cpu_workers_per_node=1 per node\) cannot be placed: 2 distinct "
-                                         rf"node\(s\) wanted.*only 1 .*Nodes: {node[:8]} \(.*\): CPU 4, GPU 0"):
+                                         rf"node\(s\) wanted.*only 1 .*Nodes: {node[:8]} \(.*\): CPU 4 \(\d+ free\), "
+                                         r"GPU 0 \(0 free\)"):
         place(pool, config.trainer)
