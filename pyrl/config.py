@@ -417,7 +417,7 @@ class TrainerConfig:
     seed: int = 1
     # pyrl's: before workers start, each phase's peak memory per rank is estimated from the model config and the
     # batch settings (pyrl/trainer/memory_plan.py) and logged; check: a phase over the device's memory (GPU, or
-    # on CPU the available RAM per rank) stops the run naming the keys to turn; warn: logs that and runs; off: skip
+    # on CPU the available RAM per process) stops the run naming the keys to turn; warn: logs that and runs; off: skip
     memory_plan: str = "check"
 
 

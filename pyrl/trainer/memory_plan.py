@@ -15,6 +15,14 @@ never more than the pass's rows. Log-probs (and values) are computed for the mic
 tokens x response_length / L of them. use_prefix_grouper shares prompts and needs fewer: the plan stays an upper
 bound there.
 
+The capacity is taken where the worker processes will run: on a cluster the run joins (trainer.ray_address or
+$RAY_ADDRESS), a small Ray task on each node the trainer's pool would take reports its GPU's memory or its available
+RAM (Ray is joined for it, still before any worker starts); otherwise this machine's. A GPU holds one process; a
+node's RAM is shared by the processes on it (on CPU the one-step-off rollout's beside the trainer's ranks). When the
+capacity cannot be seen (GPU workers from a driver without one, no node to ask) the table is logged and one line
+says the check is skipped. Without the hybrid engine the rollout's own processes are one more phase: the engine
+alone.
+
 What is not counted: the processes' own runtime (Python, torch, the libraries' code and caches: a few hundred MB
 per process on CPU, the CUDA context on GPU), the driver, the batches themselves (ids and masks: a few bytes per
 token), validation generation (val_batch_size), and the multi-turn agent loop's extra turns.
@@ -27,6 +35,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.workers.lora import adapter_config, uses_lora
 
 log = logging.getLogger("pyrl")
@@ -34,7 +43,6 @@ log = logging.getLogger("pyrl")
 GiB = 1 << 30
 MODES = ("check", "warn", "off")  # trainer.memory_plan
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CPU_MATMUL_ATTENTION_MAX_LEN = 128  # pyrl.models.varlen_attention's: short bf16 buckets on CPU attend by matmuls
 
 
 @dataclass(frozen=True)
@@ -142,8 +150,7 @@ class Phase:
 @dataclass
 class MemoryPlan:
     phases: list
-    capacity: int  # bytes per rank
-    device: str  # "cuda" or "cpu", in words in table()
+    capacity: int | None  # bytes per process; None: not visible from the driver (nothing is checked)
     capacity_note: str = ""
     notes: list = field(default_factory=list)
 
@@ -151,18 +158,18 @@ class MemoryPlan:
         return [p for p in self.phases if not p.skipped]
 
     def over(self) -> list:
-        return [p for p in self.running() if p.peak > self.capacity]
+        return [] if self.capacity is None else [p for p in self.running() if p.peak > self.capacity]
 
     def table(self) -> str:
         width = max(len(p.name) for p in self.phases)
-        lines = [f"memory plan per rank ({self.capacity_note}): phase, resident + transient = peak GiB"]
+        lines = [f"memory plan per process ({self.capacity_note}): phase, resident + transient = peak GiB"]
         for p in self.phases:
             if p.skipped:
                 lines.append(f"  {p.name:<{width}}  skipped ({p.skipped})")
                 continue
             resident, transient = sum(t.bytes for t in p.resident), sum(t.bytes for t in p.transient)
             lines.append(f"  {p.name:<{width}}  {resident / GiB:8.3f} + {transient / GiB:8.3f} = {p.peak / GiB:8.3f}"
-                         f"{'  OVER' if p.peak > self.capacity else ''}")
+                         f"{'  OVER' if p in self.over() else ''}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
     def error(self) -> str:
@@ -172,8 +179,8 @@ class MemoryPlan:
             terms = sorted((t for t in p.resident + p.transient if t.bytes), key=lambda t: -t.bytes)[:4]
             detail = "; ".join(f"{t.name} {t.bytes / GiB:.2f} GiB" + (f" ({t.knobs})" if t.knobs else "")
                                for t in terms)
-            parts.append(f"{p.name} needs ~{p.peak / GiB:.2f} GiB per rank: {detail}")
-        return (f"the memory plan does not fit {self.capacity / GiB:.2f} GiB per rank ({self.capacity_note}): "
+            parts.append(f"{p.name} needs ~{p.peak / GiB:.2f} GiB per process: {detail}")
+        return (f"the memory plan does not fit {self.capacity / GiB:.2f} GiB per process ({self.capacity_note}): "
                 + " | ".join(parts) + ". Turn the knobs named, add ranks (trainer.n_gpus_per_node / trainer.nnodes / "
                 "trainer.n_cpu_workers_per_node), or set trainer.memory_plan=warn to run anyway")
 
@@ -379,8 +386,9 @@ def micro_key(prefix: str, dynamic: bool) -> str:
     return f"{prefix}_max_token_len_per_gpu" if dynamic else f"{prefix}_micro_batch_size_per_gpu"
 
 
-def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int, rows: int) -> tuple[list, list]:
-    """(resident, rollout-phase transient) of the rollout engine on one rank."""
+def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | None, rows: int) -> tuple[list, list]:
+    """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts;
+    vLLM on CUDA takes gpu_memory_utilization of the device (nothing counted when its size is unknown)."""
     from pyrl.workers.precision import runnable_dtype
     import torch
 
@@ -390,7 +398,7 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int, row
     length = rollout.prompt_length + rollout.response_length
     weights = Term("rollout engine weights", shape.params * dtype, f"{key}.dtype")
     if rollout.name == "vllm" and setting.device == "cuda":
-        engine = Term("vLLM (gpu_memory_utilization x device)", int(rollout.gpu_memory_utilization * capacity),
+        engine = Term("vLLM (gpu_memory_utilization x device)", int(rollout.gpu_memory_utilization * (capacity or 0)),
                       f"{key}.gpu_memory_utilization")
         # the engine sleeps during training (free_cache_engine): weights and KV cache come back for the rollout
         return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
@@ -414,11 +422,12 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int, row
                             f"{key}.calculate_log_probs=false or {key}.name=vllm")]
 
 
-def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: str = "",
+def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_note: str = "",
          runs_old_log_prob: bool = True, uses_ref: bool = True, uses_critic: bool = False,
-         uses_reward_model: bool = False) -> MemoryPlan:
+         uses_reward_model: bool = False, rollout_processes: int = 0) -> MemoryPlan:
     """The phases of a PPO step on one rank. shapes: ModelShape by role ("actor", and "critic" /
-    "reward_model" when used)."""
+    "reward_model" when used). rollout_processes: the one-step-off rollout's own processes
+    (actor_rollout_ref.hybrid_engine=false), planned as one more phase: a rollout worker holds the engine alone."""
     import torch
 
     arr = config.actor_rollout_ref
@@ -446,11 +455,12 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
         ref_state = sharded_state(shape, r_prec, world, False, ref.fsdp_config.param_offload and on_cuda,
                                   "actor_rollout_ref.ref.fsdp_config", "reference")
     notes = []
+    if capacity is None and rollout.name == "vllm" and on_cuda:
+        notes.append("vLLM's gpu_memory_utilization x the device is not counted: the device's size is unknown")
     if arr.hybrid_engine:
         engine_resident, engine_rollout = engine_terms(config, shape, setting, capacity, prompts)
-    else:  # the rollout's own workers on their own devices (one-step-off): not in these ranks
+    else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
         engine_resident, engine_rollout = [], []
-        notes.append("hybrid_engine=false: the rollout workers' devices are not planned here")
     critic_state, critic_idle, rm_state = [], [], []
     if uses_critic:
         c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
@@ -518,31 +528,116 @@ def plan(config, shapes: dict, setting: Setting, capacity: int, capacity_note: s
         shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
         model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
         "actor_rollout_ref.model")))
+    if not arr.hybrid_engine:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
+        rows = math.ceil(config.data.train_batch_size / max(1, rollout_processes))
+        phases.append(Phase("rollout worker (one-step-off)", *engine_terms(config, shape, setting, capacity, rows)))
     if actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
-    return MemoryPlan(phases, capacity, setting.device, capacity_note, notes)
+    return MemoryPlan(phases, capacity, capacity_note, notes)
 
 
 # ---- the driver's check ----
 
-def device_capacity(setting: Setting, processes_per_node: int) -> tuple[int, str]:
-    """Bytes one rank may use: the GPU's memory, or on CPU the RAM available now shared by the node's ranks."""
-    if setting.device == "cuda":
+PROBE_TIMEOUT_S = 60.0  # a cluster node's probe task (it waits for a free GPU)
+
+
+def processes_per_node(config) -> int:
+    """The worker processes that share a node's memory: the trainer's ranks, and on CPU the one-step-off rollout's
+    processes beside them (their pool shares the nodes' CPUs with the trainer's, pyrl.trainer.one_step_off; on GPUs
+    each process has a device of its own)."""
+    from pyrl.trainer.one_step_off import rollout_pool_shape
+    from pyrl.trainer.workers import gpus_per_node, worker_count
+
+    trainer = config.trainer
+    per_node = worker_count(trainer) // trainer.nnodes
+    if gpus_per_node(trainer) == 0 and not config.actor_rollout_ref.hybrid_engine:
+        per_node += rollout_pool_shape(config)[0]
+    return per_node
+
+
+def device_memory(device: str) -> tuple[int, str] | None:
+    """(bytes, what they are) on the machine this runs on: the first GPU's memory, or the RAM available now; None
+    for "cuda" where torch sees no GPU. Runs in the driver, or in a Ray task on a cluster node (cluster_capacity)."""
+    if device == "cuda":
         import torch
 
+        if not torch.cuda.is_available():
+            return None
         props = torch.cuda.get_device_properties(0)
-        return props.total_memory, f"{props.name}, {props.total_memory / GiB:.1f} GiB"
+        return props.total_memory, props.name
     import psutil
 
-    available = psutil.virtual_memory().available
-    return available // processes_per_node, (f"CPU RAM available {available / GiB:.1f} GiB / {processes_per_node} "
-                                             f"rank(s) per node")
+    return psutil.virtual_memory().available, "CPU RAM available"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    bytes: int | None  # per process; None: not visible from the driver (the plan is logged, not checked)
+    note: str
+
+
+def capacity_of(found: tuple[int, str], device: str, per_node: int, where: str) -> Capacity:
+    """A GPU holds one process; a node's available RAM is shared by its processes."""
+    total, name = found
+    if device == "cuda":
+        return Capacity(total, f"{name}, {total / GiB:.1f} GiB{where}")
+    return Capacity(total // per_node, f"{name} {total / GiB:.1f} GiB{where} / {per_node} process(es) per node")
+
+
+def cluster_capacity(config, device: str, per_node: int) -> Capacity:
+    """Joins the run's cluster (build_workers finds it joined) and asks the nodes the trainer's pool would take now
+    (choose_nodes over their free resources), each with a small Ray task pinned to it (holding a GPU for GPU
+    workers): the smallest capacity over them. None when no node can be chosen or a probe does not answer."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pyrl.controller import init_ray
+    from pyrl.controller.worker_group import PlacementError, alive_nodes, choose_nodes
+
+    trainer = config.trainer
+    init_ray(trainer.ray_address)
+    gpus = 1 if device == "cuda" else 0
+    try:
+        nodes = choose_nodes(alive_nodes(), [per_node] * trainer.nnodes, 1, gpus,
+                             first=ray.get_runtime_context().get_node_id())
+    except PlacementError as e:
+        return Capacity(None, f"no node of the cluster to ask: {e}")
+    probe = ray.remote(device_memory)
+    refs = [probe.options(num_cpus=0, num_gpus=gpus,
+                          scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote(device)
+            for node in nodes]
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    if pending:
+        return Capacity(None, f"the probe of the cluster's nodes did not answer within {PROBE_TIMEOUT_S:.0f} s")
+    found = ray.get(refs)
+    if any(f is None for f in found):
+        return Capacity(None, "the torch on a chosen node sees no GPU")
+    smallest = min(range(len(nodes)), key=lambda i: capacity_of(found[i], device, per_node, "").bytes)
+    where = (f" on node {nodes[smallest].id[:8]} ({nodes[smallest].ip}), the smallest of {len(nodes)} probed"
+             if len(nodes) > 1 else f" on node {nodes[smallest].id[:8]} ({nodes[smallest].ip}), probed")
+    return capacity_of(found[smallest], device, per_node, where)
+
+
+def run_capacity(config, device: str) -> Capacity:
+    """Bytes one worker process may use where the processes will run: on the nodes of the cluster the run joins
+    (trainer.ray_address or $RAY_ADDRESS, Ray's own switch), asked there; otherwise this machine's (a private
+    local Ray), unless it has no GPU for GPU workers."""
+    per_node = processes_per_node(config)
+    if config.trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+        return cluster_capacity(config, device, per_node)
+    found = device_memory(device)
+    if found is None:
+        return Capacity(None, "GPU workers, but torch in the driver sees no GPU")
+    return capacity_of(found, device, per_node, "")
 
 
 def run_plan(config) -> MemoryPlan:
     """The plan of the run `config` (resolved: model paths local) on the devices the workers will get."""
     from transformers import AutoConfig
 
+    from pyrl.trainer.one_step_off import rollout_processes
     from pyrl.trainer.ppo_trainer import skips_old_log_prob
     from pyrl.trainer.workers import gpus_per_node, uses_critic, worker_count
 
@@ -553,18 +648,18 @@ def run_plan(config) -> MemoryPlan:
                                          else None)
 
     trainer = config.trainer
-    world = worker_count(trainer)
-    setting = Setting("cuda" if gpus_per_node(trainer) > 0 else "cpu", world)
+    setting = Setting("cuda" if gpus_per_node(trainer) > 0 else "cpu", worker_count(trainer))
     shapes = {"actor": shape(config.actor_rollout_ref.model, "causal_lm")}
     critic, rm = uses_critic(config), config.reward.reward_model.enable
     if critic:
         shapes["critic"] = shape(config.critic.model, "token_classification")
     if rm:
         shapes["reward_model"] = shape(config.reward_model.model, "sequence_classification")
-    capacity, note = device_capacity(setting, world // trainer.nnodes)
+    capacity = run_capacity(config, setting.device)
     uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
     runs_old = not skips_old_log_prob(config) and not config.algorithm.rollout_correction.bypass_mode
-    return plan(config, shapes, setting, capacity, note, runs_old, uses_ref, critic, rm)
+    return plan(config, shapes, setting, capacity.bytes, capacity.note, runs_old, uses_ref, critic, rm,
+                rollout_processes(config))
 
 
 def check_memory_plan(config) -> MemoryPlan | None:
@@ -578,7 +673,10 @@ def check_memory_plan(config) -> MemoryPlan | None:
         return None
     result = run_plan(config)
     log.info("%s", result.table())
-    if result.over():
+    if result.capacity is None:
+        log.warning("memory plan: the fit check is skipped, the workers' memory is not visible from the driver (%s)",
+                    result.capacity_note)
+    elif result.over():
         if mode == "check":
             raise MemoryError(result.error())
         log.warning("trainer.memory_plan=warn: %s", result.error())

