@@ -155,7 +155,6 @@ class PPOTrainer:
                                        config.data.seed)
         self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.reward_extra_keys: set[str] = set()  # per-sample fields the reward function returned
         self.correction = algorithm.rollout_correction
         self.on_policy = skips_old_log_prob(config)
         # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers (pyrl.trainer.one_step_off)
@@ -203,11 +202,12 @@ class PPOTrainer:
     def collect_batch(self, timing: dict, metrics: dict, step: int | None = None) -> DataProto:
         """Sample prompts, generate n responses each, score them; with dynamic sampling (DAPO) keep only groups
         whose rewards vary and generate more until the batch is full. `step`: the step the batch is for (else the
-        current one; one-step-off rollout collects the next step's)."""
+        current one; one-step-off rollout collects the next step's). The names of the per-sample fields the reward
+        function returned go into meta_info["reward_extra_keys"] (the batch carries them into a checkpoint)."""
         cfg, algorithm = self.config, self.config.algorithm
         rollout = self.workers.rollout
         wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
-        batch, generated_batches = None, 0
+        batch, generated_batches, extra_keys = None, 0, set()
         while True:  # more than once only with dynamic sampling
             prompts = self.next_batch()
             with M.timer("gen", timing):
@@ -227,7 +227,7 @@ class PPOTrainer:
                 gen.batch["token_level_scores"] = scores
                 for key, values in extra.items():
                     gen.non_tensor_batch[key] = np.asarray(values, dtype=object)
-                self.reward_extra_keys.update(extra)
+                extra_keys.update(extra)
                 for key, value in reward_metrics.items():
                     metrics[key] = metrics.get(key, 0) + value
             if not algorithm.filter_groups.enable:
@@ -245,6 +245,7 @@ class PPOTrainer:
                                    f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
         metrics["training/num_gen_batches"] = generated_batches
         metrics["training/epoch"] = self.sampler.epoch
+        batch.meta_info["reward_extra_keys"] = sorted(extra_keys)
         return batch
 
     def collect_step_batch(self, step: int) -> tuple[DataProto, dict, dict]:
@@ -369,10 +370,10 @@ class PPOTrainer:
         self.workers.actor.save_checkpoint(os.path.join(step_dir, "actor"))
         if self.use_critic:
             self.workers.critic.save_checkpoint(os.path.join(step_dir, "critic"))
-        state = {"global_steps": self.global_steps, "sampler": self.sampler.state_dict(),
-                 "kl_ctrl": self.kl_ctrl.state_dict()}
+        state = {"global_steps": self.global_steps}
         if self.one_step_off is not None:  # the next step's batch, generated with older weights than these
-            state.update(self.one_step_off.state_dict())
+            state.update(self.one_step_off.state_dict())  # waits for it: its collection draws from the sampler
+        state.update(sampler=self.sampler.state_dict(), kl_ctrl=self.kl_ctrl.state_dict())
         tmp = os.path.join(step_dir, "data.pt.tmp")
         torch.save(state, tmp)
         os.replace(tmp, os.path.join(step_dir, "data.pt"))
@@ -456,7 +457,7 @@ class PPOTrainer:
                     if trainer.rollout_data_dir:
                         with M.timer("dump_rollout_generations", timing):
                             records = generation_records(self.tokenizer, batch, batch.batch["token_level_scores"].sum(-1),
-                                                         self.global_steps, sorted(self.reward_extra_keys))
+                                                         self.global_steps, batch.meta_info["reward_extra_keys"])
                             dump_generations(records, trainer.rollout_data_dir, self.global_steps)
                     last_step = self.global_steps == self.total_steps
                     if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or last_step):

@@ -4,16 +4,13 @@ logged with the node that holds it, and a run killed after its step-2 checkpoint
 same step-3 metrics as an uninterrupted run. The placement itself: distinct nodes or a clear error."""
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from trainer_helpers import SMALL, compose, read_metrics, run_cli
+from trainer_helpers import SMALL, compose, kill_after_checkpoint, read_metrics, run_cli
 
 # hosts the cluster until its stdin closes; prints its address and node ids (head first). The head is big enough
 # for both ranks: Ray alone packs two 1-CPU STRICT_PACK placement groups onto it (every time, as measured with
@@ -67,17 +64,7 @@ def test_two_node_run_places_a_rank_per_node_and_resumes(two_nodes, tmp_path):
     assert sorted(node for _, _, node, _ in placed) == sorted(node[:8] for node in nodes)  # one rank per node
     assert [r["step"] for r in read_metrics(full)] == [1, 2, 3]
 
-    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *args, f"trainer.default_local_dir={part}"],
-                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    latest = part / "latest_checkpointed_iteration.txt"
-    deadline = time.monotonic() + 300
-    while not (latest.exists() and latest.read_text().strip() == "2"):
-        assert killed.poll() is None, "the run ended before its step-2 checkpoint"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(killed.pid, signal.SIGKILL)  # the driver; the cluster ends its workers and frees their nodes
-    killed.wait()
+    kill_after_checkpoint(args, part, 2, cwd=tmp_path, timeout=300, env=env)
     assert sorted(p.name for p in (part / "global_step_2" / "actor").glob("*.distcp")) == ["__0_0.distcp",
                                                                                          "__1_0.distcp"]
 

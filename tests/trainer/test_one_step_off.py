@@ -3,18 +3,19 @@ k+1 with the weights of step k-1 while the actor trains on batch k. One uninterr
 FSDP actor process and an hf-engine rollout process) serves three checks: each stored batch's rollout log-probs
 equal an independent HF forward's under the weights of two steps before, not one (so the push delivered those
 weights, and the schedule is one step off); the trainer's own staleness metric is fp32 noise at step 1 and not
-after; a run killed after its step-2 checkpoint and started again reproduces it. Bad settings stop at start."""
+after; a run killed after its step-2 checkpoint and started again reproduces it. The run uses dynamic sampling on
+a field of what the reward function returns (more prompts drawn while the batch fills, in the background), so a
+checkpoint must hold the sampler as the batch in flight left it, and the rollout dump the reward's fields also for
+a batch a resumed run took from its checkpoint. Bad settings stop at start."""
 
-import os
-import signal
+import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from trainer_helpers import read_metrics, run_cli
+from trainer_helpers import compose, kill_after_checkpoint, read_metrics, run_cli
 
 ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.train_batch_size=8",
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
@@ -26,15 +27,33 @@ ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.tr
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max", "training/rollout_probs_diff_mean",
-            "rollout_corr/kl", "val-core/pyrl/toy_addition/acc/mean@1"]
+            "rollout_corr/kl", "val-core/pyrl/toy_addition/acc/mean@1", "training/num_gen_batches"]
+SCORER = """from pyrl.rewards import default_compute_score
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    score = default_compute_score(data_source, solution_str, ground_truth)
+    return {'score': score, 'acc': score, 'format': float('<answer>' in solution_str)}
+"""
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("one_step_off") / "full"
-    proc = run_cli(ARGS + [f"trainer.default_local_dir={run_dir}"], cwd=run_dir.parent)
+def run_args(tmp_path_factory):
+    """ARGS with a scorer returning fields besides the score, dynamic sampling on one of them, the rollout dump."""
+    base = tmp_path_factory.mktemp("one_step_off")
+    (base / "scorer.py").write_text(SCORER)
+    return base, ARGS + [f"reward.custom_reward_function.path={base / 'scorer.py'}", "algorithm.filter_groups.enable=true",
+                         "algorithm.filter_groups.metric=acc"]
+
+
+def rollout_dump(run_dir) -> str:
+    return f"trainer.rollout_data_dir={run_dir / 'rollouts'}"
+
+
+@pytest.fixture(scope="module")
+def full_run(run_args):
+    base, args = run_args
+    proc = run_cli(args + [f"trainer.default_local_dir={base / 'full'}", rollout_dump(base / "full")], cwd=base)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    return base / "full"
 
 
 def response_log_probs(model_dir, batch) -> torch.Tensor:
@@ -72,6 +91,17 @@ def test_each_batch_is_generated_with_the_weights_of_two_steps_before(full_run):
     assert last["next_batch"] is None  # the last step starts no generation
 
 
+def test_a_checkpoint_holds_the_sampler_after_the_batch_in_flight(full_run):
+    """The checkpoint of step k holds batch k+1 and the sampler past every prompt drawn for it (dynamic sampling
+    draws train_batch_size prompts per generation batch): a resumed run draws batch k+2's prompts next."""
+    gen_batches = [r["training/num_gen_batches"] for r in read_metrics(full_run)]
+    assert max(gen_batches) > 1  # dynamic sampling drew more prompts in some step
+    for saved_at in (1, 2, 3):
+        state = torch.load(full_run / f"global_step_{saved_at}" / "data.pt", weights_only=False)
+        drawn = sum(gen_batches[:saved_at]) + state["next_batch"]["metrics"]["training/num_gen_batches"]
+        assert state["sampler"]["epoch"] == 0 and state["sampler"]["position"] == 8 * drawn, saved_at
+
+
 def test_metrics_show_the_staleness_and_the_overlap(full_run):
     rows = read_metrics(full_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -87,20 +117,11 @@ def test_metrics_show_the_staleness_and_the_overlap(full_run):
     assert [r["training/epoch"] for r in rows] == [0, 0, 0, 0]
 
 
-def test_kill_and_resume_reproduces_the_uninterrupted_run(full_run):
-    part = full_run.parent / "part"
-    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *ARGS, f"trainer.default_local_dir={part}"],
-                              cwd=full_run.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    latest = part / "latest_checkpointed_iteration.txt"
-    deadline = time.monotonic() + 400
-    while not (latest.exists() and latest.read_text().strip() == "2"):
-        assert killed.poll() is None, "the run ended before its step-2 checkpoint"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
-    proc = run_cli(ARGS + [f"trainer.default_local_dir={part}"], cwd=full_run.parent)
+def test_kill_and_resume_reproduces_the_uninterrupted_run(full_run, run_args):
+    base, args = run_args
+    part = base / "part"
+    kill_after_checkpoint(args + [rollout_dump(part)], part, 2, cwd=base)
+    proc = run_cli(args + [f"trainer.default_local_dir={part}", rollout_dump(part)], cwd=base)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference, resumed = read_metrics(full_run), read_metrics(part)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -109,27 +130,22 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(full_run):
             if key in want:
                 assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
     assert "val-core/pyrl/toy_addition/acc/mean@1" in resumed[3]
-
-
-def compose(config_name, *overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from omegaconf import OmegaConf
-
-    import pyrl.ppo  # noqa: F401 - registers the schema
-
-    with initialize_config_module("pyrl.configs", version_base=None):
-        return OmegaConf.to_object(hydra_compose(config_name, overrides=list(overrides)))
+    # the same samples (prompts' uids: the sampler's places) with the reward's fields, step 3's batch taken from
+    # the checkpoint included
+    for step in (3, 4):
+        want, got = ((run / "rollouts" / f"{step}.jsonl").read_text().splitlines() for run in (full_run, part))
+        assert [json.loads(line) for line in got] == [json.loads(line) for line in want], step
+        assert all({"acc", "format", "uid"} <= json.loads(line).keys() for line in got), step
 
 
 def test_the_one_step_off_entry_trains_with_verls_defaults(tmp_path, ray_session):
     """verl's one_step_off_ppo_trainer defaults (bypass mode: the rollout's log-probs are the old ones), run."""
     from pyrl.ppo import run_ppo
 
-    config = compose("one_step_off_ppo_trainer", "preset=toy", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+    config = compose("preset=toy", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
                      "trainer.test_freq=-1", "trainer.total_training_steps=2", "actor_rollout_ref.rollout.name=hf",
-                     f"trainer.default_local_dir={tmp_path}")
+                     f"trainer.default_local_dir={tmp_path}", config_name="one_step_off_ppo_trainer")
     arr = config.actor_rollout_ref
     assert not arr.hybrid_engine and not arr.rollout.free_cache_engine and arr.rollout.calculate_log_probs
     assert config.algorithm.rollout_correction.bypass_mode and config.rollout.nnodes == 1
@@ -160,6 +176,6 @@ OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_
 def test_bad_settings_stop_the_run_at_start(overrides, message):
     from pyrl.ppo import resolve_defaults
 
-    config = compose("ppo_trainer", "preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", *overrides)
+    config = compose("preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", *overrides)
     with pytest.raises(ValueError, match=message):
         resolve_defaults(config)

@@ -1,15 +1,9 @@
 """A run killed (SIGKILL) right after its step-2 checkpoint and started again with the same command gives
 the same metrics for steps 3 and 4 as a run that was never interrupted, with either rollout engine."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 
-from trainer_helpers import SMALL, read_metrics, run_cli
+from trainer_helpers import SMALL, kill_after_checkpoint, read_metrics, run_cli
 
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max"]
@@ -26,16 +20,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(engine, tmp_path):
     proc = run_cli(args + [f"trainer.default_local_dir={full}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *args, f"trainer.default_local_dir={part}"], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    latest = part / "latest_checkpointed_iteration.txt"
-    deadline = time.monotonic() + 400
-    while not (latest.exists() and latest.read_text().strip() == "2"):
-        assert killed.poll() is None, "the run ended before its step-2 checkpoint"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    kill_after_checkpoint(args, part, 2, cwd=tmp_path)
 
     proc = run_cli(args + [f"trainer.default_local_dir={part}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
