@@ -606,7 +606,7 @@ def cluster_capacity(config, device: str, per_node: int) -> Capacity:
     refs = [probe.options(num_cpus=0, num_gpus=gpus,
                           scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote(device)
             for node in nodes]
-    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     for ref in pending:
         ray.cancel(ref, force=True)
     if pending:
