@@ -187,6 +187,19 @@ class AgentLoopConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """verl 0.9.1's rollout.checkpoint_engine: how the actor's weights reach the rollout engines. pyrl moves them
+    itself (LIMITS): in-process into each actor rank's own engine with the hybrid engine (verl's naive), and without
+    it the actor ranks gather the whole weights, rank 0 puts them in Ray's object store once and every rollout
+    worker loads them (where verl 0.9.1's one_step_off_ppo_trainer names nccl)."""
+
+    backend: str = "naive"
+    update_weights_bucket_megabytes: int = 2048
+    engine_kwargs: dict = field(default_factory=dict)
+    custom_backend_module: Optional[str] = None
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"  # vllm | hf
     mode: str = "async"  # async | sync: the same in-process generation (verl 0.9.1 serves both asynchronously too)
@@ -221,6 +234,7 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
 
 @dataclass
@@ -466,6 +480,18 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"{role}.custom_chat_template": ((None,), "the prompts are the actor's (actor_rollout_ref.model."
                                                  "custom_chat_template)") for role in ("critic.model", "reward_model.model")},
     "actor_rollout_ref.rollout.layered_summon": ((False, True), "either way the push gathers one tensor at a time"),
+    # verl's weight transports (pyrl.config.CheckpointEngineConfig): pyrl's own push stands for naive (the hybrid
+    # engine's in-process load) and nccl (to separate rollout workers, through Ray's object store)
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": (
+        ("naive", "nccl"), "pyrl pushes the weights itself: in-process with the hybrid engine, through Ray's object "
+                           "store to the rollout's own workers without it; verl's nixl, hccl, mooncake, "
+                           "kimi_ckpt_engine and delta_sharded transports are not implemented"),
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
+        (2048,), "pyrl's push moves one whole tensor at a time, not buckets"),
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": (({},), "options of verl's transport backends; "
+                                                                         "pyrl's push has none"),
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": (
+        (None,), "verl's pluggable transports (CheckpointEngineRegistry) are not implemented"),
     # verl's reward model has no LoRA keys: it never trains
     **{f"reward_model.model.{key}": ((value,), "the reward model never trains")
        for key, value in (("lora_rank", 0), ("lora_alpha", 16), ("target_modules", "all-linear"),

@@ -167,3 +167,22 @@ def test_agent_loops_checked_against_the_rows_before_workers(tmp_path):
         check([{}, {"agent_name": "tool_agent", "interaction_kwargs": {"name": "gues"}}], with_interactions)
     with pytest.raises(ValueError, match="data row 0: interaction_kwargs.name None"):  # two configured: name one
         check([{"agent_name": "tool_agent"}], with_interactions)
+
+
+ENGINE = "actor_rollout_ref.rollout.checkpoint_engine"
+
+
+@pytest.mark.parametrize("override, key", [(f"{ENGINE}.backend=nixl", "backend"),
+                                           (f"{ENGINE}.update_weights_bucket_megabytes=512", "update_weights_bucket_megabytes"),
+                                           (f"+{ENGINE}.engine_kwargs.nccl.rebuild_group=true", "engine_kwargs"),
+                                           (f"{ENGINE}.custom_backend_module=my_backend", "custom_backend_module")])
+def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
+    """verl 0.9.1's rollout.checkpoint_engine: naive (its default) and nccl (its one_step_off_ppo_trainer's) run,
+    as pyrl's own push; another transport, bucket size or backend option stops the run naming the key."""
+    from pyrl.config import check_supported
+    from trainer.trainer_helpers import compose
+
+    for backend in ("naive", "nccl"):
+        check_supported(compose(f"{ENGINE}.backend={backend}"))
+    with pytest.raises(ValueError, match=re.escape(f"{ENGINE}.{key}=") + ".* is not supported"):
+        check_supported(compose(override))

@@ -13,7 +13,7 @@ from trainer_helpers import compose  # noqa: E402
 
 from pyrl.ppo import wants_toy_preset  # noqa: E402
 
-# verl 0.9.1's verl/trainer/config/_generated_ppo_trainer.yaml, resolved, for the 245 keys pyrl shares with it
+# verl 0.9.1's verl/trainer/config/_generated_ppo_trainer.yaml, resolved, for the 249 keys pyrl shares with it
 # and gives the same default (actor_rollout_ref.rollout.name=vllm, which verl leaves mandatory)
 with open(os.path.join(os.path.dirname(__file__), "verl091_defaults.json")) as f:
     VERL_DEFAULTS = json.load(f)
@@ -47,7 +47,7 @@ def composed(*overrides) -> dict:
 
 def test_verl_command_line_gets_verl_defaults():
     ours = composed("data.train_files=d.parquet", "actor_rollout_ref.model.path=m")
-    assert len(VERL_DEFAULTS) >= 245
+    assert len(VERL_DEFAULTS) >= 249
     wrong = {key: (ours.get(key, "<missing>"), value) for key, value in VERL_DEFAULTS.items() if ours.get(key) != value}
     assert not wrong, f"pyrl default vs verl 0.9.1: {wrong}"
     for key, (pyrl_value, _) in DELIBERATE.items():

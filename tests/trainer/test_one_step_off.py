@@ -149,6 +149,7 @@ def test_the_one_step_off_entry_trains_with_verls_defaults(tmp_path, ray_session
     arr = config.actor_rollout_ref
     assert not arr.hybrid_engine and not arr.rollout.free_cache_engine and arr.rollout.calculate_log_probs
     assert config.algorithm.rollout_correction.bypass_mode and config.rollout.nnodes == 1
+    assert arr.rollout.checkpoint_engine.backend == "nccl"
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
