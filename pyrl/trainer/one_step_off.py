@@ -17,9 +17,10 @@ log-probs (rollout.calculate_log_probs, required) let algorithm.rollout_correcti
 training/rollout_probs_diff_* (without bypass_mode) shows the staleness.
 
 Validation first waits for the batch in flight and pushes the current weights: it scores the current policy.
-A checkpoint waits for the batch in flight and stores it (with its metrics) in data.pt, so a resumed run trains
-on exactly the batch the uninterrupted run did, generated with the weights it was (every generate call is seeded
-by its step, so no rollout RNG state is needed).
+A checkpoint waits for the batch in flight and stores it (with its metrics) in data.pt, and the data sampler as
+that batch's collection left it (dynamic sampling draws more prompts while it runs), so a resumed run trains on
+exactly the batch the uninterrupted run did, generated with the weights it was (every generate call is seeded by
+its step, so no rollout RNG state is needed), and draws the next batch's prompts where it would have.
 """
 
 from __future__ import annotations
