@@ -211,7 +211,6 @@ def test_verl_command_lines_are_accepted():
 
 
 @pytest.mark.parametrize("override", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                                      "actor_rollout_ref.hybrid_engine=false",
                                       "actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "critic.fsdp.fsdp_size=2",
                                       "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
                                       "critic.checkpoint.load_contents=[model,optimizer,extra,lora]",
