@@ -8,10 +8,12 @@ a WorkerError naming the worker class, rank and method.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -140,9 +142,7 @@ class ResourcePool:
         ray-project/ray#60170, merged in January 2026: hence pyproject's ray>=2.54, the first release after it)."""
         if self._groups:
             return self._groups
-        nodes = alive_nodes()
-        self.nodes = choose_nodes(nodes, self.processes_per_node, self.cpus_per_process or 1, self.gpus_per_process,
-                                  first=ray.get_runtime_context().get_node_id())
+        self.nodes = self._wait_for_nodes(timeout_s)
         if self.cpus_per_process is None:
             self.cpus_per_process = max(1, min(int(node.free_cpus // count)
                                                for node, count in zip(self.nodes, self.processes_per_node)))
@@ -170,12 +170,48 @@ class ResourcePool:
         except BaseException:
             self.release()
             raise
+        _PLACED.append(self)
         return self._groups
+
+    def _wait_for_nodes(self, timeout_s: float) -> list[Node]:
+        """choose_nodes on the nodes' free resources, waiting up to timeout_s for resources other jobs or released
+        pools hold now (a pool released just before, e.g. the last run's, comes back within a fraction of a second);
+        when the nodes cannot fit it even with those back (too few nodes, or this process's own live pools hold the
+        rest) it raises at once."""
+        driver = ray.get_runtime_context().get_node_id()
+        choose = functools.partial(choose_nodes, processes_per_node=self.processes_per_node,
+                                   cpus_per_process=self.cpus_per_process or 1, gpus_per_process=self.gpus_per_process,
+                                   first=driver)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            nodes = alive_nodes()
+            try:
+                return choose(nodes)
+            except PlacementError:
+                choose(_without_others(nodes))  # raises at once when even that cannot fit
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def release(self) -> None:
         for pg in self._groups:
             remove_placement_group(pg)
         self._groups.clear()
+        _PLACED[:] = [pool for pool in _PLACED if pool is not self]
+
+
+_PLACED: list[ResourcePool] = []  # this process's pools holding placement groups now
+
+
+def _without_others(nodes: list[Node]) -> list[Node]:
+    """The nodes as if every reservation but this process's live pools' were released."""
+    held: dict[str, list] = {}
+    for pool in _PLACED:
+        for node, count in zip(pool.nodes, pool.processes_per_node):
+            cpus, gpus = held.get(node.id, (0.0, 0.0))
+            held[node.id] = (cpus + count * pool.cpus_per_process, gpus + count * pool.gpus_per_process)
+    return [dataclasses.replace(n, free_cpus=n.cpus - held.get(n.id, (0, 0))[0],
+                                free_gpus=n.gpus - held.get(n.id, (0, 0))[1]) for n in nodes]
 
 
 class WorkerGroup:

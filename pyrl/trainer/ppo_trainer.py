@@ -159,7 +159,7 @@ class PPOTrainer:
         self.on_policy = skips_old_log_prob(config)
         # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers (pyrl.trainer.one_step_off)
         self.weight_push = self.one_step_off = None
-        if workers.rollout is not workers.actor:
+        if not config.actor_rollout_ref.hybrid_engine:
             self.weight_push = WeightPush(workers.actor, workers.rollout)
             self.one_step_off = OneStepOff(self.collect_step_batch, lambda: {"perf/update_weights_bytes": self.push_weights()},
                                            self.total_steps)

@@ -92,3 +92,27 @@ def test_the_rollout_pool_that_finds_no_room_names_the_rollout_keys(ray_session)
             place(rollout, RolloutPoolConfig(nnodes=1, n_gpus_per_node=0, n_cpu_workers_per_node=2), "rollout")
     finally:
         trainer.release()
+
+
+def test_a_pool_waits_for_resources_another_job_releases(ray_session):
+    """CPUs reserved by someone else's placement group (here a raw one, as another job's) are waited for: released
+    a second later, the pool is placed then instead of refused."""
+    import threading
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from pyrl.controller import ResourcePool
+
+    node = ray_session.get_runtime_context().get_node_id()
+    cpus = int(next(n for n in alive_nodes() if n.id == node).cpus)
+    other = placement_group([{"CPU": 1}] * cpus, strategy="STRICT_PACK")  # every CPU, once earlier tests let go
+    ray_session.get(other.ready(), timeout=30)
+    released = []
+    threading.Timer(1.0, lambda: (remove_placement_group(other), released.append(time.monotonic()))).start()
+    pool = ResourcePool([1])
+    try:
+        pool.placement_groups(timeout_s=30)
+        placed = time.monotonic()
+        assert [n.id for n in pool.nodes] == [node] and released and placed >= released[0]
+    finally:
+        pool.release()
