@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trainer_helpers import SMALL, compose, read_metrics
+from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read_metrics
 
 LORA = ["actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.actor.optim.lr=0.003"]
@@ -26,11 +26,7 @@ def test_lora_rollout_log_probs_match_the_trainer(engine, tmp_path, ray_session)
                      f"trainer.default_local_dir={tmp_path}")
     run_ppo(config)
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for row in rows:
-        assert row["training/rollout_probs_diff_valid"] == 1
-        assert row["training/rollout_probs_diff_mean"] < 1e-4, row["training/rollout_probs_diff_mean"]
-        assert row["training/rollout_probs_diff_max"] < 1e-2
+    assert_rollout_matches_trainer(rows, 3)
     # the adapters moved the policy away from the reference (the base model), which the KL loss measures
     assert rows[-1]["actor/kl_loss"] > 1e-6
 

@@ -54,3 +54,13 @@ def compose(*overrides, config_name="ppo_trainer"):
     with initialize_config_module("pyrl.configs", version_base=None):
         cfg = hydra_compose(config_name, overrides=list(overrides))
     return OmegaConf.to_object(cfg)
+
+
+def assert_rollout_matches_trainer(rows: list[dict], steps: int) -> None:
+    """Every step of a run logged: the rollout engine's log-probs equal the trainer's at float32 noise
+    (training/rollout_probs_diff_*, the check verl logs after each weight push)."""
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for row in rows:
+        assert row["training/rollout_probs_diff_valid"] == 1
+        assert row["training/rollout_probs_diff_mean"] < 1e-4, row["training/rollout_probs_diff_mean"]
+        assert row["training/rollout_probs_diff_max"] < 1e-2
