@@ -20,6 +20,7 @@ def check_config(config) -> None:
     check_names(config)
     check_batch_sizes(config, worker_count(config.trainer))
     check_one_step_off(config)
+    check_rollout_tensor_parallel(config)
 
 
 def _check_name(key: str, value, known) -> None:
@@ -77,6 +78,29 @@ def check_names(config) -> None:
     if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and algorithm.rollout_correction.bypass_mode:
         raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the old-log-prob pass, which "
                          "algorithm.rollout_correction.bypass_mode=true skips")
+
+
+def check_rollout_tensor_parallel(config) -> None:
+    """A tensor-parallel rollout group is TP consecutive ranks on one node sharing one vLLM engine."""
+    from pyrl.trainer.one_step_off import rollout_pool_shape
+
+    rollout = config.actor_rollout_ref.rollout
+    tp, key = rollout.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if tp < 1:
+        raise ValueError(f"{key}={tp}: expected 1 (an engine per worker) or more (the ranks sharing one engine)")
+    if tp == 1:
+        return
+    if rollout.name != "vllm":
+        raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm: the {rollout.name} engine runs whole "
+                         f"in each worker")
+    if config.actor_rollout_ref.hybrid_engine:
+        per_node, where = worker_count(config.trainer) // config.trainer.nnodes, "trainer"
+    else:
+        per_node, where = rollout_pool_shape(config)[0], "rollout"
+    if per_node % tp:
+        raise ValueError(f"{key}={tp}: the {per_node} rollout worker processes per node ({where}.n_gpus_per_node, or "
+                         f"{where}.n_cpu_workers_per_node on CPU) do not split into groups of {tp} (a group's ranks "
+                         f"share one engine, on one node)")
 
 
 def check_batch_sizes(config, workers: int) -> None:

@@ -397,6 +397,10 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
     length = rollout.prompt_length + rollout.response_length
     weights = Term("rollout engine weights", shape.params * dtype, f"{key}.dtype")
+    if rollout.tensor_model_parallel_size > 1:  # each rank of a tensor-parallel group holds its share
+        weights = Term("rollout engine weights (one tensor-parallel shard)",
+                       shape.params * dtype // rollout.tensor_model_parallel_size,
+                       f"{key}.dtype, {key}.tensor_model_parallel_size")
     if rollout.name == "vllm" and setting.device == "cuda":
         engine = Term("vLLM (gpu_memory_utilization x device)", int(rollout.gpu_memory_utilization * (capacity or 0)),
                       f"{key}.gpu_memory_utilization")

@@ -88,13 +88,16 @@ def rollout_resource_pool(config, cpus_per_process: int):
 
 def build_rollout_workers(config, pool, env: dict):
     """The rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on their pool
-    (rollout_resource_pool); each generates its share of a batch alone, so they form no process group."""
+    (rollout_resource_pool); each generates its share of a batch alone, so they form no process group, unless
+    rollout.tensor_model_parallel_size > 1 makes groups of them share an engine."""
     from pyrl.controller import WorkerGroup
     from pyrl.workers.actor import ActorRolloutRefWorker
 
     gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
     env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
-    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", init_distributed=False, env=env)
+    tensor_parallel = config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
+    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout",
+                        init_distributed=tensor_parallel, env=env)
     group.init_model()
     log.info("rollout workers (one-step-off-policy): %d process(es) x %s", pool.world_size,
              f"{gpus} GPU" if gpus else f"CPU ({cpus} thread(s))")

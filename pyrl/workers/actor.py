@@ -30,6 +30,7 @@ from pyrl.workers.update import UpdatePlan, run_update
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
 from pyrl.workers.rollout.base import prompt_token_lists
+from pyrl.workers.rollout.tensor_parallel import LeaderEngine, TensorParallelGroup
 from pyrl.interactions.registry import initialize_interactions_from_config
 from pyrl.tools.tool_registry import load_all_tools
 
@@ -81,6 +82,7 @@ class ActorRolloutRefWorker(Worker):
         self.device = worker_device(self.local_rank)
         self.packed = config.model.use_remove_padding
         self.engine = None
+        self.tp_group = None  # with rollout.tensor_model_parallel_size > 1: the ranks sharing this rank's engine
         self.agent_loop = None
         self.peft_model = None  # with model.lora_rank > 0: the policy's adapters (pyrl.workers.lora)
 
@@ -112,8 +114,15 @@ class ActorRolloutRefWorker(Worker):
 
             self.hf_config = self.lm.config if self.has_actor else AutoConfig.from_pretrained(
                 self.model_path, trust_remote_code=self.config.model.trust_remote_code)
-            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank)
-            self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer)
+            tp = self.config.rollout.tensor_model_parallel_size
+            # the ranks of a tensor-parallel group share one engine, which samples from one seed
+            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank - self.rank % tp)
+            if tp > 1:
+                self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp)
+            self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
+                                      self.tp_group.name if self.tp_group else "")
+            if self.tp_group is not None and self.tp_group.is_leader:
+                self.engine = LeaderEngine(self.engine, self.tp_group)
         torch.manual_seed(self.config.actor.data_loader_seed + self.rank)
 
     # ---- rollout ----
@@ -155,10 +164,28 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """prompts: input_ids / attention_mask (/ position_ids), left-padded. meta_info may override the
         rollout config's sampling (n, temperature, top_k, top_p, do_sample, response_length,
-        calculate_log_probs). Returns n rows per prompt (interleaved) with verl's rollout fields."""
+        calculate_log_probs). Returns n rows per prompt (interleaved) with verl's rollout fields. With rollout
+        tensor parallelism the group's leader generates for the whole group (pyrl.workers.rollout.tensor_parallel)."""
         batching.require_keys("generate_sequences", prompts, ["input_ids", "attention_mask"])
+        if self.tp_group is None:
+            out, seconds = self._generate([prompts])[0]
+        elif self.tp_group.is_leader:
+            gathered = self.tp_group.gather(prompts)
+            out, seconds = self.tp_group.lead(lambda: self._generate(gathered))
+        else:
+            self.tp_group.gather(prompts)
+            out, seconds = self.tp_group.follow(self.engine)
+        lengths = out.batch["attention_mask"].sum(-1).tolist()  # every rank takes part in mfu's all-reduce
+        out.meta_info = {**out.meta_info, "metrics": {
+            "perf/mfu/gen": perf.mfu(self.hf_config, lengths, seconds, self.device, self.engine.dtype, backward=False)}}
+        return out
+
+    def _generate(self, parts: list[DataProto]) -> list[tuple[DataProto, float]]:
+        """One generation for the prompts of all parts: the rows of each part (n per prompt) in order, each with
+        the generation's seconds."""
+        prompts = parts[0] if len(parts) == 1 else DataProto.concat(parts)
         spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
-        if spec.seed is not None:  # each rank draws its own samples
+        if spec.seed is not None:  # each rank (group) draws its own samples
             spec = dataclasses.replace(spec, seed=spec.seed + 15_485_863 * self.rank)  # not the trainer's refill stride
         start = time.perf_counter()
         masks, trajectories = None, None
@@ -177,9 +204,11 @@ class ActorRolloutRefWorker(Worker):
         out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad, masks)
         if trajectories is not None:
             out.non_tensor_batch.update(trajectory_columns(trajectories))
-        out.meta_info["metrics"] = {"perf/mfu/gen": perf.mfu(self.hf_config, out.batch["attention_mask"].sum(-1).tolist(),
-                                                             seconds, self.device, self.engine.dtype, backward=False)}
-        return out
+        if len(parts) == 1:
+            return [(out, seconds)]
+        # copies of each part's rows (a view would carry the whole batch's storage wherever it is sent)
+        ends = np.cumsum([len(part) * spec.n for part in parts])
+        return [(out.select_idxs(np.arange(end - len(part) * spec.n, end)), seconds) for part, end in zip(parts, ends)]
 
     def _agent_rows(self, prompts: DataProto) -> list[dict]:
         nt, default = prompts.non_tensor_batch, self.config.rollout.agent.default_agent_loop

@@ -160,6 +160,27 @@ def test_the_one_step_off_entry_trains_with_verls_defaults(tmp_path, ray_session
     assert entry.returncode == 0 and "hybrid_engine: false" in entry.stdout, entry.stderr[-2000:]
 
 
+def test_a_rollout_pool_of_tensor_parallel_vllm_engines(tmp_path, ray_session):
+    """The rollout's own two workers share one vLLM engine (rollout.tensor_model_parallel_size=2): they form a
+    process group for it, load each pushed weight into their halves, and generate one batch ahead of the trainer."""
+    pytest.importorskip("vllm")
+    from pyrl.ppo import run_ppo
+
+    config = compose("preset=toy", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
+                     "trainer.test_freq=-1", "trainer.total_training_steps=3", "actor_rollout_ref.rollout.name=vllm",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_cpu_workers_per_node=2",
+                     "algorithm.rollout_correction.bypass_mode=false", f"trainer.default_local_dir={tmp_path}",
+                     config_name="one_step_off_ppo_trainer")
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["response_length/mean"] > 0 and row["training/rollout_probs_diff_valid"] == 1
+    # the first batch is generated before any update, by the weights the trainer starts from: bf16 rounding only
+    assert rows[0]["training/rollout_probs_diff_mean"] < 5e-3
+
+
 OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
        "actor_rollout_ref.rollout.calculate_log_probs=true"]
 

@@ -194,6 +194,49 @@ def test_a_verl_command_line_trains_with_verls_defaults(engine, tmp_path, ray_se
     assert rows[-1]["training/rollout_probs_diff_mean"] < 5e-3
 
 
+def test_a_grpo_run_with_two_ranks_sharing_a_tensor_parallel_vllm_engine(tmp_path, ray_session):
+    """verl's typical GRPO command line sets rollout.tensor_model_parallel_size=2: here 2 CPU workers train over
+    FSDP and generate with one vLLM engine split over both (vLLM's external launcher over the workers' gloo world).
+    In float32 on both sides the engine's log-probs equal the trainer's: every pushed weight reached both halves."""
+    pytest.importorskip("vllm")
+    from pyrl.ppo import run_ppo
+
+    fp32 = [f"actor_rollout_ref.{role}.fsdp_config.dtype=float32" for role in ("actor", "ref")]
+    config = compose(*SMALL, *fp32, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.dtype=float32",
+                     "actor_rollout_ref.rollout.calculate_log_probs=true",
+                     "trainer.n_cpu_workers_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                     "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "trainer.total_training_steps=2",
+                     "trainer.test_freq=2", f"trainer.default_local_dir={tmp_path}")
+    run_ppo(config)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["training/rollout_probs_diff_mean"] < 1e-4 and row["actor/kl_loss"] >= 0
+        assert 0 < row["perf/mfu/gen"] < 1 and row["response_length/mean"] > 0
+    assert "val-core/pyrl/toy_addition/acc/mean@1" in rows[-1]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0: expected 1"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
+      "trainer.n_cpu_workers_per_node=2"], "tensor_model_parallel_size=2 needs actor_rollout_ref.rollout.name=vllm"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+      "trainer.n_cpu_workers_per_node=3", "data.train_batch_size=12",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+     "the 3 rollout worker processes per node .* do not split into groups of 2"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
+      "actor_rollout_ref.rollout.calculate_log_probs=true", "rollout.n_cpu_workers_per_node=2"], "the 2 rollout worker processes per node \\(rollout.n_gpus_per_node"),
+])
+def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, message):
+    from pyrl.trainer.checks import check_config
+
+    config = compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides)
+    with pytest.raises(ValueError, match=message):
+        check_config(config)
+
+
 def test_verl_command_lines_are_accepted():
     config = compose("data.train_batch_size=256", "actor_rollout_ref.actor.optim.lr=1e-6",
                      "trainer.project_name=MyExperiment", "algorithm.adv_estimator=grpo", "trainer.logger=['wandb']",
@@ -216,7 +259,6 @@ def test_verl_command_lines_are_accepted():
                                       "critic.checkpoint.load_contents=[model,optimizer,extra,lora]",
                                       "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
                                       "actor_rollout_ref.rollout.mode=server",
-                                      "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                                       "actor_rollout_ref.actor.fsdp_config.forward_only=true"])
 def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
     from pyrl.config import check_supported

@@ -65,7 +65,9 @@ def task_prompts(tokenizer, rows: int, schemas, tool_users: int) -> DataProto:
 
 @pytest.fixture(scope="module")
 def rollouts(tool_model, ray_session):
-    """The same 16 greedy prompts through the vllm and the hf rollout workers."""
+    """The same 16 greedy prompts through the vllm and the hf rollout workers, and through two ranks sharing one vllm
+    engine (rollout.tensor_model_parallel_size=2: the group's leader runs every turn of all 16, its follower each
+    engine call with it)."""
     from transformers import AutoTokenizer
 
     from pyrl.tools.tool_registry import load_all_tools
@@ -75,11 +77,13 @@ def rollouts(tool_model, ray_session):
     prompts = task_prompts(tokenizer, 16, schemas, tool_users=8)
     prompts.meta_info.update(do_sample=False, calculate_log_probs=True)
     out = {}
-    for engine in ("vllm", "hf"):
-        if engine == "vllm":
+    for engine in ("vllm", "vllm-tp2", "hf"):
+        if engine.startswith("vllm"):
             pytest.importorskip("vllm")
-        wg = WorkerGroup(ResourcePool([1]), ActorRolloutRefWorker, tool_config(tool_model, engine).actor_rollout_ref,
-                         "actor_rollout")
+        tp = 2 if engine == "vllm-tp2" else 1
+        config = tool_config(tool_model, engine.removesuffix("-tp2"),
+                             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+        wg = WorkerGroup(ResourcePool([tp]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout")
         wg.init_model()
         out[engine] = wg.generate_sequences(prompts)
         if engine == "hf":
@@ -90,9 +94,10 @@ def rollouts(tool_model, ray_session):
     out["worker"].kill()
 
 
-def test_vllm_and_hf_give_the_same_multi_turn_trajectories(rollouts):
+@pytest.mark.parametrize("engine", ["vllm", "vllm-tp2"])
+def test_vllm_and_hf_give_the_same_multi_turn_trajectories(rollouts, engine):
     tokenizer, out = rollouts
-    vllm, hf = out["vllm"], out["hf"]
+    vllm, hf = out[engine], out["hf"]
     assert torch.equal(vllm.batch["responses"], hf.batch["responses"])
     assert torch.equal(vllm.batch["response_mask"], hf.batch["response_mask"])
     assert torch.equal(vllm.batch["attention_mask"], hf.batch["attention_mask"])

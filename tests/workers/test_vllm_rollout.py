@@ -11,14 +11,19 @@ from worker_helpers import check_rollout_fields, make_config, random_batch, roll
 pytest.importorskip("vllm")
 
 # a token budget per engine step below one batch's prompts: prefills are scheduled over several steps
-CONFIG = make_config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                     "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16")
+CONFIG_OVERRIDES = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                    "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16")
+CONFIG = make_config(*CONFIG_OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def vllm_group(ray_session):
-    wg = WorkerGroup(ResourcePool([1]), ActorRolloutRefWorker, CONFIG.actor_rollout_ref, "actor_rollout")
+@pytest.fixture(scope="module", params=[1, 2], ids=["one_engine_per_rank", "tensor_parallel_2"])
+def vllm_group(request, ray_session):
+    """One rank with its own engine; or two ranks (FSDP over both) sharing one engine, each holding half of every
+    layer (rollout.tensor_model_parallel_size=2)."""
+    tp = request.param
+    config = CONFIG if tp == 1 else make_config(*CONFIG_OVERRIDES, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+    wg = WorkerGroup(ResourcePool([tp]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout")
     wg.init_model()
     yield wg
     wg.kill()

