@@ -183,6 +183,13 @@ def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
     assert worker.transient == []
     for phase in result.phases[:-1]:  # the ranks' phases: no engine term
         assert not [t.name for t in phase.resident + phase.transient if "rollout engine" in t.name or "vLLM" in t.name]
+    config.actor_rollout_ref.rollout.tensor_model_parallel_size = 2  # two processes share the engine: half each
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
+                     rollout_processes=4)
+    assert {t.name: t.bytes for t in result.phases[-1].resident} == {
+        "rollout engine weights (one tensor-parallel shard)": shape.params * 4 // 2,
+        "vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)": 3 * mp.GiB}
+    config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
     config.actor_rollout_ref.rollout.name = "hf"
     result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
                      rollout_processes=3)

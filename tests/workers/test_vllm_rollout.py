@@ -94,3 +94,15 @@ def test_seeded_sampling_over_a_step_budget_smaller_than_the_prompts(vllm_group)
     again = vllm_group.generate_sequences(prompts_with(prompts, sampled))
     assert prompts.batch["attention_mask"].sum() * 4 > 16 and len(first) == 32
     assert torch.equal(first.batch["responses"], again.batch["responses"])
+
+
+def test_bad_sampling_fails_on_every_rank_and_the_group_goes_on(vllm_group):
+    """A call that fails where the prompts are generated (in a tensor-parallel group: its leader) raises at the
+    driver naming the value; no rank is left waiting, and the next call runs."""
+    from pyrl.controller.worker_group import WorkerError
+
+    prompts = rollout_prompts(4, seed=24)
+    with pytest.raises(WorkerError, match="n and response_length must be >= 1, got n=0"):
+        vllm_group.generate_sequences(prompts_with(prompts, {"n": 0}))
+    out = vllm_group.generate_sequences(prompts_with(prompts, {"n": 2}))
+    check_rollout_fields(out, prompts, n=2)
