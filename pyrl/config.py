@@ -503,9 +503,6 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ((1,), "Ulysses sequence parallelism is not implemented"),
-    **{f"{key}.fsdp_size": ((-1,), "pyrl shards over every data-parallel rank (no hybrid sharding groups)")
-       for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
-                   "reward_model.fsdp_config")},
     # forward_only says which models train: the actor and critic do, the reference and reward model never
     "actor_rollout_ref.actor.fsdp_config.forward_only": ((False,), "the actor trains"),
     "critic.fsdp.forward_only": ((False,), "the critic trains"),

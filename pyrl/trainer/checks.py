@@ -21,6 +21,7 @@ def check_config(config) -> None:
     check_batch_sizes(config, worker_count(config.trainer))
     check_one_step_off(config)
     check_rollout_tensor_parallel(config)
+    check_fsdp_sizes(config, worker_count(config.trainer))
 
 
 def _check_name(key: str, value, known) -> None:
@@ -78,6 +79,22 @@ def check_names(config) -> None:
     if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and algorithm.rollout_correction.bypass_mode:
         raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the old-log-prob pass, which "
                          "algorithm.rollout_correction.bypass_mode=true skips")
+
+
+FSDP_CONFIGS = (("actor_rollout_ref.actor.fsdp_config", lambda c: c.actor_rollout_ref.actor.fsdp_config),
+                ("actor_rollout_ref.ref.fsdp_config", lambda c: c.actor_rollout_ref.ref.fsdp_config),
+                ("critic.fsdp", lambda c: c.critic.fsdp), ("reward_model.fsdp_config", lambda c: c.reward_model.fsdp_config))
+
+
+def check_fsdp_sizes(config, workers: int) -> None:
+    """Each model's fsdp_size: -1 (every rank) or a divisor of the trainer's ranks (hybrid sharding)."""
+    from pyrl.workers.fsdp import shard_group_size
+
+    for key, get in FSDP_CONFIGS:
+        try:
+            shard_group_size(get(config).fsdp_size, workers)
+        except ValueError as e:
+            raise ValueError(f"{key}.{e} (the trainer's worker processes)") from None
 
 
 def check_rollout_tensor_parallel(config) -> None:

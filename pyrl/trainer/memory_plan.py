@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass, field
 
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
+from pyrl.workers.fsdp import shard_group_size
 from pyrl.workers.lora import adapter_config, uses_lora
 
 log = logging.getLogger("pyrl")
@@ -284,17 +285,18 @@ class Setting:
     distributed: bool = True
 
 
-def sharded_state(shape: ModelShape, precision: Precision, world: int, trains: bool, offloaded: bool, key: str,
+def sharded_state(shape: ModelShape, precision: Precision, shards: int, trains: bool, offloaded: bool, key: str,
                   name: str) -> list:
-    """Master weights (and gradients, AdamW's two moments for a trained model), sharded over the ranks; nothing
-    on the device with param_offload on CUDA (FSDP2's CPUOffloadPolicy keeps them in host memory)."""
+    """Master weights (and gradients, AdamW's two moments for a trained model), sharded over `shards` ranks (all,
+    or fsdp_size's groups); nothing on the device with param_offload on CUDA (FSDP2's CPUOffloadPolicy keeps them
+    in host memory)."""
     if offloaded:
         return []
-    shard = math.ceil(shape.params / world) * precision.master
-    knob = f"{key}.param_offload=true (CUDA), or more ranks"
+    shard = math.ceil(shape.params / shards) * precision.master
+    knob = f"{key}.param_offload=true (CUDA), or more ranks" + (f" or a larger {key}.fsdp_size" if shards > 1 else "")
     terms = [Term(f"{name} weights", shard, knob)]
     if trains:  # for the trained parameters only (LoRA: the adapters)
-        trained = math.ceil(shape.trained_params / world) * precision.master
+        trained = math.ceil(shape.trained_params / shards) * precision.master
         terms += [Term(f"{name} gradients", trained, knob),
                   Term(f"{name} AdamW moments", 2 * trained, f"{key}.optimizer_offload=true (CUDA), or more ranks")]
     return terms
@@ -329,7 +331,7 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
-                head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str) -> list:
+                head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int) -> list:
     """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with
     gradient checkpointing only each layer's input) and the final norm's. On top, the larger of the head's
     backward (which runs first) and one layer's backward (its activations recomputed with checkpointing, and the
@@ -360,10 +362,10 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     else:
         head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
     backward = max(head_term, layer, key=lambda t: t.bytes)
-    grads = math.ceil(shape.trained_params / setting.world) * precision.master
+    grads = math.ceil(shape.trained_params / shards) * precision.master
     # late in the backward the gradients are back (all but the first layer's and the embedding's, which come last)
     # beside the first layer's backward: with small activations (checkpointing) that is the peak
-    last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // setting.world
+    last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // shards
     late = max(grads, grads - min(grads, last) + layer.bytes)
     early = kept.bytes + backward.bytes + head_grad
     step = grads if setting.device == "cuda" else 0
@@ -446,7 +448,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     on_cuda = setting.device == "cuda"
     a_prec = fsdp_precision(actor.fsdp_config, device, setting.distributed)
     key_a = "actor_rollout_ref.actor"
-    actor_state = sharded_state(shape, a_prec, world, True, actor.fsdp_config.param_offload and on_cuda,
+    a_shards = shard_group_size(actor.fsdp_config.fsdp_size, world)
+    actor_state = sharded_state(shape, a_prec, a_shards, True, actor.fsdp_config.param_offload and on_cuda,
                                 f"{key_a}.fsdp_config", "actor")
     moments = [t for t in actor_state if "moments" in t.name]
     if actor.fsdp_config.optimizer_offload and on_cuda and not actor.fsdp_config.param_offload:
@@ -456,7 +459,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     ref_state = []
     if uses_ref and not uses_lora(model):  # with LoRA the reference is the actor with its adapters off
         r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
-        ref_state = sharded_state(shape, r_prec, world, False, ref.fsdp_config.param_offload and on_cuda,
+        ref_state = sharded_state(shape, r_prec, shard_group_size(ref.fsdp_config.fsdp_size, world), False,
+                                  ref.fsdp_config.param_offload and on_cuda,
                                   "actor_rollout_ref.ref.fsdp_config", "reference")
     notes = []
     if capacity is None and rollout.name == "vllm" and on_cuda:
@@ -468,7 +472,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     critic_state, critic_idle, rm_state = [], [], []
     if uses_critic:
         c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
-        critic_state = sharded_state(shapes["critic"], c_prec, world, True,
+        c_shards = shard_group_size(config.critic.fsdp.fsdp_size, world)
+        critic_state = sharded_state(shapes["critic"], c_prec, c_shards, True,
                                      config.critic.fsdp.param_offload and on_cuda, "critic.fsdp", "critic")
         if config.critic.fsdp.optimizer_offload and on_cuda and not config.critic.fsdp.param_offload:
             critic_idle = [t for t in critic_state if "moments" not in t.name]
@@ -476,7 +481,8 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
             critic_idle = critic_state
     if uses_reward_model:
         rm_prec = fsdp_precision(config.reward_model.fsdp_config, device, setting.distributed)
-        rm_state = sharded_state(shapes["reward_model"], rm_prec, world, False,
+        rm_state = sharded_state(shapes["reward_model"], rm_prec,
+                                 shard_group_size(config.reward_model.fsdp_config.fsdp_size, world), False,
                                  config.reward_model.fsdp_config.param_offload and on_cuda,
                                  "reward_model.fsdp_config", "reward model")
     others = critic_idle + rm_state
@@ -518,7 +524,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
             t for t in critic_state if "gradients" not in t.name]
         phases.append(Phase("update_critic", during, update_pass(
             c_shape, c_prec, setting, critic_mb, length, "value", False, critic.model.enable_gradient_checkpointing,
-            f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model")))
+            f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model", c_shards)))
     if uses_reward_model:
         rm = config.reward_model
         rm_mb = micro(samples, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
@@ -531,7 +537,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     phases.append(Phase("update_actor", without_grads + ref_state + engine_resident + others, update_pass(
         shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
         model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
-        "actor_rollout_ref.model")))
+        "actor_rollout_ref.model", a_shards)))
     if not arr.hybrid_engine:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         rows = math.ceil(config.data.train_batch_size / max(1, rollout_processes))
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(config, shape, setting, capacity, rows)))

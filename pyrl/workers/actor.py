@@ -394,10 +394,12 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_digest(self) -> dict:
-        """name -> whole parameter (CPU), optimizer step count: what tests compare across runs."""
+        """name -> whole parameter (CPU), optimizer step count: what tests compare across runs; and the parameter
+        elements this rank holds (its shards)."""
         params = {name: tensor.cpu().clone() for name, tensor in fsdp.full_state_items(self.policy, "lm.")}
         optim = {}
         for name, param in self.policy.named_parameters():
             for key, value in self.optimizer.state.get(param, {}).items():
                 optim[f"{name}.{key}"] = full_tensor(value).cpu().clone() if torch.is_tensor(value) else value
-        return {"params": params, "optimizer": optim, "lr": self.lr_scheduler.get_last_lr()[0]}
+        held = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.policy.parameters())
+        return {"params": params, "optimizer": optim, "lr": self.lr_scheduler.get_last_lr()[0], "held_elements": held}

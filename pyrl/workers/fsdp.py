@@ -13,7 +13,6 @@ from pyrl.workers.distributed import full_tensor, is_distributed
 from pyrl.workers.precision import runnable_dtype
 
 
-
 def compute_dtype(fsdp_config, device: torch.device) -> torch.dtype:
     """The dtype the forward and backward run in: fsdp_config.dtype (mixed precision over model_dtype master
     weights) where the device runs it natively (precision.runnable_dtype), else the master dtype."""
@@ -21,11 +20,42 @@ def compute_dtype(fsdp_config, device: torch.device) -> torch.dtype:
     return runnable_dtype(fsdp_config.dtype, "fsdp_config.dtype", device, fallback=master)
 
 
+def shard_group_size(fsdp_size: int, world: int) -> int:
+    """How many ranks one copy of a model's shards spreads over. fsdp_size -1 (or any size of at least the world,
+    as verl reads it): all of them. A divisor k of the world: verl's hybrid sharding, groups of k consecutive ranks
+    each hold a whole sharded copy and the world / k groups replicate it, their gradients averaged."""
+    if fsdp_size < 0 or fsdp_size >= world:
+        return world
+    if fsdp_size == 0 or world % fsdp_size:
+        raise ValueError(f"fsdp_size={fsdp_size}: expected -1 (shard over all {world} ranks) or a divisor of {world}")
+    return fsdp_size
+
+
+_MESHES: dict = {}  # (device type, shard group size) -> the 2-D mesh, one per process: its groups are made once
+
+
+def fsdp_mesh(fsdp_config, device: torch.device):
+    """None (fully_shard's default: shard over the whole world), or the ("replicate", "shard") mesh of hybrid
+    sharding (shard_group_size)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    shards = shard_group_size(fsdp_config.fsdp_size, world)
+    if shards == world:
+        return None
+    if (device.type, shards) not in _MESHES:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        _MESHES[device.type, shards] = init_device_mesh(device.type, (world // shards, shards),
+                                                        mesh_dim_names=("replicate", "shard"))
+    return _MESHES[device.type, shards]
+
+
 def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> torch.dtype:
     """fully_shard each decoder layer, then the root (embedding, final norm, head), in place, the forward in
-    compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype.
-    Returns the compute dtype. A single process without a process group is not sharded and computes in the
-    master dtype."""
+    compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype;
+    over every rank, or with fsdp_config.fsdp_size hybrid-sharded (fsdp_mesh). Returns the compute dtype. A
+    single process without a process group is not sharded and computes in the master dtype."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
@@ -37,9 +67,11 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
     if compute != master:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if fsdp_config.param_offload and device.type == "cuda" else OffloadPolicy()
+    options = dict(mesh=fsdp_mesh(fsdp_config, device), mp_policy=mp,
+                   reshard_after_forward=fsdp_config.reshard_after_forward, offload_policy=offload)
     for layer in layers:
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=fsdp_config.reshard_after_forward, offload_policy=offload)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=fsdp_config.reshard_after_forward, offload_policy=offload)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     return compute
 
 

@@ -89,6 +89,12 @@ def test_plan_resident_state_and_phases_by_hand():
     assert rollout["hf generate KV cache"] == kv + kv // 2
     assert rollout["hf generate scores (calculate_log_probs)"] == 0  # the toy preset turns them off
     assert phases["old_log_prob"].skipped == ""  # two epochs: not on-policy
+    # hybrid sharding in groups of one rank (fsdp_size 1): each rank holds the whole actor, the reference still halved
+    config.actor_rollout_ref.actor.fsdp_config.fsdp_size = 1
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["old_log_prob"].resident}
+    assert terms["actor weights"] == shape.params * 4 and terms["actor AdamW moments"] == 2 * shape.params * 4
+    assert terms["reference weights"] == shard
 
 
 def test_lora_plan_counts_the_adapters_and_no_reference_copy():

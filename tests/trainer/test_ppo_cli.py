@@ -237,6 +237,22 @@ def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, me
         check_config(config)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.ref.fsdp_config.fsdp_size=3", "trainer.n_cpu_workers_per_node=4"],
+     "actor_rollout_ref.ref.fsdp_config.fsdp_size=3: expected -1 \\(shard over all 4 ranks\\) or a divisor of 4"),
+    (["critic.fsdp.fsdp_size=0", "trainer.n_cpu_workers_per_node=2"],
+     "critic.fsdp.fsdp_size=0: expected -1 \\(shard over all 2 ranks\\) or a divisor of 2"),
+])
+def test_fsdp_sizes_that_do_not_divide_the_ranks_stop_at_start(overrides, message):
+    from pyrl.trainer.checks import check_config
+
+    with pytest.raises(ValueError, match=message):
+        check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides))
+    for size in (-1, 1, 2, 8):  # verl's readings: every rank; groups of 1 or 2; at least the world: every rank
+        check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
+                             f"critic.fsdp.fsdp_size={size}"))
+
+
 def test_verl_command_lines_are_accepted():
     config = compose("data.train_batch_size=256", "actor_rollout_ref.actor.optim.lr=1e-6",
                      "trainer.project_name=MyExperiment", "algorithm.adv_estimator=grpo", "trainer.logger=['wandb']",
@@ -254,7 +270,6 @@ def test_verl_command_lines_are_accepted():
 
 
 @pytest.mark.parametrize("override", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                                      "actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "critic.fsdp.fsdp_size=2",
                                       "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
                                       "critic.checkpoint.load_contents=[model,optimizer,extra,lora]",
                                       "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
@@ -267,7 +282,7 @@ def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
     with pytest.raises(ValueError, match=re.escape(key) + ".* is not supported.*"):
         check_supported(compose(override))
     check_supported(compose("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",  # verl's defaults pass
-                            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "critic.strategy=fsdp2",
+                            "critic.strategy=fsdp2",
                             "actor_rollout_ref.rollout.mode=sync",
                             "critic.checkpoint.save_contents=[optimizer,model,extra,hf_model]"))
 

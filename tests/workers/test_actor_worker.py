@@ -19,17 +19,25 @@ TRAIN = [
     "actor_rollout_ref.rollout.calculate_log_probs=true",
 ]
 # the 2-rank group packs micro-batches under a token budget; the reference uses fixed micro-batches of 3
-SHARDED = make_config(*TRAIN, "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+SHARDED_OVERRIDES = (*TRAIN, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+SHARDED = make_config(*SHARDED_OVERRIDES)
 SINGLE = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3")
 
 
-@pytest.fixture(scope="module")
-def group(ray_session):
-    wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, SHARDED.actor_rollout_ref, "actor_rollout_ref")
+@pytest.fixture(scope="module", params=[-1, 1], ids=["sharded_over_both", "hybrid_shard_groups_of_1"])
+def group(request, ray_session):
+    """Two ranks sharding the actor and the reference between them (fsdp_size -1), or verl's hybrid sharding with
+    groups of one rank (fsdp_size 1: a ("replicate", "shard") mesh of 2 x 1, each rank a whole copy, the
+    gradients averaged): the same numbers either way."""
+    size = request.param
+    config = SHARDED if size == -1 else make_config(*SHARDED_OVERRIDES, *(
+        f"actor_rollout_ref.{role}.fsdp_config.fsdp_size={size}" for role in ("actor", "ref")))
+    wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout_ref")
     wg.init_model()
+    wg.hybrid = size == 1
     yield wg
     wg.kill()
 
@@ -71,6 +79,9 @@ def test_update_on_two_ranks_equals_single_process(group, train_batch):
     out = group.update_actor(train_batch)
     metrics = {k: v[0] for k, v in out.meta_info["metrics"].items()}
     after_group, after_single = group.state_digest()[0], single.state_digest()
+    # fsdp_size -1: each rank holds about half of the weights; groups of one rank: each holds them all
+    whole = after_single["held_elements"]  # a single process holds every parameter once
+    assert after_group["held_elements"] == (whole if group.hybrid else pytest.approx(whole / 2, rel=0.02))
     changed = max((after_single["params"][k] - before["params"][k]).abs().max().item() for k in before["params"])
     assert changed > 1e-3  # two Adam steps move weights by up to ~2 lr
     for name, value in after_single["params"].items():
