@@ -117,6 +117,20 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     short_engine = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.rollout.max_model_len=16")
     with pytest.raises(ValueError, match="rollout.max_model_len=16 is shorter than"):
         check_models(short_engine, tokenizer)
+    too_split = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
+                        "actor_rollout_ref.rollout.tensor_model_parallel_size=4")  # 2 attention heads
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4 does not divide actor_rollout_ref.model.path's "
+                                         "2 attention heads"):
+        check_models(too_split, tokenizer)
+    kv_split = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
+                       "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+                       "+actor_rollout_ref.model.override_config.num_attention_heads=6",
+                       "+actor_rollout_ref.model.override_config.num_key_value_heads=4")
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=3 and actor_rollout_ref.model.path's 4 key/value "
+                                         "heads .*: one must divide the other"):
+        check_models(kv_split, tokenizer)
+    check_models(compose("preset=toy", f"actor_rollout_ref.model.path={path}",  # 2 heads split, 1 KV head copied
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=2"), tokenizer)
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
         check_models(config, tokenizer)

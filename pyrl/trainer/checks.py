@@ -81,18 +81,21 @@ def check_names(config) -> None:
                          "algorithm.rollout_correction.bypass_mode=true skips")
 
 
-FSDP_CONFIGS = (("actor_rollout_ref.actor.fsdp_config", lambda c: c.actor_rollout_ref.actor.fsdp_config),
-                ("actor_rollout_ref.ref.fsdp_config", lambda c: c.actor_rollout_ref.ref.fsdp_config),
-                ("critic.fsdp", lambda c: c.critic.fsdp), ("reward_model.fsdp_config", lambda c: c.reward_model.fsdp_config))
-
-
 def check_fsdp_sizes(config, workers: int) -> None:
-    """Each model's fsdp_size: -1 (every rank) or a divisor of the trainer's ranks (hybrid sharding)."""
+    """The fsdp_size of each model that runs: -1 (every rank) or a divisor of the trainer's ranks (hybrid
+    sharding). (A model that does not run ignores its section, as in verl.)"""
     from pyrl.workers.fsdp import shard_group_size
 
-    for key, get in FSDP_CONFIGS:
+    arr = config.actor_rollout_ref
+    sections = [("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
+                ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config)]
+    if uses_critic(config):
+        sections.append(("critic.fsdp", config.critic.fsdp))
+    if config.reward.reward_model.enable:
+        sections.append(("reward_model.fsdp_config", config.reward_model.fsdp_config))
+    for key, section in sections:
         try:
-            shard_group_size(get(config).fsdp_size, workers)
+            shard_group_size(section.fsdp_size, workers)
         except ValueError as e:
             raise ValueError(f"{key}.{e} (the trainer's worker processes)") from None
 
@@ -108,8 +111,11 @@ def check_rollout_tensor_parallel(config) -> None:
     if tp == 1:
         return
     if rollout.name != "vllm":
-        raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm: the {rollout.name} engine runs whole "
-                         f"in each worker")
+        import importlib.util
+
+        missing = " (vLLM is not installed here, so pyrl chose hf)" if importlib.util.find_spec("vllm") is None else ""
+        raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm{missing}: the {rollout.name} engine runs "
+                         f"whole in each worker")
     if config.actor_rollout_ref.hybrid_engine:
         per_node, where = worker_count(config.trainer) // config.trainer.nnodes, "trainer"
     else:
@@ -163,6 +169,14 @@ def check_models(config, tokenizer) -> None:
         if reads_actor_ids and vocab is not None and len(tokenizer) > vocab:
             raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {key}.path's vocab_size is {vocab} "
                              f"({model.path}): its embedding cannot read every token id")
+        tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+        heads = [getattr(hf, name, None) for name in ("num_attention_heads", "num_key_value_heads")]
+        if key == "actor_rollout_ref.model" and tp > 1 and heads[0] and heads[0] % tp:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide {key}.path's "
+                             f"{heads[0]} attention heads ({model.path}): each rank of the engine holds a whole number")
+        if key == "actor_rollout_ref.model" and tp > 1 and heads[1] and heads[1] % tp and tp % heads[1]:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} and {key}.path's {heads[1]} "
+                             f"key/value heads ({model.path}): one must divide the other (vLLM splits or replicates them)")
     max_model_len = config.actor_rollout_ref.rollout.max_model_len
     if max_model_len is not None and max_model_len < length:
         raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than data.max_prompt_length"

@@ -285,20 +285,21 @@ class Setting:
     distributed: bool = True
 
 
-def sharded_state(shape: ModelShape, precision: Precision, shards: int, trains: bool, offloaded: bool, key: str,
-                  name: str) -> list:
+def sharded_state(shape: ModelShape, precision: Precision, shards: int, world: int, trains: bool, offloaded: bool,
+                  key: str, name: str) -> list:
     """Master weights (and gradients, AdamW's two moments for a trained model), sharded over `shards` ranks (all,
     or fsdp_size's groups); nothing on the device with param_offload on CUDA (FSDP2's CPUOffloadPolicy keeps them
     in host memory)."""
     if offloaded:
         return []
     shard = math.ceil(shape.params / shards) * precision.master
-    knob = f"{key}.param_offload=true (CUDA), or more ranks" + (f" or a larger {key}.fsdp_size" if shards > 1 else "")
+    spread = f"a larger {key}.fsdp_size" if shards < world else "more ranks"
+    knob = f"{key}.param_offload=true (CUDA), or {spread}"
     terms = [Term(f"{name} weights", shard, knob)]
     if trains:  # for the trained parameters only (LoRA: the adapters)
         trained = math.ceil(shape.trained_params / shards) * precision.master
         terms += [Term(f"{name} gradients", trained, knob),
-                  Term(f"{name} AdamW moments", 2 * trained, f"{key}.optimizer_offload=true (CUDA), or more ranks")]
+                  Term(f"{name} AdamW moments", 2 * trained, f"{key}.optimizer_offload=true (CUDA), or {spread}")]
     return terms
 
 
@@ -449,7 +450,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     a_prec = fsdp_precision(actor.fsdp_config, device, setting.distributed)
     key_a = "actor_rollout_ref.actor"
     a_shards = shard_group_size(actor.fsdp_config.fsdp_size, world)
-    actor_state = sharded_state(shape, a_prec, a_shards, True, actor.fsdp_config.param_offload and on_cuda,
+    actor_state = sharded_state(shape, a_prec, a_shards, world, True, actor.fsdp_config.param_offload and on_cuda,
                                 f"{key_a}.fsdp_config", "actor")
     moments = [t for t in actor_state if "moments" in t.name]
     if actor.fsdp_config.optimizer_offload and on_cuda and not actor.fsdp_config.param_offload:
@@ -459,7 +460,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     ref_state = []
     if uses_ref and not uses_lora(model):  # with LoRA the reference is the actor with its adapters off
         r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
-        ref_state = sharded_state(shape, r_prec, shard_group_size(ref.fsdp_config.fsdp_size, world), False,
+        ref_state = sharded_state(shape, r_prec, shard_group_size(ref.fsdp_config.fsdp_size, world), world, False,
                                   ref.fsdp_config.param_offload and on_cuda,
                                   "actor_rollout_ref.ref.fsdp_config", "reference")
     notes = []
@@ -473,7 +474,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     if uses_critic:
         c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
         c_shards = shard_group_size(config.critic.fsdp.fsdp_size, world)
-        critic_state = sharded_state(shapes["critic"], c_prec, c_shards, True,
+        critic_state = sharded_state(shapes["critic"], c_prec, c_shards, world, True,
                                      config.critic.fsdp.param_offload and on_cuda, "critic.fsdp", "critic")
         if config.critic.fsdp.optimizer_offload and on_cuda and not config.critic.fsdp.param_offload:
             critic_idle = [t for t in critic_state if "moments" not in t.name]
@@ -482,7 +483,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     if uses_reward_model:
         rm_prec = fsdp_precision(config.reward_model.fsdp_config, device, setting.distributed)
         rm_state = sharded_state(shapes["reward_model"], rm_prec,
-                                 shard_group_size(config.reward_model.fsdp_config.fsdp_size, world), False,
+                                 shard_group_size(config.reward_model.fsdp_config.fsdp_size, world), world, False,
                                  config.reward_model.fsdp_config.param_offload and on_cuda,
                                  "reward_model.fsdp_config", "reward model")
     others = critic_idle + rm_state

@@ -118,7 +118,7 @@ class ActorRolloutRefWorker(Worker):
             # the ranks of a tensor-parallel group share one engine, which samples from one seed
             rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank - self.rank % tp)
             if tp > 1:
-                self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp)
+                self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp, self.config.nccl_timeout)
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
                                       self.tp_group.name if self.tp_group else "")
             if self.tp_group is not None and self.tp_group.is_leader:

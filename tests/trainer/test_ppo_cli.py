@@ -240,7 +240,7 @@ def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, me
 @pytest.mark.parametrize("overrides, message", [
     (["actor_rollout_ref.ref.fsdp_config.fsdp_size=3", "trainer.n_cpu_workers_per_node=4"],
      "actor_rollout_ref.ref.fsdp_config.fsdp_size=3: expected -1 \\(shard over all 4 ranks\\) or a divisor of 4"),
-    (["critic.fsdp.fsdp_size=0", "trainer.n_cpu_workers_per_node=2"],
+    (["critic.fsdp.fsdp_size=0", "trainer.n_cpu_workers_per_node=2", "algorithm.adv_estimator=gae"],
      "critic.fsdp.fsdp_size=0: expected -1 \\(shard over all 2 ranks\\) or a divisor of 2"),
 ])
 def test_fsdp_sizes_that_do_not_divide_the_ranks_stop_at_start(overrides, message):
@@ -250,7 +250,10 @@ def test_fsdp_sizes_that_do_not_divide_the_ranks_stop_at_start(overrides, messag
         check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides))
     for size in (-1, 1, 2, 8):  # verl's readings: every rank; groups of 1 or 2; at least the world: every rank
         check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
-                             f"critic.fsdp.fsdp_size={size}"))
+                             "algorithm.adv_estimator=gae", f"critic.fsdp.fsdp_size={size}"))
+    # a model that does not run ignores its section, as in verl (grpo: no critic)
+    check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
+                         "critic.fsdp.fsdp_size=0"))
 
 
 def test_verl_command_lines_are_accepted():

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pyrl.controller import ResourcePool, WorkerGroup
+from pyrl.protocol import DataProto
 from pyrl.workers.actor import ActorRolloutRefWorker
 from worker_helpers import check_rollout_fields, make_config, random_batch, rollout_prompts
 
@@ -67,6 +68,9 @@ def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):
 
 
 def test_sampled_fields_match_the_hf_engine_layout(vllm_group):
+    """Sampled without a seed: in a tensor-parallel group every rank must still draw the same tokens (the leader
+    seeds the call), or the engine's halves would run on different sequences and its log-probs would be wrong."""
+    vllm_group.update_weights()  # the engine starts with dummy weights
     prompts = rollout_prompts(4, seed=23)
     out = vllm_group.generate_sequences(prompts_with(prompts, {"n": 3}))
     check_rollout_fields(out, prompts, n=3)
@@ -104,5 +108,27 @@ def test_bad_sampling_fails_on_every_rank_and_the_group_goes_on(vllm_group):
     prompts = rollout_prompts(4, seed=24)
     with pytest.raises(WorkerError, match="n and response_length must be >= 1, got n=0"):
         vllm_group.generate_sequences(prompts_with(prompts, {"n": 0}))
+    # refused by vLLM itself, on every rank of a group: each follower keeps following until the leader's word
+    long = DataProto.from_dict(tensors={"input_ids": torch.randint(3, 300, (4, 20)),
+                                        "attention_mask": torch.ones(4, 20, dtype=torch.long)})
+    with pytest.raises(WorkerError, match="maximum context length is 14 tokens"):
+        vllm_group.generate_sequences(long)
     out = vllm_group.generate_sequences(prompts_with(prompts, {"n": 2}))
     check_rollout_fields(out, prompts, n=2)
+
+
+def test_seeded_samples_draw_distinct_streams(ray_session):
+    """A seeded call gives sample k (prompt i's j-th of n) the seed + k: the same prompt twice with n=3 gives six
+    different samples from the untrained model (nearly uniform over its vocabulary), and the call repeated gives
+    the same six."""
+    config = make_config(*CONFIG_OVERRIDES, "actor_rollout_ref.rollout.load_format=auto")
+    wg = WorkerGroup(ResourcePool([1]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout")
+    try:
+        wg.init_model()
+        same = rollout_prompts(2, seed=25).select_idxs([0, 0])
+        first, again = (wg.generate_sequences(prompts_with(same, {"n": 3, "seed": 11})).batch["responses"]
+                        for _ in range(2))
+        assert len({tuple(row.tolist()) for row in first}) == 6
+        assert torch.equal(first, again)
+    finally:
+        wg.kill()

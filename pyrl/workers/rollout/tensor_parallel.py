@@ -9,13 +9,18 @@ so they must make the same engine calls in the same order). The driver still dea
 2. it generates for all of them (one turn, or the agent loop's many), and broadcasts each engine call to the
    other ranks, the followers, before making it: each follower makes the same call on its shard;
 3. it broadcasts "done" and scatters each rank its own rows (or broadcasts its error, which every follower raises
-   naming the leader's rank, so no rank waits on a call that will never come).
+   naming the leader's rank, so no rank waits on a call that will never come). A follower whose own engine call
+   fails (vLLM refuses the same input on every rank) keeps following until the leader's word, then raises.
 
+vLLM never exchanges sampled tokens between the TP ranks: each samples from the same logits, so each must draw the
+same random numbers. A call without a seed gets one drawn by the leader, which the followers receive with the call.
 The objects travel over a gloo group of the TP ranks (CPU objects, whatever the training backend).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import uuid
 from typing import Callable, Iterable
 
@@ -30,13 +35,14 @@ GENERATE, DONE, FAILED = "generate", "done", "failed"
 class TensorParallelGroup:
     """This rank's TP group. Every rank of the world must construct it together (new_group is collective)."""
 
-    def __init__(self, rank: int, world_size: int, size: int):
+    def __init__(self, rank: int, world_size: int, size: int, timeout_s: float):
         if size < 1 or world_size % size:
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={size} does not divide the "
                              f"{world_size} rollout worker processes")
         self.size, self.leader = size, rank - rank % size
         self.is_leader = rank == self.leader
-        groups = [dist.new_group(list(range(first, first + size)), backend="gloo")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        groups = [dist.new_group(list(range(first, first + size)), backend="gloo", timeout=timeout)
                   for first in range(0, world_size, size)]
         self.group = groups[rank // size]
         self.name = self.broadcast(f"pyrl-tp-{uuid.uuid4().hex[:12]}")  # this group's, in this run
@@ -74,14 +80,21 @@ class TensorParallelGroup:
 
     def follow(self, engine: RolloutEngine) -> object:
         """Follower: make each engine call the leader broadcasts until it is done; return this rank's result."""
+        own_error = None
         while True:
             call = self.broadcast()
             if call[0] == GENERATE:
-                engine.generate(*call[1:])
+                try:
+                    engine.generate(*call[1:])
+                except Exception as error:  # the leader's call fails too: its word comes next
+                    own_error = own_error or error
             elif call[0] == FAILED:
                 raise RuntimeError(f"rollout tensor-parallel group: its leader, rank {self.leader}, failed: {call[1]}")
             else:
-                return self.scatter(None)
+                result = self.scatter(None)
+                if own_error is not None:
+                    raise own_error
+                return result
 
 
 class LeaderEngine(RolloutEngine):
@@ -92,6 +105,8 @@ class LeaderEngine(RolloutEngine):
         self.engine, self.group, self.dtype = engine, group, engine.dtype
 
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+        if spec.seed is None and not spec.greedy:  # the group's ranks must sample alike (see the module's note)
+            spec = dataclasses.replace(spec, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
         self.group.broadcast((GENERATE, prompt_ids, spec, max_tokens))
         return self.engine.generate(prompt_ids, spec, max_tokens)
 

@@ -96,8 +96,11 @@ class VLLMEngine(RolloutEngine):
         budgets = max_tokens or [spec.max_tokens] * len(prompt_ids)
         if spec.seed is None and max_tokens is None:
             params = SamplingParams(**base, max_tokens=spec.max_tokens)
-        else:  # one seeded generator per prompt: the samples do not depend on the engine's history
-            params = [SamplingParams(**base, max_tokens=budget, seed=None if spec.seed is None else spec.seed + i)
+        else:  # one seeded generator per sample: the samples do not depend on the engine's history
+            # vLLM seeds a prompt's j-th sample with its seed + j: prompt i's seed + i * n gives sample k = i * n + j
+            # the seed + k, no two samples of the call the same stream
+            params = [SamplingParams(**base, max_tokens=budget,
+                                     seed=None if spec.seed is None else spec.seed + i * spec.n)
                       for i, budget in enumerate(budgets)]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         responses, logprobs = [], [] if spec.logprobs else None
