@@ -1,9 +1,9 @@
 """Rollout tensor parallelism on this machine: the same prompts through two rollout workers with an engine each
 (rollout.tensor_model_parallel_size=1, each generating half) and through the same two workers sharing one engine
 (tensor_model_parallel_size=2: each rank holds half of every layer, the leader generates for both). Reported: the
-median seconds of a generate call after a warm-up, each rank's share of the engine's weights, and whether the two
-layouts' greedy tokens agree. Tensor parallelism is for models whose weights do not fit one device: on a CPU
-machine its per-layer all-reduces cost time, and this shows how much.
+median seconds of a generate call after a warm-up, each rank's share of the engine's weights (computed, not
+measured), and whether the two layouts' greedy tokens agree. Tensor parallelism is for models whose weights do not
+fit one device: on a CPU machine its per-layer all-reduces cost time, and this shows how much.
 
 Run: python benchmarks/rollout_tensor_parallel.py [--prompts 64] [--new-tokens 64] [--rounds 3]
 """
@@ -78,13 +78,13 @@ def main() -> None:
         results[tp] = statistics.median(seconds)
         group.kill()
         print(f"tensor_model_parallel_size={tp}: {results[tp]:.2f} s per generate call (rounds: "
-              f"{', '.join(f'{s:.2f}' for s in seconds)}), engine weights per rank {params * 4 / tp / 2**20:.1f} MiB",
+              f"{', '.join(f'{s:.2f}' for s in seconds)}), engine weights per rank {params * 4 / tp / 2**20:.1f} MiB (computed: float32 / TP)",
               flush=True)
     ray.shutdown()
     same = (tokens[1] == tokens[2]).all(-1).float().mean().item()
     print(f"\n{args.prompts} prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each, greedy, float32, "
           f"{params / 1e6:.1f}M-parameter Qwen2 (BENCH_SPEC), 2 worker processes of one thread")
-    print("| layout | s / generate | weights per rank |")
+    print("| layout | s / generate | weights per rank (computed) |")
     print("|---|---|---|")
     for tp in (1, 2):
         label = "2 engines (TP=1), a half of the prompts each" if tp == 1 else "1 engine over 2 ranks (TP=2)"
