@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from pyrl.trainer.workers import uses_critic, worker_count
+from pyrl.trainer.workers import uses_critic, worker_count, workers_per_node
 
 log = logging.getLogger("pyrl")
 
@@ -17,11 +17,12 @@ def check_config(config) -> None:
     """What needs no model: run before any model is downloaded or built."""
     from pyrl.trainer.one_step_off import check_one_step_off
 
+    workers = worker_count(config.trainer)
     check_names(config)
-    check_batch_sizes(config, worker_count(config.trainer))
+    check_batch_sizes(config, workers)
     check_one_step_off(config)
     check_rollout_tensor_parallel(config)
-    check_fsdp_sizes(config, worker_count(config.trainer))
+    check_fsdp_sizes(config, workers)
 
 
 def _check_name(key: str, value, known) -> None:
@@ -117,7 +118,7 @@ def check_rollout_tensor_parallel(config) -> None:
         raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm{missing}: the {rollout.name} engine runs "
                          f"whole in each worker")
     if config.actor_rollout_ref.hybrid_engine:
-        per_node, where = worker_count(config.trainer) // config.trainer.nnodes, "trainer"
+        per_node, where = workers_per_node(config.trainer), "trainer"
     else:
         per_node, where = rollout_pool_shape(config)[0], "rollout"
     if per_node % tp:

@@ -557,10 +557,10 @@ def processes_per_node(config) -> int:
     processes beside them (their pool shares the nodes' CPUs with the trainer's, pyrl.trainer.one_step_off; on GPUs
     each process has a device of its own)."""
     from pyrl.trainer.one_step_off import rollout_pool_shape
-    from pyrl.trainer.workers import gpus_per_node, worker_count
+    from pyrl.trainer.workers import gpus_per_node, workers_per_node
 
     trainer = config.trainer
-    per_node = worker_count(trainer) // trainer.nnodes
+    per_node = workers_per_node(trainer)
     if gpus_per_node(trainer) == 0 and not config.actor_rollout_ref.hybrid_engine:
         per_node += rollout_pool_shape(config)[0]
     return per_node

@@ -41,13 +41,18 @@ def gpus_per_node(trainer_config) -> int:
     return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
 
 
-def worker_count(trainer_config) -> int:
-    """Worker processes (data-parallel ranks) over all nodes: a GPU each, or n_cpu_workers_per_node."""
+def workers_per_node(trainer_config) -> int:
+    """The trainer's worker processes on each node: a GPU each, or n_cpu_workers_per_node."""
     gpus = gpus_per_node(trainer_config)
     per_node = gpus if gpus > 0 else trainer_config.n_cpu_workers_per_node
     if per_node < 1:
         raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
-    return per_node * trainer_config.nnodes
+    return per_node
+
+
+def worker_count(trainer_config) -> int:
+    """Worker processes (data-parallel ranks) over all nodes."""
+    return workers_per_node(trainer_config) * trainer_config.nnodes
 
 
 def uses_critic(config) -> bool:
@@ -106,7 +111,7 @@ def build_workers(config) -> Workers:
     use_critic = uses_critic(config)
     use_rm = config.reward.reward_model.enable
     groups = 1 + use_critic + use_rm
-    per_node = worker_count(trainer) // trainer.nnodes
+    per_node = workers_per_node(trainer)
     processes = per_node * trainer.nnodes + rollout_processes(config)  # the rollout's own workers too
     init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, processes))  # a local one's CPUs
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes

@@ -115,10 +115,11 @@ class ActorRolloutRefWorker(Worker):
             self.hf_config = self.lm.config if self.has_actor else AutoConfig.from_pretrained(
                 self.model_path, trust_remote_code=self.config.model.trust_remote_code)
             tp = self.config.rollout.tensor_model_parallel_size
-            # the ranks of a tensor-parallel group share one engine, which samples from one seed
-            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + self.rank - self.rank % tp)
             if tp > 1:
                 self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp, self.config.nccl_timeout)
+            # the ranks of a tensor-parallel group share one engine, seeded as their leader's
+            engine_rank = self.tp_group.leader if self.tp_group else self.rank
+            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + engine_rank)
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
                                       self.tp_group.name if self.tp_group else "")
             if self.tp_group is not None and self.tp_group.is_leader:
