@@ -69,33 +69,47 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pyrl.sandbox import cgroup as _cgroup
+
 log = logging.getLogger(__name__)
 
 LANGUAGES = ("python",)
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "blocked")
 BLOCK_PREFIX = "pyrl.sandbox: "  # _child.BLOCK_PREFIX: what a refused operation's message starts with
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
-UNSHARE_FLAGS = ("--net", "--pid", "--fork", "--kill-child")  # the supervisor is the PID namespace's init
+NAMESPACES = ("--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child")  # supervisor = PID 1
+MOUNT_BASE = "/tmp"  # the host directory the run's tmpfs is mounted over, inside its own mount namespace only
 UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # root: each run's own uid, in a range no user has
 REAP_GRACE_S = 5.0  # after SIGKILL, how long to wait for the process to be reaped before giving up on it
 READ_CHUNK = 1 << 16
+SETUP_EXIT = 70  # the supervisor's or the worker's exit code when setting up the run failed (reported, not code's)
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot give untrusted code a kernel-enforced boundary, and running without one was not
+    allowed (allow_unisolated / reward.sandbox.allow_unisolated). Never scored as a failed program: it stops."""
+
+
+class SandboxError(RuntimeError):
+    """Setting up a run failed (a mount, the cgroup, the privilege drop): the sandbox's fault, not the code's."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 10.0  # wall-clock; on expiry the whole process tree is killed
     cpu_s: float = 10.0  # RLIMIT_CPU (rounded up to whole seconds, at least 1)
-    memory_mb: int = 1024  # address space (RLIMIT_AS)
-    max_processes: int = 32  # processes/threads the code may have (RLIMIT_NPROC)
+    memory_mb: int = 1024  # the whole tree's memory (cgroup); also each process's address space (RLIMIT_AS)
+    max_processes: int = 32  # processes/threads the code may have (pids cgroup, RLIMIT_NPROC)
     max_output_bytes: int = 65536  # stdout and stderr each; more is cut and the status says so
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE for files it writes
+    max_disk_bytes: int = 64 << 20  # the run's tmpfs (its directory, /tmp and /dev/shm together)
 
     def __post_init__(self):
         for name in ("wall_s", "cpu_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"SandboxLimits.{name}: expected a positive number of seconds, got {value!r}")
-        for name in ("memory_mb", "max_processes", "max_output_bytes", "max_file_bytes"):
+        for name in ("memory_mb", "max_processes", "max_output_bytes", "max_file_bytes", "max_disk_bytes"):
             value = getattr(self, name)
             least = 0 if name == "max_file_bytes" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -122,53 +136,112 @@ class Isolation:
 
     namespace: tuple[str, ...]  # the unshare command line put before the interpreter; () for none
     drop_uid: bool  # root: the worker drops to a uid of the run's own
+    userns: bool = False  # not root: the namespaces belong to a user namespace whose root drops every capability
+    seccomp: bool = False  # the worker loads the seccomp filter (libseccomp)
+    cgroup: "_cgroup.Hierarchy | None" = None  # where the run's memory and process cgroups are made
+    missing: tuple[str, ...] = ()  # what the kernel refused, for the default-deny message
+
+    @property
+    def kernel_boundary(self) -> bool:
+        """Whether the kernel, not the audit hook, confines the code: namespaces (mount, PID, network, IPC,
+        UTS), its own uid or a capability-less user-namespace root, and the seccomp filter."""
+        return bool(self.namespace) and self.seccomp and (self.drop_uid or self.userns)
 
     def describe(self) -> str:
-        parts = ["network and PID namespaces" if self.namespace else "no namespaces"]
-        parts.append("a uid of its own" if self.drop_uid else f"uid {os.geteuid()}")
-        return ", ".join(parts) + ", audit hook, resource limits"
-
-
-def _probe(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              cwd="/", env=_environment("/"), timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        if self.namespace:
+            parts = ["mount, PID, network, IPC and UTS namespaces" + (" in a user namespace" if self.userns else "")]
+        else:
+            parts = ["no namespaces"]
+        parts.append("a uid of its own" if self.drop_uid else
+                     ("no capabilities" if self.userns else f"uid {os.geteuid()}"))
+        parts.append("seccomp filter" if self.seccomp else "no seccomp filter")
+        parts.append(f"cgroup v{self.cgroup.version} memory and process limits over the tree" if self.cgroup
+                     else "per-process memory and process limits (no cgroup)")
+        return ", ".join(parts) + ", audit hook"
 
 
 @functools.cache
 def isolation() -> Isolation:
-    """What this machine allows, probed once: namespaces through unshare, the uid drop when root."""
-    interpreter = [sys.executable, "-I", "-S", "-B", "-c"]
+    """What this machine allows, probed once by real runs of `pass`: the namespaces through util-linux unshare
+    (a user namespace when not root), the uid drop when root, the seccomp filter, a cgroup per run."""
     root = os.geteuid() == 0
     unshare = shutil.which("unshare")
+    hierarchy = _cgroup.probe()
+    missing = []
     namespace: tuple[str, ...] = ()
-    if unshare:
-        # root makes the namespaces directly; a user needs a user namespace to own them
-        candidate = (unshare, *(() if root else ("--map-root-user",)), *UNSHARE_FLAGS)
-        if _probe([*candidate, *interpreter, "pass"]):
+    if not unshare:
+        missing.append("util-linux unshare (namespaces)")
+    else:
+        candidate = (unshare, *(() if root else ("--user", "--map-root-user")), *NAMESPACES)
+        error = _probe(Isolation(candidate, root, not root, False, None))
+        if error is None:
             namespace = candidate
-    drop = root and _probe([*interpreter, f"import os; os.setgroups([]); os.setgid({UID_BASE}); "
-                                          f"os.setuid({UID_BASE})"])
-    found = Isolation(namespace, drop)
+        else:
+            missing.append(f"namespaces ({error})")
+    drop = root and _probe(Isolation((), True, False, False, None)) is None
+    if root and not drop:
+        missing.append("a uid of the run's own (setuid refused)")
+    seccomp_error = _probe(Isolation(namespace, drop, bool(namespace) and not root, True, None))
+    if seccomp_error is not None:
+        missing.append(f"seccomp through libseccomp ({seccomp_error})")
+    if hierarchy is not None and _probe(Isolation(namespace, drop, bool(namespace) and not root, False,
+                                                  hierarchy)) is not None:
+        hierarchy = None
+    found = Isolation(namespace, drop, bool(namespace) and not root, seccomp_error is None, hierarchy,
+                      tuple(missing))
     log.info("pyrl.sandbox: %s", found.describe())
-    if drop and not _traversable(tempfile.gettempdir()):
-        log.warning("pyrl.sandbox: the code's uid cannot pass through %s: it reaches its directory only as its "
-                    "working directory (absolute paths into it fail); set TMPDIR to a directory such as /tmp",
-                    tempfile.gettempdir())
+    if not namespace:
+        _remove_stale_directories()
     return found
 
 
-def _traversable(path: str) -> bool:
-    """Whether any uid may pass through every directory down to `path`."""
-    path = os.path.realpath(path)
-    while True:
-        if not os.stat(path).st_mode & 0o001:
-            return False
-        if path == "/":
-            return True
-        path = os.path.dirname(path)
+def _probe(candidate: Isolation) -> str | None:
+    """None when a run of `pass` under `candidate` works, else why not (one line)."""
+    try:
+        result = _Run("pass", "python", "", SandboxLimits(wall_s=30, cpu_s=5), None, True).execute(candidate)
+    except SandboxError as e:
+        return str(e).splitlines()[0][:300]
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"[:300]
+    return None if result.ok else result.message[:300]
+
+
+_warned_unisolated = False
+
+
+def _check_isolation(iso: Isolation, allow_unisolated: bool) -> None:
+    global _warned_unisolated
+    if iso.kernel_boundary:
+        return
+    if not allow_unisolated:
+        raise SandboxUnavailable(
+            "pyrl.sandbox: this machine cannot put untrusted code behind a kernel boundary: missing "
+            + "; ".join(iso.missing or ("namespaces",)) + ". Refusing to run it. To run it anyway with "
+            "the audit hook and resource limits only (a hook code can walk around), set "
+            "reward.sandbox.allow_unisolated=true (code rewards) or allow_unisolated: true (the code_interpreter "
+            "tool's config), or pass allow_unisolated=True to run_code")
+    if not _warned_unisolated:
+        _warned_unisolated = True
+        log.warning("pyrl.sandbox: running untrusted code WITHOUT a kernel boundary (allow_unisolated): %s; "
+                    "missing %s", iso.describe(), "; ".join(iso.missing))
+
+
+def _remove_stale_directories() -> None:
+    """Unisolated runs' host directories whose process was killed before it could remove them."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if name.startswith("pyrl-sandbox-") and len(parts) >= 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                _remove(os.path.join(base, name))
+            except PermissionError:
+                pass
 
 
 _uids = itertools.count()
@@ -213,10 +286,21 @@ def _remove(path: str) -> None:
         log.warning("pyrl.sandbox: could not remove %s", path)
 
 
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding `data`, positioned at its start: nothing of the run on the host's disk."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 class _Run:
     """One execution: validated arguments, then `execute` (blocking, in any thread); `cancel` from another."""
 
-    def __init__(self, code, language, stdin, limits, files):
+    def __init__(self, code, language, stdin, limits, files, allow_unisolated=False):
+        self.allow_unisolated = allow_unisolated
         if not isinstance(language, str) or language not in LANGUAGES:
             raise ValueError(f"language: {language!r} is not supported; supported: {', '.join(LANGUAGES)}")
         if not isinstance(code, str):
@@ -248,45 +332,58 @@ class _Run:
         self.kill()
 
     # ---- the run ----
-    def execute(self) -> SandboxResult:
+    def execute(self, iso: Isolation | None = None) -> SandboxResult:
+        """Run the code under `iso` (this machine's isolation unless given: the probe passes candidates)."""
         start = time.monotonic()
-        iso = isolation()
-        root = tempfile.mkdtemp(prefix="pyrl-sandbox-")
-        status_r = status_w = None
+        if iso is None:
+            iso = isolation()
+            _check_isolation(iso, self.allow_unisolated)
+        work = None if iso.namespace else tempfile.mkdtemp(prefix=f"pyrl-sandbox-{os.getpid()}-")
+        group = None
+        fds: list[int] = []
         try:
-            work = os.path.join(root, "work")
-            os.mkdir(work, 0o700)
-            code_path = os.path.join(root, "main.py")
-            with open(code_path, "w", encoding="utf-8") as f:
-                f.write(self.code)
             uid = _run_uid() if iso.drop_uid else None
-            self.write_files(work, uid)
-            if uid is not None:
-                os.chmod(root, 0o711)  # the worker may pass through (its absolute paths), not list or read
+            if work is not None and uid is not None:
+                os.chown(work, uid, uid)
+                os.chmod(work, 0o700)
+            if iso.cgroup is not None:
+                group = iso.cgroup.create(self.limits.memory_mb << 20, self.limits.max_processes + 1)
+            count_processes = uid is not None or iso.userns or os.geteuid() != 0  # root is exempt from NPROC
+            settings = {"source": self.code, "files": self.files, "uid": uid, "userns": iso.userns,
+                        "seccomp": iso.seccomp, "cgroups": group.procs if group else [],
+                        "mount_base": MOUNT_BASE if iso.namespace else None, "work": work,
+                        "disk_bytes": self.limits.max_disk_bytes, "rlimits": self.rlimits(count_processes)}
+            settings_fd = _memfd("pyrl-sandbox-settings", json.dumps(settings).encode())
+            fds.append(settings_fd)
+            stdin_fd = _memfd("pyrl-sandbox-stdin", self.stdin.encode("utf-8"))  # a file: no deadlock on large input
+            fds.append(stdin_fd)
             status_r, status_w = os.pipe()
-            settings = {"code": code_path, "work": work, "uid": uid, "status_fd": status_w,
-                        "rlimits": self.rlimits(count_processes=uid is not None or os.geteuid() != 0)}
-            argv = [*iso.namespace, sys.executable, "-I", "-S", "-B", "-X", "utf8", CHILD, json.dumps(settings)]
-            with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: no deadlock on large inputs
-                stdin_file.write(self.stdin.encode("utf-8"))
-                stdin_file.seek(0)
-                with self.lock:
-                    if self.cancelled:
-                        return self.result("cancelled", None, b"", b"", start)
-                    self.proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.PIPE, cwd=work, env=_environment(work),
-                                                 start_new_session=True, pass_fds=(status_w,))
-            os.close(status_w)
-            status_w = None
+            fds += [status_r, status_w]
+            lifeline_r, lifeline_w = os.pipe()  # the write end closes when this process ends, however it ends
+            fds += [lifeline_r, lifeline_w]
+            argv = [*iso.namespace, sys.executable, "-I", "-S", "-B", "-X", "utf8", CHILD,
+                    str(settings_fd), str(status_w), str(lifeline_r)]
+            with self.lock:
+                if self.cancelled:
+                    return self.result("cancelled", None, b"", b"", start, group)
+                self.proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             cwd=work or "/", env=_environment(work or "/sandbox"),
+                                             start_new_session=True, pass_fds=(settings_fd, status_w, lifeline_r))
+            for fd in (settings_fd, stdin_fd, status_w, lifeline_r):
+                os.close(fd)
+                fds.remove(fd)
             reason, outputs, waited = self.communicate(start + self.limits.wall_s)
             if reason is None and self.cancelled:
                 reason = "cancelled"
             os.set_blocking(status_r, False)
             try:
-                report = os.read(status_r, 64).decode()
+                report = os.read(status_r, 8192).decode("utf-8", "replace")
             except BlockingIOError:
                 report = ""
-            return self.result(reason, (report, waited), outputs["stdout"], outputs["stderr"], start)
+            if report.startswith("setup "):
+                raise SandboxError(f"pyrl.sandbox: setting up the run failed ({iso.describe()}): "
+                                   f"{report[6:].split('exit ')[0].strip()}")
+            return self.result(reason, (report, waited), outputs["stdout"], outputs["stderr"], start, group)
         finally:
             self.kill()
             if self.proc is not None and not self.reaped:
@@ -294,10 +391,12 @@ class _Run:
             if self.proc is not None:
                 self.proc.stdout.close()
                 self.proc.stderr.close()
-            for fd in (status_r, status_w):
-                if fd is not None:
-                    os.close(fd)
-            _remove(root)
+            for fd in fds:
+                os.close(fd)
+            if group is not None and not group.remove():
+                log.warning("pyrl.sandbox: could not remove cgroup %s", ", ".join(group.paths))
+            if work is not None:
+                _remove(work)
 
     def rlimits(self, count_processes: bool) -> dict[str, int]:
         limits = self.limits
@@ -306,23 +405,6 @@ class _Run:
         if count_processes:  # root is exempt from RLIMIT_NPROC: nothing to set
             rlimits["RLIMIT_NPROC"] = limits.max_processes
         return rlimits
-
-    def write_files(self, work: str, uid: int | None) -> None:
-        if uid is not None:
-            os.chown(work, uid, uid)
-        for name, text in self.files.items():
-            path = work
-            for part in name.split("/")[:-1]:
-                path = os.path.join(path, part)
-                if not os.path.isdir(path):
-                    os.mkdir(path, 0o700)
-                    if uid is not None:
-                        os.chown(path, uid, uid)
-            path = os.path.join(work, name)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-            if uid is not None:
-                os.chown(path, uid, uid)
 
     def communicate(self, deadline: float):
         """Read stdout and stderr (each up to the cap) until both close and the child has exited, or until the
@@ -408,7 +490,7 @@ class _Run:
         log.warning("pyrl.sandbox: process %d did not end %.0f s after SIGKILL", self.proc.pid, REAP_GRACE_S)
 
     # ---- the outcome ----
-    def result(self, reason, ended, stdout: bytes, stderr: bytes, start: float) -> SandboxResult:
+    def result(self, reason, ended, stdout: bytes, stderr: bytes, start: float, group=None) -> SandboxResult:
         limits = self.limits
         report, waited = ended if ended else ("", None)
         returncode = None
@@ -432,12 +514,15 @@ class _Run:
             status, message, returncode = "killed", "cancelled by the caller: the process was killed", None
         elif returncode is None:
             status, message = "killed", "the process ended without reporting how (killed from outside)"
-        elif returncode < 0:
+        elif returncode < 0 and not (group is not None and group.oom_killed()):
             name = _signal_name(-returncode)
             if -returncode in (signal.SIGKILL, signal.SIGXCPU) and cpu >= self.cpu_limit - 0.1:
                 status, message = "timeout", f"CPU time limit of {self.cpu_limit} s exceeded: the process was killed"
             else:
                 status, message = "killed", f"killed by signal {name}"
+        elif group is not None and group.oom_killed():
+            status, message = "memory", (f"memory limit of {limits.memory_mb} MB over the whole process tree "
+                                         "exceeded: the kernel killed a process of the run")
         elif returncode == 0:
             status, message = "ok", "exited normally (code 0)"
         elif last.startswith("MemoryError"):
@@ -469,11 +554,11 @@ def _signal_name(number: int) -> str:
 
 
 def run_code(code: str, *, language: str = "python", stdin: str = "", limits: SandboxLimits = SandboxLimits(),
-             files: dict[str, str] | None = None) -> SandboxResult:
+             files: dict[str, str] | None = None, allow_unisolated: bool = False) -> SandboxResult:
     """Run `code` in the sandbox (blocking; safe from any thread). `files` are written into its working
     directory first (relative path -> text); `stdin` is its standard input. Errors in the arguments are
     ValueErrors naming the argument; whatever the code does is in the result."""
-    return _Run(code, language, stdin, limits, files).execute()
+    return _Run(code, language, stdin, limits, files, allow_unisolated).execute()
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -483,11 +568,11 @@ MAX_CONCURRENT_ASYNC = 64  # runs of run_code_async going at once; more wait for
 
 async def run_code_async(code: str, *, language: str = "python", stdin: str = "",
                          limits: SandboxLimits = SandboxLimits(),
-                         files: dict[str, str] | None = None) -> SandboxResult:
+                         files: dict[str, str] | None = None, allow_unisolated: bool = False) -> SandboxResult:
     """run_code without blocking the event loop: the run waits in one of a pool of threads, so many can run at
     once. Cancelling the awaiting task kills the process at once."""
     global _executor
-    run = _Run(code, language, stdin, limits, files)
+    run = _Run(code, language, stdin, limits, files, allow_unisolated)
     with _executor_lock:
         if _executor is None:
             _executor = concurrent.futures.ThreadPoolExecutor(MAX_CONCURRENT_ASYNC, thread_name_prefix="pyrl-sandbox")
@@ -498,5 +583,5 @@ async def run_code_async(code: str, *, language: str = "python", stdin: str = ""
         raise
 
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_code", "run_code_async", "isolation", "Isolation", "LANGUAGES",
-           "STATUSES"]
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "SandboxError", "run_code", "run_code_async",
+           "isolation", "Isolation", "LANGUAGES", "STATUSES"]

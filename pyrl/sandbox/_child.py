@@ -1,22 +1,43 @@
 """The sandboxed side of pyrl.sandbox: run as a script by the isolated interpreter (`python -I -S -B`), never
 imported.
 
-A supervisor (this process: in a PID namespace, its init) forks the worker and reports how it ended. The worker
-reads the code, drops to the run's own uid when told to, lowers its resource limits, installs the audit hook and
-runs the code as `__main__`. What the worker needs is imported before the hook (whose checks would apply to it).
-Standard library only: the interpreter runs without site-packages.
+The supervisor (this process) reads the run's settings, the code and its files from a descriptor, joins the run's
+cgroups, and, when the parent asked for a kernel boundary (it runs under `unshare` in new mount, PID, network, IPC
+and UTS namespaces, and is the PID namespace's init), builds the run's file system and pivots into it. It then
+forks the worker and reports how the worker ended. The worker drops to the run's own uid (or, in a user namespace,
+drops every capability), lowers its resource limits, loads the seccomp filter, installs the audit hook and runs
+the code as `__main__`. What the worker needs is imported before the filter and the hook (whose checks would
+apply to it). Standard library only (ctypes for mount(2), pivot_root(2), capset(2) and libseccomp): the
+interpreter runs without site-packages.
+
+The file system the code sees (namespace mode):
+  /                a tmpfs, read-only once built; holds only what is listed here
+  /usr /bin /lib*  the host's, read-only (merged-/usr symbolic links recreated as links)
+  <stdlib dirs>    the interpreter's standard library directories, read-only, at their host paths
+  /etc             passwd, group and hosts of the sandbox's own (no host file)
+  /proc            a new proc of the run's PID namespace (absent where the kernel refuses one)
+  /dev             null, zero, full, random, urandom (the host's devices, bound); fd, stdin, stdout, stderr links
+  /sandbox /tmp /dev/shm   writable: directories of one tmpfs whose size is the run's disk quota
+Nothing else of the host (no /root, /home, /work, /var, /sys, other runs) exists in it.
 """
 
 import builtins
+import ctypes
+import errno
 import json
 import linecache
 import os
+import platform
 import resource
+import select
+import signal
 import sys
 import traceback
 import types
 
 BLOCK_PREFIX = "pyrl.sandbox: "  # the parent recognises a blocked operation by this prefix in the last stderr line
+WORK, WRITABLE = "/sandbox", ("/sandbox", "/tmp", "/dev/shm")  # namespace mode's work dir and writable places
+DEVICES = ("null", "zero", "full", "random", "urandom")
 
 # events refused outright: starting programs, network access, and ways to reach the hook's state or lift limits
 DENIED = frozenset({
@@ -26,7 +47,7 @@ DENIED = frozenset({
     "sqlite3.load_extension",
 })
 # event -> ((index of a path argument, index of its dir_fd argument or None), ...) for events that change the file
-# system: allowed only inside the sandbox directory
+# system: allowed only inside the writable places
 WRITES = {
     "os.mkdir": ((0, 2),), "os.rmdir": ((0, 1),), "os.remove": ((0, 1),), "os.rename": ((0, 2), (1, 3)),
     "os.symlink": ((1, 2),), "os.link": ((0, 2), (1, 3)), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
@@ -34,20 +55,198 @@ WRITES = {
     "os.removexattr": ((0, None),), "sqlite3.connect": ((0, None),),
 }
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})  # harmless places to write outside
+SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})  # harmless places to write outside
 AF_UNIX = 1  # socket.AF_UNIX: local socket pairs (asyncio's self-pipe) stay usable; socket.connect/bind do not
 
+# ---- system calls through libc ----
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MNT_DETACH = 0x2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
+CAP_LAST = 63  # PR_CAPBSET_DROP past the kernel's last capability fails with EINVAL, which is ignored
 
-def make_hook(work: str):
-    """The audit hook confining the code to `work`. Every function, table and constant it uses is bound here (the
-    tables as read-only copies), so code that later replaces os.*, builtins or this script's globals (reachable
-    through frames) cannot change what it checks; nothing outside this closure refers to the hook."""
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result, what):
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def mount(source, target, fstype=None, flags=0, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source} on {target}")
+
+
+def bind(source, target, writable=False):
+    mount(source, target, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+    try:
+        mount(None, target, None, flags)
+    except OSError:  # a user namespace may not clear nodev on a device bind: read-only, keeping its flags
+        mount(None, target, None, MS_REMOUNT | MS_BIND | (0 if writable else MS_RDONLY))
+
+
+# ---- seccomp, through libseccomp (the filter's BPF, architecture checks and x32 handling are its) ----
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
+# system calls code execution never needs: kernel, namespace, tracing and device interfaces (refused with EPERM)
+REFUSED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare",
+    "setns", "bpf", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "perf_event_open",
+    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl",
+    "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "open_by_handle_at",
+    "name_to_handle_at", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "pidfd_open",
+    "pidfd_send_signal", "pidfd_getfd", "fanotify_init", "lookup_dcookie", "iopl", "ioperm", "vhangup",
+    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "sethostname",
+    "setdomainname", "uselib", "nfsservctl", "kcmp", "process_madvise", "memfd_secret",
+)
+S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
+CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+TIOCSTI = 0x5412
+
+
+class ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
+
+
+def load_seccomp() -> None:
+    """Refuse REFUSED_SYSCALLS, device nodes (mknod of character/block devices), sockets other than AF_UNIX,
+    clone into new namespaces, clone3 (its flags cannot be inspected: ENOSYS makes libc fall back to clone) and
+    terminal input injection. Also sets no_new_privs (libseccomp's default)."""
+    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(ArgCmp)]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+
+    def errno_action(code):
+        return 0x00050000 | code
+
+    def rule(name, code, *comparisons):
+        number = lib.seccomp_syscall_resolve_name(name.encode())
+        if number < 0:  # not a system call on this architecture
+            return
+        array = (ArgCmp * max(1, len(comparisons)))(*[ArgCmp(*c) for c in comparisons])
+        result = lib.seccomp_rule_add_array(ctx, errno_action(code), number, len(comparisons), array)
+        if result != 0:
+            raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
+
+    for name in REFUSED_SYSCALLS:
+        rule(name, errno.EPERM)
+    for kind in (S_IFCHR, S_IFBLK):
+        rule("mknod", errno.EPERM, (1, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
+        rule("mknodat", errno.EPERM, (2, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
+    rule("socket", errno.EAFNOSUPPORT, (0, SCMP_CMP_NE, AF_UNIX))
+    rule("socketpair", errno.EAFNOSUPPORT, (0, SCMP_CMP_NE, AF_UNIX))
+    for flag in CLONE_NAMESPACES:
+        rule("clone", errno.EPERM, (0, SCMP_CMP_MASKED_EQ, flag, flag))
+    rule("clone3", errno.ENOSYS)
+    rule("ioctl", errno.EPERM, (1, SCMP_CMP_EQ, TIOCSTI))
+    result = lib.seccomp_load(ctypes.c_void_p(ctx))
+    if result != 0:
+        raise OSError(-result, f"seccomp_load: {os.strerror(-result)}")
+
+
+# ---- the run's file system ----
+def build_root(settings: dict) -> None:
+    """Make the file system described in the module docstring and pivot into it (namespace mode only; the
+    supervisor is root of its mount namespace). The host's tree stays untouched: every mount is in this mount
+    namespace, made private first, and goes away with its last process."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    base = settings["mount_base"]  # an existing host directory, shadowed in this namespace only
+    mount("pyrl-sandbox", base, "tmpfs", MS_NOSUID | MS_NODEV, f"size={settings['disk_bytes']},mode=0755")
+    root, rw = base + "/root", base + "/rw"
+    for path in (root, rw):
+        os.mkdir(path, 0o755)
+    bind(root, root, writable=True)  # a mount point of its own, for pivot_root
+    uid = settings["uid"]
+    owner = (uid, uid) if uid is not None else (0, 0)
+    for name in ("sandbox", "tmp", "shm"):
+        os.mkdir(f"{rw}/{name}", 0o700)
+        os.chown(f"{rw}/{name}", *owner)
+    write_files(rw + "/sandbox", settings["files"], owner)
+    for name in ("proc", "dev", "etc", "sandbox", "tmp"):
+        os.mkdir(f"{root}/{name}", 0o755)
+    os.mkdir(f"{root}/dev/shm", 0o755)
+    for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), f"{root}/{name}")
+        elif os.path.isdir(host):
+            os.mkdir(f"{root}/{name}", 0o755)
+            bind(host, f"{root}/{name}")
+    for host in sys.path:  # the interpreter's own directories (-I -S: the standard library's), at their host paths
+        if os.path.isdir(host) and not os.path.exists(root + host):
+            os.makedirs(root + host, 0o755)
+            bind(host, root + host)
+    for name in DEVICES:
+        open(f"{root}/dev/{name}", "w").close()
+        bind(f"/dev/{name}", f"{root}/dev/{name}", writable=True)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    user = uid if uid is not None else 0
+    etc = {"passwd": f"root:x:0:0:root:/:/bin/sh\nsandbox:x:{user}:{user}:sandbox:{WORK}:/bin/sh\n",
+           "group": f"root:x:0:\nsandbox:x:{user}:\n", "hosts": "127.0.0.1 localhost sandbox\n",
+           "hostname": "sandbox\n"}
+    for name, text in etc.items():
+        with open(f"{root}/etc/{name}", "w") as f:
+            f.write(text)
+    for name, place in (("sandbox", "sandbox"), ("tmp", "tmp"), ("shm", "dev/shm")):
+        bind(f"{rw}/{name}", f"{root}/{place}", writable=True)
+    try:  # only the PID namespace's processes; subset=pid also hides the kernel's files (Linux >= 5.8)
+        mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "subset=pid")
+    except OSError:
+        try:
+            mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        except OSError:  # a user namespace under a masked /proc (containers) may not mount one: none at all
+            pass
+    mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(root)
+    _check(_libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "detaching the host's root")
+    os.chdir("/")
+    try:
+        _libc.sethostname(b"sandbox", 7)
+    except AttributeError:
+        pass
+
+
+def write_files(work: str, files: dict, owner) -> None:
+    for name, text in files.items():
+        path = work
+        for part in name.split("/")[:-1]:
+            path += "/" + part
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o700)
+                os.chown(path, *owner)
+        with open(f"{work}/{name}", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chown(f"{work}/{name}", *owner)
+
+
+# ---- the audit hook (defence in depth under the kernel's boundary; alone in the unisolated fallback) ----
+def make_hook(writable: tuple):
+    """The audit hook confining writes to `writable` directories. Every function, table and constant it uses is
+    bound here (the tables as read-only copies), so code that later replaces os.*, builtins or this script's
+    globals (reachable through frames) cannot change what it checks; nothing outside this closure refers to it."""
     lstat, stat, readlink, getcwd = os.lstat, os.stat, os.readlink, os.getcwd
     fspath, any_, isinstance_, str_, bytes_, int_ = os.fspath, any, isinstance, str, bytes, int
-    denied, writes, write_flags, devices = DENIED, types.MappingProxyType(dict(WRITES)), WRITE_FLAGS, DEVICES
+    denied, writes, write_flags, sinks = DENIED, types.MappingProxyType(dict(WRITES)), WRITE_FLAGS, SINKS
     block_prefix, af_unix, permission_error = BLOCK_PREFIX, AF_UNIX, PermissionError
     own_pid, own_group = os.getpid(), os.getpgid(0)
-    prefix = work + "/"
+    roots = tuple(writable)
+    prefixes = tuple(root + "/" for root in roots)
 
     def deny(what):
         raise permission_error(f"{block_prefix}{what} is not allowed")
@@ -87,14 +286,14 @@ def make_hook(work: str):
         return path.decode("utf-8", "surrogateescape") if isinstance_(path, bytes_) else path
 
     def inside(path, dir_fd=None):
-        """Whether `path` (or the file that descriptor `path` refers to) lies inside the sandbox directory."""
+        """Whether `path` (or the file that descriptor `path` refers to) lies inside a writable place."""
         if isinstance_(path, int_):
             path, dir_fd = readlink(f"/proc/self/fd/{path}"), None
         path = as_text(path)
         if dir_fd is not None and dir_fd >= 0 and not path.startswith("/"):
             path = readlink(f"/proc/self/fd/{dir_fd}") + "/" + path
         real = resolve(path)
-        return real is not None and (real == work or real.startswith(prefix))
+        return real is not None and (real in roots or real.startswith(prefixes))
 
     def hook(event, args):
         if event in denied or event.startswith("ctypes."):
@@ -105,7 +304,7 @@ def make_hook(work: str):
                 return
             writing = (isinstance_(flags, int_) and flags & write_flags) or (
                 isinstance_(mode, str_) and any_(c in mode for c in "wax+"))
-            if writing and as_text(path) in devices:
+            if writing and as_text(path) in sinks:
                 return
             if not inside(path):
                 if writing:
@@ -158,9 +357,9 @@ def refuse_unaudited() -> None:
 
 
 def keep_imports_reachable() -> None:
-    """Before the uid drop: the interpreter's directories may be unreadable to the new uid (a Python under
-    /root), so they are opened now and imported from through /proc/self/fd, which needs no permission on the
-    directories above them."""
+    """Unisolated mode, before the uid drop: the interpreter's directories may be unreadable to the new uid (a
+    Python under /root), so they are opened now and imported from through /proc/self/fd, which needs no
+    permission on the directories above them."""
     moved = {}
     for i, entry in enumerate(sys.path):
         try:
@@ -179,19 +378,43 @@ def keep_imports_reachable() -> None:
                         path[i] = new + entry[len(old):]
 
 
-def run_worker(settings: dict) -> None:
-    """Drop privileges, lower the limits, install the hook, run the code as __main__."""
-    with open(settings["code"], encoding="utf-8") as f:
-        source = f.read()
-    work = os.path.realpath(settings["work"])
+def drop_capabilities() -> None:
+    """A user namespace's root (the only uid it maps) keeps no capability: bounding set, then capset to none."""
+    for cap in range(CAP_LAST + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 (64-bit capability sets): all zero
+    _check(_libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
+
+
+def run_worker(settings: dict, source: str) -> None:
+    """Drop privileges, lower the limits, load the filter, install the hook, run the code as __main__."""
+    isolated = settings["mount_base"] is not None
     uid = settings["uid"]
+    if isolated:
+        os.chdir(WORK)
+        work, writable = WORK, WRITABLE
+    else:
+        work = os.path.realpath(settings["work"])
+        writable = (work,)
+        if uid is not None:
+            keep_imports_reachable()
     if uid is not None:
-        keep_imports_reachable()
+        for cap in range(CAP_LAST + 1):
+            _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    elif settings["userns"]:
+        drop_capabilities()
     for name, value in settings["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if settings["seccomp"]:
+        load_seccomp()
     refuse_unaudited()
     filename = "main.py"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
@@ -200,7 +423,7 @@ def run_worker(settings: dict) -> None:
     sys.modules["__main__"] = module  # the code's globals, not this script's
     sys.argv = [filename]
     sys.path.insert(0, work)  # modules among the sandbox's files import as a script's neighbours do
-    sys.addaudithook(make_hook(work))
+    sys.addaudithook(make_hook(writable))
     try:
         exec(compile(source, filename, "exec"), module.__dict__)
     except SystemExit:
@@ -222,17 +445,58 @@ def code_frames(tb):
     return kept[0] if kept else None
 
 
+def read_settings(fd: int) -> tuple[dict, str]:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    settings = json.loads(b"".join(chunks))
+    return settings, settings.pop("source")
+
+
 def main() -> None:
-    """The supervisor: fork the worker, wait for it, report how it ended on the status descriptor ("exit N" or
-    "signal N"; in a PID namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the
-    kernel kill whatever the code left running."""
-    settings = json.loads(sys.argv[1])
-    status_fd = settings["status_fd"]
+    """The supervisor: set up, fork the worker, wait for it or for the parent's end (its lifeline pipe closes),
+    report how the worker ended on the status descriptor ("exit N", "signal N" or "setup <error>"; in a PID
+    namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the kernel kill whatever
+    the code left running. Without one, the process group is killed instead."""
+    settings_fd, status_fd, lifeline_fd = (int(x) for x in sys.argv[1:4])
+    try:
+        settings, source = read_settings(settings_fd)
+        for procs in settings["cgroups"]:  # the whole tree is counted from here on
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        if settings["mount_base"] is not None:
+            build_root(settings)
+        elif settings["files"]:
+            write_files(settings["work"], settings["files"], (settings["uid"],) * 2 if settings["uid"] is not None
+                        else (os.getuid(), os.getgid()))
+    except Exception as e:  # noqa: BLE001 - the parent turns this into an error naming the step
+        os.write(status_fd, f"setup {type(e).__name__}: {e}".encode()[:4000])
+        os._exit(70)
     worker = os.fork()
     if worker == 0:
-        os.close(status_fd)  # the code cannot forge the report
-        run_worker(settings)
+        os.close(status_fd)  # the code can neither forge the report nor see the parent's end
+        os.close(lifeline_fd)
+        try:
+            run_worker(settings, source)
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a failed privilege drop must never run the code
+            os.write(2, f"\n{BLOCK_PREFIX}setup failed: {type(e).__name__}: {e}\n".encode())
+            os._exit(70)
         return
+    pidfd = os.pidfd_open(worker)
+    while True:
+        ready, _, _ = select.select([pidfd, lifeline_fd], [], [])
+        if pidfd in ready:
+            break
+        if lifeline_fd in ready and not os.read(lifeline_fd, 1):  # the parent is gone: so is the run
+            if settings["mount_base"] is None:
+                os.killpg(0, signal.SIGKILL)
+            os._exit(71)
     _, status = os.waitpid(worker, 0)
     report = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
     os.write(status_fd, report.encode())

@@ -1,0 +1,194 @@
+"""A cgroup per sandbox run: memory and process count over the run's whole process tree, enforced by the kernel.
+
+cgroup v2 where this process's cgroup offers the memory and pids controllers to a child (root, or a delegated
+subtree such as systemd's user@.service); else cgroup v1's memory and pids hierarchies where they are mounted and
+writable (root in many containers). A run's cgroups are named pyrl-sandbox-<parent pid>-<n>; the parent removes
+them after the run, and ones whose parent process is gone (killed with SIGKILL) are removed by the next process
+that probes. Where neither works, the sandbox falls back to per-process limits (see pyrl.sandbox).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import time
+from dataclasses import dataclass
+
+PREFIX = "pyrl-sandbox-"
+_counter = itertools.count()
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _own_paths() -> dict[str, str]:
+    """/proc/self/cgroup: controller (or "" for v2) -> this process's path in that hierarchy."""
+    paths = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            paths[name] = path
+    return paths
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """/proc/self/mountinfo's cgroup mounts: (type, root within the hierarchy, mount point, super options)."""
+    found = []
+    for line in _read("/proc/self/mountinfo").splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        fstype, options = fields[sep + 1], set(fields[sep + 3].split(","))
+        if fstype in ("cgroup", "cgroup2"):
+            found.append((fstype, fields[3], fields[4], options))
+    return found
+
+
+def _under(mount_root: str, path: str) -> str | None:
+    if mount_root == "/":
+        return path
+    if path == mount_root or path.startswith(mount_root + "/"):
+        return path[len(mount_root):] or "/"
+    return None
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where runs' cgroups are made: one directory (v2) or one per controller (v1, memory and pids)."""
+
+    version: int
+    bases: tuple[str, ...]  # v2: (dir,); v1: (memory dir, pids dir)
+
+    def create(self, memory_bytes: int, processes: int) -> "RunCgroup":
+        name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        made = []
+        try:
+            for base in self.bases:
+                path = os.path.join(base, name)
+                os.mkdir(path)
+                made.append(path)
+            if self.version == 2:
+                (path,) = made
+                _write(f"{path}/memory.max", str(memory_bytes))
+                if os.path.exists(f"{path}/memory.swap.max"):
+                    _write(f"{path}/memory.swap.max", "0")
+                _write(f"{path}/pids.max", str(processes))
+            else:
+                memory, pids = made
+                _write(f"{memory}/memory.limit_in_bytes", str(memory_bytes))
+                if os.path.exists(f"{memory}/memory.memsw.limit_in_bytes"):
+                    _write(f"{memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
+                _write(f"{pids}/pids.max", str(processes))
+        except OSError:
+            RunCgroup(self.version, tuple(made)).remove()
+            raise
+        return RunCgroup(self.version, tuple(made))
+
+
+@dataclass(frozen=True)
+class RunCgroup:
+    version: int
+    paths: tuple[str, ...]
+
+    @property
+    def procs(self) -> list[str]:
+        """The files the supervisor writes its pid to, joining every controller."""
+        return [f"{path}/cgroup.procs" for path in self.paths]
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the run for its memory limit."""
+        try:
+            text = _read(f"{self.paths[0]}/memory.events" if self.version == 2 else f"{self.paths[0]}/memory.oom_control")
+        except OSError:
+            return False
+        found = re.search(r"^oom_kill (\d+)$", text, re.M)
+        return bool(found and int(found.group(1)))
+
+    def remove(self, within_s: float = 2.0) -> bool:
+        """rmdir each (the kernel refuses while a process is still exiting: retried until `within_s`)."""
+        deadline = time.monotonic() + within_s
+        left = list(self.paths)
+        while left:
+            for path in list(left):
+                try:
+                    if self.version == 2 and os.path.exists(f"{path}/cgroup.kill"):
+                        _write(f"{path}/cgroup.kill", "1")
+                    os.rmdir(path)
+                    left.remove(path)
+                except FileNotFoundError:
+                    left.remove(path)
+                except OSError:
+                    pass
+            if left:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(base: str) -> None:
+    """Remove runs' cgroups whose parent process is gone (it was killed before it could)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        found = re.fullmatch(re.escape(PREFIX) + r"(\d+)-\d+", name)
+        if found and not _alive(int(found.group(1))):
+            try:
+                os.rmdir(os.path.join(base, name))
+            except OSError:
+                pass
+
+
+def probe() -> Hierarchy | None:
+    """The hierarchy runs' cgroups can be made in, checked by making (and removing) one; None when none works."""
+    try:
+        own, mounts = _own_paths(), _mounts()
+    except (OSError, ValueError):
+        return None
+    candidates = []
+    for fstype, root, point, options in mounts:
+        if fstype == "cgroup2" and "" in own:
+            rel = _under(root, own[""])
+            if rel is not None:
+                candidates.append(Hierarchy(2, (point + rel.rstrip("/"),)))
+    v1 = {}
+    for fstype, root, point, options in mounts:
+        for controller in ("memory", "pids"):
+            if fstype == "cgroup" and controller in options and controller in own:
+                rel = _under(root, own[controller])
+                if rel is not None:
+                    v1[controller] = point + rel.rstrip("/")
+    if len(v1) == 2:
+        candidates.append(Hierarchy(1, (v1["memory"], v1["pids"])))
+    for hierarchy in candidates:
+        for base in hierarchy.bases:
+            remove_stale(base)
+        try:
+            if hierarchy.version == 2:
+                controllers = _read(f"{hierarchy.bases[0]}/cgroup.subtree_control").split()
+                if not {"memory", "pids"} <= set(controllers):
+                    continue
+            hierarchy.create(1 << 30, 64).remove()
+        except OSError:
+            continue
+        return hierarchy
+    return None
