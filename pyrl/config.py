@@ -307,6 +307,15 @@ class SandboxFusionConfig:
 
 
 @dataclass
+class LocalSandboxConfig:
+    """pyrl's reward.sandbox: the local sandbox (pyrl.sandbox) that code-execution scoring runs programs in."""
+
+    # run untrusted programs even where the kernel cannot isolate them (no namespaces or seccomp): the audit hook
+    # and resource limits only, one warning logged per process; false (default): such a machine refuses to score
+    allow_unisolated: bool = False
+
+
+@dataclass
 class RewardConfig:
     """verl 0.9.1's reward section (its legacy spellings, reward_model.reward_manager, custom_reward_function,
     reward_model.enable / model.path / overlong_buffer, are moved here at start as verl's migrate_legacy_reward_impl
@@ -321,6 +330,7 @@ class RewardConfig:
     strict: bool = False  # pyrl: a scorer that raises or times out stops the run instead of scoring 0
     timeout_s: float = 10.0  # pyrl: per-sample scorer time limit
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    sandbox: LocalSandboxConfig = field(default_factory=LocalSandboxConfig)
 
 
 @dataclass

@@ -6,7 +6,8 @@ extra_info=, **reward_kwargs) per sample, or compute_score(data_sources=, soluti
 extra_infos=, **reward_kwargs) for the batch manager; an `async def` one is awaited. reward.num_workers > 1
 processes score the batch's samples in parallel (in order, the same numbers as one process).
 
-A scorer that raises or runs past reward.timeout_s scores 0 for that sample; the count goes into the metrics
+A scorer that raises or runs past reward.timeout_s scores 0 for that sample (except pyrl.sandbox's
+SandboxUnavailable, which stops the run: code cannot be scored safely on this machine); the count goes into the metrics
 (reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged with the sample's
 index. With reward.strict=true the run stops instead.
 """
@@ -32,6 +33,7 @@ import torch
 
 from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards.scorers import default_compute_score
+from pyrl.sandbox import SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,8 @@ def attempt(fn: Callable, timeout_s: float, call: dict) -> tuple:
             return call_scorer(fn, **call), None, None
     except ScorerTimeout:
         return None, "timeouts", f"ScorerTimeout: over {timeout_s} s"
+    except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
+        raise
     except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
         return None, "errors", f"{type(e).__name__}: {e}"
 
@@ -303,6 +307,7 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
         sandbox = reward.sandbox_fusion
         compute_score = functools.partial(
             default_compute_score, sandbox_fusion_url=sandbox.url, memory_limit_mb=sandbox.memory_limit_mb,
+            allow_unisolated=reward.sandbox.allow_unisolated,
             max_concurrent=max(1, sandbox.max_concurrent // scoring_processes(reward.num_workers)))
     overlong = dict(reward.reward_kwargs.get("overlong_buffer_cfg") or {}) if name == "dapo" and not validation else {}
     max_resp_len = reward.reward_kwargs.get("max_resp_len")

@@ -209,6 +209,14 @@ def _probe(candidate: Isolation) -> str | None:
 _warned_unisolated = False
 
 
+def check_isolation(allow_unisolated: bool = False) -> Isolation:
+    """This machine's isolation; raises SandboxUnavailable when it has no kernel boundary and allow_unisolated is
+    false (callers that will run code call it at start, to stop a run before it begins)."""
+    iso = isolation()
+    _check_isolation(iso, allow_unisolated)
+    return iso
+
+
 def _check_isolation(iso: Isolation, allow_unisolated: bool) -> None:
     global _warned_unisolated
     if iso.kernel_boundary:
@@ -584,4 +592,4 @@ async def run_code_async(code: str, *, language: str = "python", stdin: str = ""
 
 
 __all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "SandboxError", "run_code", "run_code_async",
-           "isolation", "Isolation", "LANGUAGES", "STATUSES"]
+           "isolation", "check_isolation", "Isolation", "LANGUAGES", "STATUSES"]

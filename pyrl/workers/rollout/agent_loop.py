@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
+from pyrl.sandbox import SandboxUnavailable
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 log = logging.getLogger("pyrl")
@@ -337,6 +338,8 @@ class AgentLoop:
             t.tool_seconds += seconds
         for (t, call), result in zip(jobs, results):
             t.tool_calls += 1
+            if isinstance(result, SandboxUnavailable):  # a machine setting, not the tool call's failure
+                raise result
             if isinstance(result, BaseException):
                 limit = self.config.max_tool_response_length  # an exception's message is not bounded either
                 text = (f"Error: tool '{call.name}' timed out after {self.config.tool_timeout_s:g} s"
