@@ -154,7 +154,7 @@ def resolve_defaults(config: PPOConfig) -> None:
 def run_ppo(config: PPOConfig) -> dict:
     from pyrl.rewards import load_reward_manager
     from pyrl.rewards.managers import close_scoring_pools
-    from pyrl.trainer.checks import check_agent_loops, check_models, check_multi_turn
+    from pyrl.trainer.checks import check_agent_loops, check_code_sandbox, check_models, check_multi_turn
     from pyrl.trainer.memory_plan import check_memory_plan
     from pyrl.trainer.ppo_trainer import PPOTrainer
     from pyrl.trainer.workers import build_workers
@@ -169,6 +169,7 @@ def run_ppo(config: PPOConfig) -> dict:
     val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples, tool_schemas) \
         if config.data.val_files else None
     check_agent_loops(config, [train] + ([val] if val else []))
+    check_code_sandbox(config, [train] + ([val] if val else []))  # code rewards need an isolating machine
     reward_fn = load_reward_manager(config, tokenizer)
     val_reward_fn = load_reward_manager(config, tokenizer, validation=True)
     run_dir = os.path.abspath(config.trainer.default_local_dir)

@@ -243,3 +243,20 @@ def check_agent_loops(config, datasets) -> None:
     if rollout.multi_turn.enable and TOOL_AGENT not in used:
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true, but no row runs the tool agent: set "
                          "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")
+
+
+def check_code_sandbox(config, datasets) -> None:
+    """Rows of verl's code-execution sources scored by the default scorer in the local sandbox need a machine that
+    can isolate the policy's programs (or reward.sandbox.allow_unisolated=true): checked before workers start, not
+    at the first step's scoring."""
+    from pyrl.rewards.code_exec import DATA_SOURCES
+    from pyrl.sandbox import check_isolation
+
+    reward = config.reward
+    if reward.custom_reward_function.path or reward.sandbox_fusion.url:
+        return
+    key = config.data.reward_fn_key
+    for dataset in datasets:
+        if any(row.get(key) in DATA_SOURCES for row in dataset.rows):
+            check_isolation(reward.sandbox.allow_unisolated)
+            return
