@@ -55,7 +55,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
-import json
+import marshal
 import logging
 import math
 import os
@@ -355,13 +355,13 @@ class _Run:
                 os.chown(work, uid, uid)
                 os.chmod(work, 0o700)
             if iso.cgroup is not None:
-                group = iso.cgroup.create(self.limits.memory_mb << 20, self.limits.max_processes + 1)
+                group = iso.cgroup.create(self.limits.memory_mb << 20, self.limits.max_processes)
             count_processes = uid is not None or iso.userns or os.geteuid() != 0  # root is exempt from NPROC
             settings = {"source": self.code, "files": self.files, "uid": uid, "userns": iso.userns,
                         "seccomp": iso.seccomp, "cgroups": group.procs if group else [],
                         "mount_base": MOUNT_BASE if iso.namespace else None, "work": work,
                         "disk_bytes": self.limits.max_disk_bytes, "rlimits": self.rlimits(count_processes)}
-            settings_fd = _memfd("pyrl-sandbox-settings", json.dumps(settings).encode())
+            settings_fd = _memfd("pyrl-sandbox-settings", marshal.dumps(settings))
             fds.append(settings_fd)
             stdin_fd = _memfd("pyrl-sandbox-stdin", self.stdin.encode("utf-8"))  # a file: no deadlock on large input
             fds.append(stdin_fd)
@@ -503,10 +503,8 @@ class _Run:
         report, waited = ended if ended else ("", None)
         returncode = None
         kind, _, value = report.partition(" ")
-        if kind == "exit":
-            returncode = int(value)
-        elif kind == "signal":
-            returncode = -int(value)
+        if kind in ("exit", "signal") and value.isdigit():  # anything else (a report forged past the hook) is unknown
+            returncode = int(value) if kind == "exit" else -int(value)
         cpu = waited[1].ru_utime + waited[1].ru_stime if waited and waited[1] is not None else 0.0
         last = next((line.strip() for line in reversed(stderr.decode("utf-8", "replace").splitlines())
                      if line.strip()), "")

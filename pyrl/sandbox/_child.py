@@ -8,7 +8,8 @@ forks the worker and reports how the worker ended. The worker drops to the run's
 drops every capability), lowers its resource limits, loads the seccomp filter, installs the audit hook and runs
 the code as `__main__`. What the worker needs is imported before the filter and the hook (whose checks would
 apply to it). Standard library only (ctypes for mount(2), pivot_root(2), capset(2) and libseccomp): the
-interpreter runs without site-packages.
+interpreter runs without site-packages. Every run pays for this script's imports, so it imports little (marshal,
+not json, for the settings; ctypes only where a namespace or the filter needs it; traceback on an error only).
 
 The file system the code sees (namespace mode):
   /                a tmpfs, read-only once built; holds only what is listed here
@@ -22,19 +23,15 @@ Nothing else of the host (no /root, /home, /work, /var, /sys, other runs) exists
 """
 
 import builtins
-import ctypes
 import errno
-import json
-import linecache
+import marshal
 import os
-import platform
 import resource
 import select
-import signal
 import sys
-import traceback
 import types
 
+SETUP_EXIT = 70  # pyrl.sandbox.SETUP_EXIT: setting up the run failed (the status descriptor says how)
 BLOCK_PREFIX = "pyrl.sandbox: "  # the parent recognises a blocked operation by this prefix in the last stderr line
 WORK, WRITABLE = "/sandbox", ("/sandbox", "/tmp", "/dev/shm")  # namespace mode's work dir and writable places
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -66,7 +63,16 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "r
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
 CAP_LAST = 63  # PR_CAPBSET_DROP past the kernel's last capability fails with EINVAL, which is ignored
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = None
+
+
+def libc():
+    """libc through ctypes, imported on first use (a run without namespaces or the filter does without)."""
+    global _libc, ctypes
+    if _libc is None:
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
 
 
 def _check(result, what):
@@ -77,7 +83,7 @@ def _check(result, what):
 
 def mount(source, target, fstype=None, flags=0, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+    _check(libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {source} on {target}")
 
 
@@ -109,15 +115,16 @@ CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 
 TIOCSTI = 0x5412
 
 
-class ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
-
-
 def load_seccomp() -> None:
     """Refuse REFUSED_SYSCALLS, device nodes (mknod of character/block devices), sockets other than AF_UNIX,
     clone into new namespaces, clone3 (its flags cannot be inspected: ENOSYS makes libc fall back to clone) and
     terminal input injection. Also sets no_new_privs (libseccomp's default)."""
+    libc()
+
+    class ArgCmp(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                    ("datum_b", ctypes.c_uint64)]
+
     lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
@@ -213,13 +220,10 @@ def build_root(settings: dict) -> None:
             pass
     mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
-    _check(_libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
-    _check(_libc.umount2(b".", MNT_DETACH), "detaching the host's root")
+    _check(libc().syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+    _check(libc().umount2(b".", MNT_DETACH), "detaching the host's root")
     os.chdir("/")
-    try:
-        _libc.sethostname(b"sandbox", 7)
-    except AttributeError:
-        pass
+    libc().sethostname(b"sandbox", 7)
 
 
 def write_files(work: str, files: dict, owner) -> None:
@@ -381,17 +385,51 @@ def keep_imports_reachable() -> None:
 def drop_capabilities() -> None:
     """A user namespace's root (the only uid it maps) keeps no capability: bounding set, then capset to none."""
     for cap in range(CAP_LAST + 1):
-        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 (64-bit capability sets): all zero
-    _check(_libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
+    _check(libc().capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
 
 
-def run_worker(settings: dict, source: str) -> None:
-    """Drop privileges, lower the limits, load the filter, install the hook, run the code as __main__."""
+def run_worker(settings: dict, source: str, go: int, status_fd: int) -> None:
+    """Set up (drop_privileges_and_limit), wait for the supervisor's go (the cgroups joined), close the status
+    descriptor (the code can neither forge the report nor see the parent's end), install the hook, run the code
+    as __main__. A failed setup is reported on the status descriptor and never runs the code."""
+    try:
+        work, writable = drop_privileges_and_limit(settings)
+        refuse_unaudited()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent as the sandbox's failure, not the code's
+        os.write(status_fd, f"setup {type(e).__name__} in the worker: {e}\n".encode()[:4000])
+        os._exit(SETUP_EXIT)
+    if os.read(go, 1) != b"1":  # the supervisor failed to move this process into the run's cgroups
+        os._exit(SETUP_EXIT)
+    os.close(go)
+    os.close(status_fd)
+    filename = "main.py"
+    module = types.ModuleType("__main__")
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module  # the code's globals, not this script's
+    sys.argv = [filename]
+    sys.path.insert(0, work)  # modules among the sandbox's files import as a script's neighbours do
+    sys.addaudithook(make_hook(writable))
+    try:
+        exec(compile(source, filename, "exec"), module.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - reported as Python reports an uncaught exception
+        import linecache
+        import traceback
+
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # the code's lines
+        traceback.print_exception(type(e), e, code_frames(e.__traceback__))
+        sys.exit(1)
+
+
+def drop_privileges_and_limit(settings: dict) -> tuple[str, tuple]:
+    """The run's uid (or no capabilities), rlimits, no_new_privs, the seccomp filter: -> (work dir, writable)."""
     isolated = settings["mount_base"] is not None
     uid = settings["uid"]
     if isolated:
@@ -404,7 +442,7 @@ def run_worker(settings: dict, source: str) -> None:
             keep_imports_reachable()
     if uid is not None:
         for cap in range(CAP_LAST + 1):
-            _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+            libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
@@ -412,25 +450,10 @@ def run_worker(settings: dict, source: str) -> None:
         drop_capabilities()
     for name, value in settings["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if settings["seccomp"]:
         load_seccomp()
-    refuse_unaudited()
-    filename = "main.py"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
-    module = types.ModuleType("__main__")
-    module.__builtins__ = builtins
-    sys.modules["__main__"] = module  # the code's globals, not this script's
-    sys.argv = [filename]
-    sys.path.insert(0, work)  # modules among the sandbox's files import as a script's neighbours do
-    sys.addaudithook(make_hook(writable))
-    try:
-        exec(compile(source, filename, "exec"), module.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001 - reported as Python reports an uncaught exception
-        traceback.print_exception(type(e), e, code_frames(e.__traceback__))
-        sys.exit(1)
+    return work, writable
 
 
 def code_frames(tb):
@@ -453,41 +476,47 @@ def read_settings(fd: int) -> tuple[dict, str]:
             break
         chunks.append(chunk)
     os.close(fd)
-    settings = json.loads(b"".join(chunks))
+    settings = marshal.loads(b"".join(chunks))
     return settings, settings.pop("source")
 
 
 def main() -> None:
-    """The supervisor: set up, fork the worker, wait for it or for the parent's end (its lifeline pipe closes),
+    """The supervisor: set up, fork the worker, move it into the run's cgroups, wait for it or for the parent's end (its lifeline pipe closes),
     report how the worker ended on the status descriptor ("exit N", "signal N" or "setup <error>"; in a PID
     namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the kernel kill whatever
     the code left running. Without one, the process group is killed instead."""
     settings_fd, status_fd, lifeline_fd = (int(x) for x in sys.argv[1:4])
     try:
         settings, source = read_settings(settings_fd)
-        for procs in settings["cgroups"]:  # the whole tree is counted from here on
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
+        cgroups = [os.open(path, os.O_WRONLY) for path in settings["cgroups"]]  # before the host's tree goes
         if settings["mount_base"] is not None:
             build_root(settings)
         elif settings["files"]:
-            write_files(settings["work"], settings["files"], (settings["uid"],) * 2 if settings["uid"] is not None
-                        else (os.getuid(), os.getgid()))
+            write_files(settings["work"], settings["files"], (settings["uid"],) * 2
+                        if settings["uid"] is not None else (os.getuid(), os.getgid()))
     except Exception as e:  # noqa: BLE001 - the parent turns this into an error naming the step
         os.write(status_fd, f"setup {type(e).__name__}: {e}".encode()[:4000])
-        os._exit(70)
+        os._exit(SETUP_EXIT)
+    go_r, go_w = os.pipe()
     worker = os.fork()
     if worker == 0:
-        os.close(status_fd)  # the code can neither forge the report nor see the parent's end
-        os.close(lifeline_fd)
-        try:
-            run_worker(settings, source)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001 - a failed privilege drop must never run the code
-            os.write(2, f"\n{BLOCK_PREFIX}setup failed: {type(e).__name__}: {e}\n".encode())
-            os._exit(70)
+        for fd in (lifeline_fd, go_w, *cgroups):
+            os.close(fd)
+        run_worker(settings, source, go_r, status_fd)
         return
+    os.close(go_r)
+    # the worker's whole tree is counted: it is moved into the run's cgroups before its code starts (it waits for
+    # the go byte). A move can wait ~10 ms on the kernel (an RCU grace period), overlapped with the worker's setup.
+    try:
+        for fd in cgroups:
+            os.write(fd, str(worker).encode())
+            os.close(fd)
+    except OSError as e:
+        os.write(status_fd, f"setup OSError: joining the run's cgroup: {e.strerror}".encode())
+        os.kill(worker, 9)
+        os._exit(SETUP_EXIT)
+    os.write(go_w, b"1")
+    os.close(go_w)
     pidfd = os.pidfd_open(worker)
     while True:
         ready, _, _ = select.select([pidfd, lifeline_fd], [], [])
@@ -495,7 +524,7 @@ def main() -> None:
             break
         if lifeline_fd in ready and not os.read(lifeline_fd, 1):  # the parent is gone: so is the run
             if settings["mount_base"] is None:
-                os.killpg(0, signal.SIGKILL)
+                os.killpg(0, 9)  # SIGKILL (the signal module costs an import)
             os._exit(71)
     _, status = os.waitpid(worker, 0)
     report = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"

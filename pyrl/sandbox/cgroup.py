@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 
@@ -120,6 +121,8 @@ class RunCgroup:
                 try:
                     if self.version == 2 and os.path.exists(f"{path}/cgroup.kill"):
                         _write(f"{path}/cgroup.kill", "1")
+                    elif self.version == 1:
+                        _kill_members(path)
                     os.rmdir(path)
                     left.remove(path)
                 except FileNotFoundError:
@@ -131,6 +134,25 @@ class RunCgroup:
                     return False
                 time.sleep(0.005)
         return True
+
+
+def _kill_members(path: str) -> None:
+    """cgroup v1 has no cgroup.kill: SIGKILL each process listed in the cgroup (one that left the run's process
+    group or session would outlive it otherwise), through a pidfd taken before checking that the process is still a
+    member, so that a pid reused meanwhile is never signalled."""
+    name = "/" + os.path.basename(path)
+    for pid in _read(f"{path}/cgroup.procs").split():
+        try:
+            pidfd = os.pidfd_open(int(pid))
+        except OSError:
+            continue
+        try:
+            if any(line.rsplit(":", 1)[-1].endswith(name) for line in _read(f"/proc/{pid}/cgroup").splitlines()):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
 
 
 def _alive(pid: int) -> bool:
