@@ -1,52 +1,28 @@
-"""Run untrusted code (a model's program, a tool call) in a child process under limits.
+"""Run untrusted code (a model's program, a tool call) behind a kernel-enforced boundary.
 
 `run_code` / `run_code_async` run Python source in a fresh interpreter (`python -I -S -B`: the standard library
-only, no environment variables or user paths, no bytecode written) whose working directory is a new temporary
-directory holding `files`; the directory is removed afterwards whatever happened. The caller gets a SandboxResult:
-a status, the (capped) output, and one line saying what happened. A reward function (code-execution scoring,
+only, no environment variables or user paths, no bytecode written). The caller gets a SandboxResult: a status, the
+(capped) output, and one line saying what happened. A reward function (code-execution scoring,
 pyrl.rewards.code_exec) and a tool (pyrl.tools) call the same function; nothing here knows of Ray or the trainer.
 
-The child is a small supervisor (pyrl/sandbox/_child.py) that forks the worker running the code and reports
-how it ended; the worker lowers its limits, installs the audit hook and runs the code as `__main__`.
-
-Protections, and when each holds
---------------------------------
-Always:
-- limits set in the worker before the code runs: CPU time (RLIMIT_CPU, whole seconds), address space
-  (RLIMIT_AS), size of files written (RLIMIT_FSIZE), processes (RLIMIT_NPROC: see below for when the kernel
-  enforces it), no core files; wall-clock time, enforced by the parent;
-- the output is read with a cap: when stdout or stderr passes max_output_bytes the parent keeps that much and
-  kills the process, so the parent's memory stays bounded;
-- its own session and process group, killed with SIGKILL on timeout, on output overflow, on cancellation, when
-  the code has exited (anything it left behind) and if the caller is interrupted; the parent never waits without
-  a deadline;
-- an environment of its own (PATH; HOME and TMPDIR = the sandbox directory; LANG): none of the parent's
-  variables (credentials) reach the code;
-- the audit hook (sys.addaudithook, installed before the code runs) refuses: starting programs (os.system,
-  exec*, spawn*, posix_spawn, fork, forkpty, subprocess, _posixsubprocess); sockets other than local socket
-  pairs (connect, bind, send, name lookups); ctypes; writing, creating, renaming, removing or changing files
-  outside the sandbox directory (symbolic links and dir_fd= resolved; mknod and mkfifo, which raise no event,
-  anywhere); signalling other processes; lifting the limits; the introspection that could reach the hook (gc
-  referrers, settrace, other threads' frames). A refused operation raises PermissionError("pyrl.sandbox: ...
-  is not allowed"); uncaught, the status is "blocked". A Python-level hook is defence in depth, not a
-  boundary: C code making system calls itself is not seen (which is why ctypes is refused).
-Where util-linux `unshare` can create namespaces (probed once per process):
-- a network namespace of its own: no interface but a loopback that is down, so nothing is reachable even past
-  the hook;
-- a PID namespace whose init is the supervisor: when the code ends or is killed, the kernel kills every process
-  it left, so nothing survives.
-As root, the worker also drops to a uid (and gid) of this run's own, from 0x60000000 up (no user's), with no
-supplementary groups, and the sandbox directory is made its own: the kernel then refuses writes wherever that
-uid may not write, RLIMIT_NPROC counts this run's processes only, and runs cannot touch each other. (The
-interpreter's directories are opened before the drop and imported from through /proc/self/fd, so this works
-when Python lives where other uids cannot read, such as /root; the temporary directory, TMPDIR, must be one
-other uids may pass through, as /tmp is.) If the drop is refused (no CAP_SETUID) the code runs as root:
-RLIMIT_NPROC does not apply to root, and the file system is guarded by the audit hook alone.
-Not root: the code runs as the calling user, in a user namespace along with the namespaces above when unshare
-can make one, where RLIMIT_NPROC counts the sandbox's processes (Linux >= 5.14; before, all the user's); without
-one it counts all the user's processes (so it is stricter, never looser). The file system is guarded by the audit
-hook and the user's own permissions.
-Without namespaces a process started past the hook that leaves the process group (setsid) could outlive the run.
+How a run is isolated (README, "The sandbox", has the table of what is enforced by what):
+- util-linux `unshare` puts the supervisor (pyrl/sandbox/_child.py) in new mount, PID, network, IPC and UTS
+  namespaces (in a user namespace when not root); the supervisor is the PID namespace's init;
+- the supervisor builds the run's file system (a read-only tmpfs root holding the host's /usr, /lib* and the
+  standard library read-only, its own /etc and /dev, a new /proc; /sandbox, /tmp and /dev/shm writable on one tmpfs
+  of max_disk_bytes) and pivots into it: nothing else of the host is there, and nothing of the run is on the host's
+  disk (code, files and stdin come through memfds);
+- it forks the worker, which drops to a uid of the run's own (root) or drops every capability (user namespace),
+  sets no_new_privs and its rlimits, loads a seccomp filter (libseccomp) and the audit hook (defence in depth), and
+  is moved into a cgroup of the run's own (memory and processes over the whole tree) before the code starts;
+- the parent kills the whole tree on timeout, output overflow or cancellation; the PID namespace ends with its
+  init; a pipe whose write end only the parent holds ends the run when the parent dies, however it dies.
+What this machine allows is probed once per process by real runs (`isolation()`). Without the namespaces, the
+run's own uid (or a capability-less user namespace) and the seccomp filter, run_code refuses to run code
+(SandboxUnavailable, naming what is missing) unless the caller passes allow_unisolated=True: then the code runs in a
+host directory of its own with what remains (the uid drop as root, seccomp and the cgroup where they work, the audit
+hook, rlimits), one warning logged per process. Such a run's directory is removed afterwards, or, if its process
+was killed first, by the next process that probes; a killed process's cgroups likewise.
 """
 
 from __future__ import annotations
