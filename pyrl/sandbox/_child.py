@@ -87,9 +87,10 @@ def mount(source, target, fstype=None, flags=0, data=None):
            f"mount {source} on {target}")
 
 
-def bind(source, target, writable=False):
+def bind(source, target, writable=False, device=False):
     mount(source, target, None, MS_BIND | MS_REC)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+    # nodev everywhere but on the device nodes bound one by one (a nodev mount makes opening them EACCES)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
     try:
         mount(None, target, None, flags)
     except OSError:  # a user namespace may not clear nodev on a device bind: read-only, keeping its flags
@@ -198,7 +199,7 @@ def build_root(settings: dict) -> None:
             bind(host, root + host)
     for name in DEVICES:
         open(f"{root}/dev/{name}", "w").close()
-        bind(f"/dev/{name}", f"{root}/dev/{name}", writable=True)
+        bind(f"/dev/{name}", f"{root}/dev/{name}", writable=True, device=True)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
