@@ -9,7 +9,8 @@ processes score the batch's samples in parallel (in order, the same numbers as o
 A scorer that raises or runs past reward.timeout_s scores 0 for that sample (except pyrl.sandbox's
 SandboxUnavailable, which stops the run: code cannot be scored safely on this machine); the count goes into the metrics
 (reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged with the sample's
-index. With reward.strict=true the run stops instead.
+index. With reward.strict=true the run stops instead. What a scorer counts through pyrl.rewards.counts while it
+scores (code_exec: hostile outputs) is summed over the batch into reward/<name> (reward/code_hostile_outputs).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ import numpy as np
 import torch
 
 from pyrl.protocol import DataProto, response_lengths
+from pyrl.rewards import counts as counts_module
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxUnavailable
 
 log = logging.getLogger(__name__)
+COUNTED = "counted/"  # a key of the manager's counts: what scorers counted (pyrl.rewards.counts), by name
 
 
 class ScorerTimeout(Exception):
@@ -85,16 +88,18 @@ async def _awaited(awaitable):
 
 
 def attempt(fn: Callable, timeout_s: float, call: dict) -> tuple:
-    """(value, None, None), or (None, "errors" | "timeouts", "Type: message") when fn failed or ran too long."""
-    try:
-        with time_limit(timeout_s):
-            return call_scorer(fn, **call), None, None
-    except ScorerTimeout:
-        return None, "timeouts", f"ScorerTimeout: over {timeout_s} s"
-    except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
-        raise
-    except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
-        return None, "errors", f"{type(e).__name__}: {e}"
+    """(value, None, None, counted), or (None, "errors" | "timeouts", "Type: message", counted) when fn failed or
+    ran too long; counted: what the scorer counted meanwhile through pyrl.rewards.counts ({name: n})."""
+    with counts_module.recording() as counted:
+        try:
+            with time_limit(timeout_s):
+                return call_scorer(fn, **call), None, None, counted
+        except ScorerTimeout:
+            return None, "timeouts", f"ScorerTimeout: over {timeout_s} s", counted
+        except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
+            raise
+        except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
+            return None, "errors", f"{type(e).__name__}: {e}", counted
 
 
 _POOLS: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
@@ -173,7 +178,9 @@ class RewardManager:
     def settle(self, counts, index: int, outcome: tuple, failed=0.0):
         """An attempt's value; a failure gives `failed` (a zero score), counted and logged once per kind, or
         stops the run when strict."""
-        value, kind, error = outcome
+        value, kind, error, counted = outcome
+        for name, n in counted.items():  # the scorer's own counts (pyrl.rewards.counts): metrics reward/<name>
+            counts[COUNTED + name] += n
         if kind is None:
             return value
         if self.strict:
@@ -208,7 +215,7 @@ class RewardManager:
                 outcomes += future.result()
             except concurrent.futures.process.BrokenProcessPool as e:  # a scorer killed its process: errors
                 close_scoring_pools()
-                outcomes += [(None, "errors", f"BrokenProcessPool: {e}")] * len(chunk)
+                outcomes += [(None, "errors", f"BrokenProcessPool: {e}", {})] * len(chunk)
         return outcomes
 
     def scores(self, data: DataProto, responses, counts) -> list:
@@ -240,6 +247,7 @@ class RewardManager:
         has = last >= 0
         scores[torch.nonzero(has).squeeze(-1), last[has]] = torch.as_tensor(values, dtype=torch.float32)[has]
         metrics = {"reward/scorer_errors": counts["errors"], "reward/scorer_timeouts": counts["timeouts"]}
+        metrics.update({f"reward/{key[len(COUNTED):]}": n for key, n in counts.items() if key.startswith(COUNTED)})
         return scores, dict(extra_info), metrics
 
     def overlong_penalty(self, lengths: np.ndarray) -> np.ndarray:

@@ -198,7 +198,138 @@ def test_the_reward_manager_binds_reward_sandbox_fusion(fusion):
                      "reward.sandbox_fusion.memory_limit_mb=512", "reward.num_workers=1")
     score = load_reward_manager(config, None).compute_score
     assert isinstance(score, functools.partial) and score.keywords == {
-        "sandbox_fusion_url": fusion.url, "memory_limit_mb": 512, "max_concurrent": 8}
+        "sandbox_fusion_url": fusion.url, "memory_limit_mb": 512, "max_concurrent": 8, "allow_unisolated": False}
     assert score(data_source="apps", solution_str=fenced(SMALL_ONLY), ground_truth=SUM) == 0.5
     assert fusion.requests and all(payload["memory_limit_MB"] == 512 for _, payload in fusion.requests)
     assert score(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="3") == 1.0  # others unchanged
+
+
+# ---- assert cases: the parent evaluates the asserts (see pyrl.rewards.code_exec's docstring) ----
+ADD = "def add(a, b):\n    return a + b"
+
+
+def parent_verdicts(snippet: str, namespace: dict) -> list[bool]:
+    """What the parent concludes for each assert of `snippet`, its leaves evaluated here with Python in
+    `namespace` (trusted, hand-written functions: no sandbox needed to test the parent's logic)."""
+    import re
+
+    plan = code_exec.plan_snippet(snippet)
+    scope, values = dict(namespace), []
+    for line in plan.tail.splitlines():
+        leaf = re.fullmatch(r"_pyrl_leaf\(lambda: \((.*?)\)(?:, lambda _pyrl_v: \(.*\), (?:True|False))?\)", line)
+        if leaf is None:
+            exec(line, scope)
+            continue
+        try:
+            values.append(("ok", eval(leaf.group(1), scope)))
+        except Exception:
+            values.append(("raised", None))
+    return [code_exec.holds(check, code_exec.Leaves(values)) for check in plan.checks]
+
+
+def python_verdict(snippet: str, namespace: dict) -> bool:
+    try:
+        exec(snippet, dict(namespace))
+    except Exception:
+        return False
+    return True
+
+
+NAMESPACE = {"add": lambda a, b: a + b, "rev": lambda x: x[::-1], "pair": lambda: (4, 5), "evens": lambda: {2, 4},
+             "table": lambda: {"a": 1, 2: [1, 2]}, "third": lambda: 0.1 + 0.2, "nothing": lambda: None,
+             "words": lambda s: s.split(), "math": __import__("math")}
+
+
+@pytest.mark.parametrize("snippet", [
+    "assert add(1, 2) == 3", "assert add(1, 2) == 4", "assert rev([1, 2]) == [2, 1]", "assert rev([1, 2]) == (2, 1)",
+    "assert pair() == (4, 5)", "assert set(pair()) == {5, 4}", "assert evens() == {4, 2}", "assert evens() == [2, 4]",
+    "assert table() == {2: [1, 2], 'a': 1}", "assert table()['a'] == 1 and table().get('z', 0) == 0",
+    "assert third() == 0.3", "assert math.isclose(third(), 0.3)", "assert abs(third() - 0.3) < 1e-9",
+    "assert round(third(), 2) == 0.3", "assert not add(1, 1) == 3", "assert not add(1, 1) == 2",
+    "assert 3 in rev([3, 1]) and 5 not in rev([3, 1])", "assert nothing() is None", "assert add(0, 0) or nothing()",
+    "assert add('a', 'b') * 2 == 'abab'", "assert words('a b c') == ['a', 'b', 'c']", "assert len(words('a b')) == 2",
+    "assert sorted(table().keys(), key=str) == [2, 'a']", "assert [add(i, 1) for i in range(3)] == [1, 2, 3]",
+    "assert all(add(i, i) == 2 * i for i in range(4))", "assert all(x > 1 for x in rev([1, 2]))",
+    "assert sum(x for x in rev([1, 2, 3])) == 6", "assert isinstance(pair(), tuple) and type(rev([1])) == list",
+    "assert f'{add(1, 1):03d}' == '002'", "assert ' '.join(map(str, rev([1, 2]))) == '2 1'",
+    "expected = [2, 1]\nassert rev([1, 2]) == expected", "xs = [1, 2]\nassert rev(xs) == [2, 1]\nassert xs == [1, 2]",
+    "for a, b in [(1, 2), (3, 4)]:\n    assert add(a, b) == a + b", "for a in range(3):\n    assert add(a, 1) == 2",
+    "assert add(1, 2) == 3, 'the message is never evaluated'", "if __name__ == '__main__':\n    assert add(1, 1) == 2",
+    "assert add(1, 1) == 2\nassert add(2, 2) == 5",
+    "assert [add(x, y) for x in range(2) for y in range(x + 1)] == [0, 1, 2]",
+])
+def test_the_parent_judges_asserts_as_python_does(snippet):
+    assert all(parent_verdicts(snippet, NAMESPACE)) == python_verdict(snippet, NAMESPACE)
+
+
+@pytest.mark.parametrize("snippet, message", [
+    ("def check(candidate):\n    assert candidate(1, 2) == 3\ncheck(add)", "inside functiondef"),
+    ("for x in inputs():\n    assert add(x, 0) == x", "not a literal"),
+    ("if add(1, 1) != 2:\n    raise AssertionError", "inside if"),
+    ("assert [add(x, 0) == x for x in inputs()]", "computes a verdict in the program's process"),
+    ("assert add(1, 2) == 3 +", "not valid Python"),
+])
+def test_asserts_the_parent_cannot_check_are_a_clear_error(snippet, message):
+    with pytest.raises(ValueError, match=message):
+        compute_score(fenced(ADD), {"assert_case": [snippet]})
+
+
+def test_expected_values_stay_in_the_parent():
+    plan = code_exec.plan_snippet("expected = [31337, 4242]\nassert sorted(f([4242, 31337])) == expected\n"
+                                  "assert math.isclose(g(2), 1.41421, rel_tol=1e-3)\nassert 'kiwi' not in h(271828)")
+    assert "[31337, 4242]" not in plan.tail and "expected" not in plan.tail and "1.41421" not in plan.tail
+    assert "kiwi" not in plan.tail and "271828" in plan.tail  # the inputs are sent, the expected values are not
+    assert plan.leaves == 3
+
+
+def test_assert_cases_end_to_end():
+    cases = {"assert_case": [
+        "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3)",
+        "assert not is_even(3) and is_even(4)",
+        "assert 'b' in letters(2)",
+        "assert pairs(2) == [(0, 0), (1, 1)] and counts('aab') == {'a': 2, 'b': 1}",
+    ]}
+    correct = ("import math\nfrom collections import Counter\ndef area(r): return math.pi * r * r\n"
+               "def is_even(n): return n % 2 == 0\ndef letters(n): return 'abc'[:n]\n"
+               "def pairs(n): return [(i, i) for i in range(n)]\ndef counts(s): return Counter(s)")
+    assert compute_score(fenced(correct), cases) == 1.0  # Counter: a dict subclass, read as the dict it holds
+    half = correct.replace("math.pi * r * r", "3 * r * r").replace("'abc'[:n]", "'xyz'[:n]")
+    assert compute_score(fenced(half), cases) == 0.5
+
+
+def test_program_objects_compare_through_str_repr_len():
+    cases = {"assert_case": ["assert str(node(2)) == 'N2'", "assert len(node(3)) == 3", "assert node(3) == 3"]}
+    program = ("class N:\n    def __init__(self, v): self.v = v\n    def __str__(self): return f'N{self.v}'\n"
+               "    def __len__(self): return self.v\n    def __eq__(self, other): return True\n"
+               "def node(v): return N(v)")
+    assert compute_score(fenced(program), cases) == pytest.approx(2 / 3)  # its __eq__ is never asked
+
+
+def test_clean_run_cases_need_the_program_and_the_snippet_to_finish():
+    cases = {"inputs": ["1\n", "2\n"], "outputs": [None, None]}
+    assert compute_score(fenced("n = int(input())\nassert n > 0"), cases) == 1.0
+    assert compute_score(fenced("n = int(input())\nassert n == 1"), cases) == 0.5
+    snippet = {"assert_case": ["add(1, 2)", "add(1, 'x')"]}  # setup only: passes when it runs without raising
+    assert compute_score(fenced(ADD), snippet) == 0.5
+    assert compute_score(fenced("import sys\nsys.exit(0)\n" + ADD), snippet) == 0.0
+
+
+def test_call_based_values_are_read_through_the_builtin_types():
+    cases = {"fn_name": "f", "inputs": ["1", "2"], "outputs": ["[1, 2]", '{"a": 2}']}
+    program = ("from collections import namedtuple, Counter\nP = namedtuple('P', 'x y')\n"
+               "def f(n):\n    return P(1, 2) if n == 1 else Counter({'a': 2})")
+    assert compute_score(fenced(program), cases) == 1.0
+
+
+def test_allow_unisolated_reaches_the_sandbox(monkeypatch):
+    seen = []
+    real = code_exec.run_code
+
+    def spy(code, **kwargs):
+        seen.append(kwargs["allow_unisolated"])
+        return real(code, **kwargs)
+
+    monkeypatch.setattr(code_exec, "run_code", spy)
+    compute_score(fenced(CORRECT), SUM, allow_unisolated=True)
+    compute_score(fenced(CORRECT), SUM)
+    assert seen == [True] * 4 + [False] * 4
