@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pyrl.rewards import code_exec
+from pyrl.rewards import assert_cases, code_exec
 from pyrl.rewards.code_exec import compute_score, stdout_matches
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxLimits, run_code
@@ -204,7 +204,7 @@ def test_the_reward_manager_binds_reward_sandbox_fusion(fusion):
     assert score(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="3") == 1.0  # others unchanged
 
 
-# ---- assert cases: the parent evaluates the asserts (see pyrl.rewards.code_exec's docstring) ----
+# ---- assert cases: the parent evaluates the asserts (see pyrl.rewards.assert_cases' docstring) ----
 ADD = "def add(a, b):\n    return a + b"
 
 
@@ -213,7 +213,7 @@ def parent_verdicts(snippet: str, namespace: dict) -> list[bool]:
     `namespace` (trusted, hand-written functions: no sandbox needed to test the parent's logic)."""
     import re
 
-    plan = code_exec.plan_snippet(snippet)
+    plan = assert_cases.plan_snippet(snippet)
     scope, values = dict(namespace), []
     for line in plan.tail.splitlines():
         leaf = re.fullmatch(r"_pyrl_leaf\(lambda: \((.*?)\)(?:, lambda _pyrl_v: \(.*\), (?:True|False))?\)", line)
@@ -224,7 +224,7 @@ def parent_verdicts(snippet: str, namespace: dict) -> list[bool]:
             values.append(("ok", eval(leaf.group(1), scope)))
         except Exception:
             values.append(("raised", None))
-    return [code_exec.holds(check, code_exec.Leaves(values)) for check in plan.checks]
+    return [assert_cases.holds(check, assert_cases.Leaves(values)) for check in plan.checks]
 
 
 def python_verdict(snippet: str, namespace: dict) -> bool:
@@ -275,8 +275,8 @@ def test_asserts_the_parent_cannot_check_are_a_clear_error(snippet, message):
 
 
 def test_expected_values_stay_in_the_parent():
-    plan = code_exec.plan_snippet("expected = [31337, 4242]\nassert sorted(f([4242, 31337])) == expected\n"
-                                  "assert math.isclose(g(2), 1.41421, rel_tol=1e-3)\nassert 'kiwi' not in h(271828)")
+    plan = assert_cases.plan_snippet("expected = [31337, 4242]\nassert sorted(f([4242, 31337])) == expected\n"
+                                     "assert math.isclose(g(2), 1.41421, rel_tol=1e-3)\nassert 'kiwi' not in h(271828)")
     assert "[31337, 4242]" not in plan.tail and "expected" not in plan.tail and "1.41421" not in plan.tail
     assert "kiwi" not in plan.tail and "271828" in plan.tail  # the inputs are sent, the expected values are not
     assert plan.leaves == 3

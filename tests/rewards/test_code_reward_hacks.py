@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyrl.rewards import code_exec, counts
+from pyrl.rewards import assert_cases, code_exec, counts
 from pyrl.rewards.code_exec import HOSTILE, compute_score
 from test_code_exec import fenced, fusion  # noqa: F401 - the fusion fixture
 
@@ -116,7 +116,7 @@ def test_methods_and_subscripts_of_a_returned_value_are_evaluated_on_its_plain_d
               "    def startswith(self, prefix): return True\n"
               "def items(n): return Cache()\ndef table(n): return Cache()\ndef name(n): return Cache()")
     assert scored(design, truth) == (0.75, 0)
-    assert "'ab'" not in code_exec.plan_snippet(truth["assert_case"][3]).tail
+    assert "'ab'" not in assert_cases.plan_snippet(truth["assert_case"][3]).tail
 
 
 # ---- patching the harness ----
