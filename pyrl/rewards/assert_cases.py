@@ -191,20 +191,26 @@ def _pyrl_harness(prefix, max_chars, max_depth):
             raise Unserializable
 
     def serialized(value, tag):
-        mark, out = used[0], ["[" + tag + ","]
-        try:
+        mark, out = used[0], []
+        try:  # the entry's brackets, tag and the comma joining it to the next count too: the line stays in bounds
+            put(out, "[" + tag + ",")
             encode_value(value, 0, out)
+            put(out, "],")
         except error:  # not serializable, too deep or too long, an int past the digit limit, out of memory
             used[0] = mark
             return None
-        out.append("]")
+        out[-1] = "]"
         return join("", out)
+
+    def small(entry):  # "[1]" / "[2]": counted, never refused (the parent allows 4 characters a leaf beyond)
+        used[0] += 4
+        entries.append(entry)
 
     def leaf(thunk, fallback=None, any_value=False):
         try:
             value = thunk()
         except error:
-            entries.append("[1]")
+            small("[1]")
             return
         entry = serialized(value, "0")
         # a value the parent cannot have: what the parent does with it (str(x), x.get(k), x[i]) done here instead,
@@ -214,7 +220,10 @@ def _pyrl_harness(prefix, max_chars, max_depth):
                 entry = serialized(fallback(value), "3")
             except error:
                 entry = None
-        entries.append("[2]" if entry is None else entry)
+        if entry is None:
+            small("[2]")
+        else:
+            entries.append(entry)
 
     def done():
         try:
@@ -267,7 +276,7 @@ def read_leaves(stdout: str, nonce: str, count: int) -> tuple[list | None, str]:
     line = stdout[at + len(prefix):].split("\n", 1)[0]
     if not line.isascii():
         raise Hostile("a marked line that is not ASCII")
-    if len(line) > MARKER_MAX_CHARS + 64:
+    if len(line) > MARKER_MAX_CHARS + 4 * count + 64:  # the harness's bound, its error entries and brackets
         raise Hostile(f"a marked line of {len(line)} characters")
     try:
         entries = json.loads(line, parse_constant=_bare_constant)
@@ -458,6 +467,14 @@ def _str_replace(s, old, new, count=-1):
     return s.replace(old, new, count)
 
 
+def _str_join(separator, iterable):
+    parts = list(iterable) if isinstance(separator, (str, bytes)) else None
+    if parts is not None and all(isinstance(p, (str, bytes)) for p in parts) and \
+            sum(map(len, parts)) + len(separator) * max(0, len(parts) - 1) > LIMIT:
+        raise EvalLimit(f"a string past {LIMIT} characters")
+    return separator.join(parts if parts is not None else iterable)
+
+
 def _padded(name):
     def pad(s, width, *rest):
         _width(width)
@@ -503,7 +520,7 @@ CONVERSIONS = {str: "str", repr: "repr", len: "len"}  # applied in the sandbox t
 # methods whose argument is typically the expected value: never sent with it (only evaluated here)
 VERDICT_METHODS = frozenset({"startswith", "endswith", "issubset", "issuperset", "isdisjoint"})
 METHOD_NAMES = frozenset().union(*METHODS.values())
-GUARDED_METHODS = {"replace": _str_replace, "zfill": _padded("zfill"), "center": _padded("center"),
+GUARDED_METHODS = {"replace": _str_replace, "join": _str_join, "zfill": _padded("zfill"), "center": _padded("center"),
                    "ljust": _padded("ljust"), "rjust": _padded("rjust"), "to_bytes": _to_bytes}
 
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,

@@ -119,6 +119,7 @@ import json
 
 # sandbox_fusion.utils' wrapper for call-based cases, sent to the server: arguments as JSON lines on stdin
 FUSION_CALL = """
+import traceback
 # === User's Original Code START ===
 {generation}
 # === User's Original Code END ===
@@ -203,8 +204,13 @@ def parse_cases(ground_truth) -> list[dict]:
         raise ValueError(f"ground_truth: expected a dict of test cases, got {type(ground_truth).__name__}")
     asserts = ground_truth.get("assert_case")
     if isinstance(asserts, list):
+        if ground_truth.get("fn_name"):
+            raise ValueError("ground_truth: both 'fn_name' (call-based cases) and 'assert_case' given; expected one")
         inputs = ground_truth.get("inputs", [""] * len(asserts))
         outputs = ground_truth.get("outputs", [None] * len(asserts))
+        if not isinstance(inputs, list) or not isinstance(outputs, list):
+            raise ValueError("ground_truth: with 'assert_case', 'inputs' and 'outputs' must be lists when given, got "
+                             f"{type(inputs).__name__} and {type(outputs).__name__}")
         for k, snippet in enumerate(asserts):
             if not isinstance(snippet, str):
                 raise ValueError(f"ground_truth: assert_case[{k}] is {type(snippet).__name__}, expected Python text")

@@ -333,3 +333,23 @@ def test_allow_unisolated_reaches_the_sandbox(monkeypatch):
     compute_score(fenced(CORRECT), SUM, allow_unisolated=True)
     compute_score(fenced(CORRECT), SUM)
     assert seen == [True] * 4 + [False] * 4
+
+
+@pytest.mark.parametrize("truth, message", [
+    ({"assert_case": ["assert f() == 1"], "fn_name": "f"}, "both 'fn_name'"),
+    ({"assert_case": ["assert f() == 1"], "inputs": "x"}, "must be lists when given"),
+])
+def test_assert_case_ground_truth_checked(truth, message):
+    with pytest.raises(ValueError, match=message):
+        compute_score(fenced("def f():\n    return 1"), truth)
+
+
+def test_many_large_honest_leaves_stay_within_the_line_bound():
+    """40 leaves whose values fill the harness's budget: the line (brackets, tags and commas counted) is read, not
+    refused as hostile; the leaves past the budget fail, the ones within it pass."""
+    from pyrl.rewards.assert_cases import MARKER_MAX_CHARS
+
+    size = MARKER_MAX_CHARS // 40 - 8
+    asserts = "\n".join(f"assert f({i}) == 'x' * {size}" for i in range(40))
+    score = compute_score(fenced(f"def f(i):\n    return 'x' * {size}"), {"assert_case": [asserts]})
+    assert score == 1.0
