@@ -53,9 +53,14 @@ LANGUAGES = ("python",)
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "blocked")
 BLOCK_PREFIX = "pyrl.sandbox: "  # _child.BLOCK_PREFIX: what a refused operation's message starts with
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
+PYTHON = os.path.realpath(sys.executable)  # a virtual environment's link resolved: no project path in the run
+SUPERVISOR_MARK = "pyrl-sandbox-supervisor"  # on the supervisor's command line (its script comes through a memfd)
 NAMESPACES = ("--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child")  # supervisor = PID 1
 MOUNT_BASE = "/tmp"  # the host directory the run's tmpfs is mounted over, inside its own mount namespace only
-UID_BASE, UID_SPAN = 0x60000000, 1 << 24  # root: each run's own uid, in a range no user has
+# root: each run's own uid, UID_BASE + (this process's pid << 8 | a slot free in this process), in a range no user
+# has: two live processes never share a pid, and a process never gives one slot to two runs at once
+UID_BASE, UID_SPAN = 0x40000000, 1 << 30
+UID_SLOTS = 256  # runs at once in one process
 REAP_GRACE_S = 5.0  # after SIGKILL, how long to wait for the process to be reaped before giving up on it
 READ_CHUNK = 1 << 16
 SETUP_EXIT = 70  # the supervisor's or the worker's exit code when setting up the run failed (reported, not code's)
@@ -79,13 +84,15 @@ class SandboxLimits:
     max_output_bytes: int = 65536  # stdout and stderr each; more is cut and the status says so
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE for files it writes
     max_disk_bytes: int = 64 << 20  # the run's tmpfs (its directory, /tmp and /dev/shm together)
+    max_open_files: int = 1024  # RLIMIT_NOFILE per process (the host's file table is shared by every run)
 
     def __post_init__(self):
         for name in ("wall_s", "cpu_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"SandboxLimits.{name}: expected a positive number of seconds, got {value!r}")
-        for name in ("memory_mb", "max_processes", "max_output_bytes", "max_file_bytes", "max_disk_bytes"):
+        for name in ("memory_mb", "max_processes", "max_output_bytes", "max_file_bytes", "max_disk_bytes",
+                     "max_open_files"):
             value = getattr(self, name)
             least = 0 if name == "max_file_bytes" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -228,12 +235,23 @@ def _remove_stale_directories() -> None:
                 pass
 
 
-_uids = itertools.count()
+_uid_slots: set[int] = set()
+_uid_lock = threading.Lock()
 
 
-def _run_uid() -> int:
-    """A uid no other run holds at the same time: this process's slot (by pid) and a counter within it."""
-    return UID_BASE + ((os.getpid() % (UID_SPAN >> 10)) << 10 | next(_uids) % (1 << 10))
+def _take_uid() -> int:
+    """A uid no other run holds at the same time (see UID_BASE); _release_uid gives it back."""
+    with _uid_lock:
+        slot = next((k for k in range(UID_SLOTS) if k not in _uid_slots), None)
+        if slot is None:
+            raise SandboxError(f"pyrl.sandbox: more than {UID_SLOTS} runs at once in one process")
+        _uid_slots.add(slot)
+    return UID_BASE + (os.getpid() << 8 | slot)
+
+
+def _release_uid(uid: int) -> None:
+    with _uid_lock:
+        _uid_slots.discard(uid & (UID_SLOTS - 1))
 
 
 def _environment(work: str) -> dict[str, str]:
@@ -250,6 +268,10 @@ def _check_files(files) -> dict[str, str]:
         if not parts or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"files: {name!r} is not a relative path inside the sandbox directory (no '..', "
                              "no leading or doubled '/')")
+        if "\0" in name or any(len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
+            raise ValueError(f"files: {name!r} has a NUL character or a component longer than 255 bytes")
+        if any("/".join(parts[:k]) in files for k in range(1, len(parts))):
+            raise ValueError(f"files: {name!r} is inside {'/'.join(parts[:-1])!r}, which is also given as a file")
         if not isinstance(text, str):
             raise ValueError(f"files[{name!r}]: expected text (str), got {type(text).__name__}")
     return files
@@ -268,6 +290,12 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     if os.path.lexists(path):
         log.warning("pyrl.sandbox: could not remove %s", path)
+
+
+@functools.cache
+def _child_source() -> bytes:
+    with open(CHILD, "rb") as f:
+        return f.read()
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -324,13 +352,10 @@ class _Run:
             iso = isolation()
             _check_isolation(iso, self.allow_unisolated)
         work = None if iso.namespace else tempfile.mkdtemp(prefix=f"pyrl-sandbox-{os.getpid()}-")
-        group = None
+        group = uid = None
         fds: list[int] = []
         try:
-            uid = _run_uid() if iso.drop_uid else None
-            if work is not None and uid is not None:
-                os.chown(work, uid, uid)
-                os.chmod(work, 0o700)
+            uid = _take_uid() if iso.drop_uid else None  # the supervisor makes the directory the uid's, files written
             if iso.cgroup is not None:
                 group = iso.cgroup.create(self.limits.memory_mb << 20, self.limits.max_processes)
             count_processes = uid is not None or iso.userns or os.geteuid() != 0  # root is exempt from NPROC
@@ -347,15 +372,18 @@ class _Run:
             fds += [status_r, status_w]
             lifeline_r, lifeline_w = os.pipe()  # the write end closes when this process ends, however it ends
             fds += [lifeline_r, lifeline_w]
-            argv = [*iso.namespace, sys.executable, "-I", "-S", "-B", "-X", "utf8", CHILD,
-                    str(settings_fd), str(status_w), str(lifeline_r)]
+            child_fd = _memfd("pyrl-sandbox-child", _child_source())  # no host path on the run's command line
+            fds.append(child_fd)
+            argv = [*iso.namespace, PYTHON, "-I", "-S", "-B", "-X", "utf8", f"/proc/self/fd/{child_fd}",
+                    SUPERVISOR_MARK, str(settings_fd), str(status_w), str(lifeline_r)]
             with self.lock:
                 if self.cancelled:
                     return self.result("cancelled", None, b"", b"", start, group)
                 self.proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                              cwd=work or "/", env=_environment(work or "/sandbox"),
-                                             start_new_session=True, pass_fds=(settings_fd, status_w, lifeline_r))
-            for fd in (settings_fd, stdin_fd, status_w, lifeline_r):
+                                             start_new_session=True,
+                                             pass_fds=(child_fd, settings_fd, status_w, lifeline_r))
+            for fd in (child_fd, settings_fd, stdin_fd, status_w, lifeline_r):
                 os.close(fd)
                 fds.remove(fd)
             reason, outputs, waited = self.communicate(start + self.limits.wall_s)
@@ -379,6 +407,8 @@ class _Run:
                 self.proc.stderr.close()
             for fd in fds:
                 os.close(fd)
+            if uid is not None:
+                _release_uid(uid)
             if group is not None and not group.remove():
                 log.warning("pyrl.sandbox: could not remove cgroup %s", ", ".join(group.paths))
             if work is not None:
@@ -387,7 +417,7 @@ class _Run:
     def rlimits(self, count_processes: bool) -> dict[str, int]:
         limits = self.limits
         rlimits = {"RLIMIT_CPU": self.cpu_limit, "RLIMIT_AS": limits.memory_mb << 20,
-                   "RLIMIT_FSIZE": limits.max_file_bytes, "RLIMIT_CORE": 0}
+                   "RLIMIT_FSIZE": limits.max_file_bytes, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.max_open_files}
         if count_processes:  # root is exempt from RLIMIT_NPROC: nothing to set
             rlimits["RLIMIT_NPROC"] = limits.max_processes
         return rlimits

@@ -22,6 +22,7 @@ The file system the code sees (namespace mode):
 Nothing else of the host (no /root, /home, /work, /var, /sys, other runs) exists in it.
 """
 
+import _signal
 import builtins
 import errno
 import marshal
@@ -100,7 +101,7 @@ def bind(source, target, writable=False, device=False):
 
 # ---- seccomp, through libseccomp (the filter's BPF, architecture checks and x32 handling are its) ----
 SCMP_ACT_ALLOW = 0x7FFF0000
-SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
+SCMP_CMP_NE, SCMP_CMP_MASKED_EQ = 1, 7
 # system calls code execution never needs: kernel, namespace, tracing and device interfaces (refused with EPERM)
 REFUSED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare",
@@ -111,14 +112,19 @@ REFUSED_SYSCALLS = (
     "pidfd_send_signal", "pidfd_getfd", "fanotify_init", "lookup_dcookie", "iopl", "ioperm", "vhangup",
     "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "sethostname",
     "setdomainname", "uselib", "nfsservctl", "kcmp", "process_madvise", "memfd_secret",
+    # kernel AIO: its contexts count against a host-wide limit (fs.aio-max-nr) that one run could exhaust
+    "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
 )
+# without a memory cgroup, memory these hold is charged to no rlimit: refused then (a tmpfs file, bounded by the
+# disk quota, does what a memfd or a SysV segment would)
+UNCOUNTED_MEMORY_SYSCALLS = ("memfd_create", "shmget", "msgget", "semget")
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 TIOCSTI = 0x5412
 
 
-def load_seccomp() -> None:
-    """Refuse REFUSED_SYSCALLS, device nodes (mknod of character/block devices), sockets other than AF_UNIX,
+def load_seccomp(counted_memory: bool) -> None:
+    """Refuse REFUSED_SYSCALLS (and UNCOUNTED_MEMORY_SYSCALLS unless a cgroup counts memory), device nodes (mknod of character/block devices), sockets other than AF_UNIX,
     clone into new namespaces, clone3 (its flags cannot be inspected: ENOSYS makes libc fall back to clone) and
     terminal input injection. Also sets no_new_privs (libseccomp's default)."""
     libc()
@@ -150,7 +156,7 @@ def load_seccomp() -> None:
         if result != 0:
             raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
 
-    for name in REFUSED_SYSCALLS:
+    for name in REFUSED_SYSCALLS + (() if counted_memory else UNCOUNTED_MEMORY_SYSCALLS):
         rule(name, errno.EPERM)
     for kind in (S_IFCHR, S_IFBLK):
         rule("mknod", errno.EPERM, (1, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
@@ -160,7 +166,7 @@ def load_seccomp() -> None:
     for flag in CLONE_NAMESPACES:
         rule("clone", errno.EPERM, (0, SCMP_CMP_MASKED_EQ, flag, flag))
     rule("clone3", errno.ENOSYS)
-    rule("ioctl", errno.EPERM, (1, SCMP_CMP_EQ, TIOCSTI))
+    rule("ioctl", errno.EPERM, (1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, TIOCSTI))  # the kernel reads 32 bits of it
     result = lib.seccomp_load(ctypes.c_void_p(ctx))
     if result != 0:
         raise OSError(-result, f"seccomp_load: {os.strerror(-result)}")
@@ -180,7 +186,7 @@ def build_root(settings: dict) -> None:
     bind(root, root, writable=True)  # a mount point of its own, for pivot_root
     uid = settings["uid"]
     owner = (uid, uid) if uid is not None else (0, 0)
-    for name in ("sandbox", "tmp", "shm"):
+    for name in ("tmp", "shm", "sandbox"):
         os.mkdir(f"{rw}/{name}", 0o700)
         os.chown(f"{rw}/{name}", *owner)
     write_files(rw + "/sandbox", settings["files"], owner)
@@ -229,16 +235,30 @@ def build_root(settings: dict) -> None:
 
 
 def write_files(work: str, files: dict, owner) -> None:
+    """Write the run's files as root, following no symbolic link and replacing nothing (each path is resolved one
+    directory descriptor at a time), then give them and `work` to `owner`, the run's uid: before that the uid
+    owns nothing there, so nothing can be planted in the way."""
+    directory = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     for name, text in files.items():
-        path = work
-        for part in name.split("/")[:-1]:
-            path += "/" + part
-            if not os.path.isdir(path):
-                os.mkdir(path, 0o700)
-                os.chown(path, *owner)
-        with open(f"{work}/{name}", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chown(f"{work}/{name}", *owner)
+        *parents, leaf = name.split("/")
+        fd = os.open(work, directory)
+        try:
+            for part in parents:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+                except FileExistsError:
+                    pass
+                inner = os.open(part, directory, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            out = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+            with open(out, "w", encoding="utf-8") as f:
+                os.fchown(out, *owner)
+                f.write(text)
+        finally:
+            os.close(fd)
+    os.chown(work, *owner, follow_symlinks=False)
 
 
 # ---- the audit hook (defence in depth under the kernel's boundary; alone in the unisolated fallback) ----
@@ -411,6 +431,7 @@ def run_worker(settings: dict, source: str, go: int, status_fd: int) -> None:
         os._exit(SETUP_EXIT)
     os.close(go)
     os.close(status_fd)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # the code's: KeyboardInterrupt as usual
     filename = "main.py"
     module = types.ModuleType("__main__")
     module.__builtins__ = builtins
@@ -456,7 +477,7 @@ def drop_privileges_and_limit(settings: dict) -> tuple[str, tuple]:
         resource.setrlimit(getattr(resource, name), (value, value))
     _check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if settings["seccomp"]:
-        load_seccomp()
+        load_seccomp(counted_memory=bool(settings["cgroups"]))
     return work, writable
 
 
@@ -489,13 +510,16 @@ def main() -> None:
     report how the worker ended on the status descriptor ("exit N", "signal N" or "setup <error>"; in a PID
     namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the kernel kill whatever
     the code left running. Without one, the process group is killed instead."""
-    settings_fd, status_fd, lifeline_fd = (int(x) for x in sys.argv[1:4])
+    # as the PID namespace's init, a signal sent from inside reaches it only if it handles it (Python handles
+    # SIGINT): the default disposition makes it immune to the code (a user namespace's code has its uid)
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    settings_fd, status_fd, lifeline_fd = (int(x) for x in sys.argv[2:5])  # argv[1]: pyrl.sandbox.SUPERVISOR_MARK
     try:
         settings, source = read_settings(settings_fd)
         cgroups = [os.open(path, os.O_WRONLY) for path in settings["cgroups"]]  # before the host's tree goes
         if settings["mount_base"] is not None:
             build_root(settings)
-        elif settings["files"]:
+        else:
             write_files(settings["work"], settings["files"], (settings["uid"],) * 2
                         if settings["uid"] is not None else (os.getuid(), os.getgid()))
     except Exception as e:  # noqa: BLE001 - the parent turns this into an error naming the step

@@ -91,7 +91,7 @@ def processes(*markers: str, root: int | None = None) -> list[int]:
             info = _process(int(name))
             if info is not None:
                 table[int(name)] = info
-    needles = [sandbox.CHILD.encode(), *(m.encode() for m in markers)]
+    needles = [sandbox.SUPERVISOR_MARK.encode(), *(m.encode() for m in markers)]
     found = []
     for pid, (state, _, uid, cmdline) in table.items():
         if pid == root or state in "ZX":

@@ -101,6 +101,7 @@ EXPECTED = {
     "past the hook: socket(AF_INET)": (C, C, E),
     "past the hook: socket(AF_NETLINK)": (C, C, E),
     "past the hook: socket(AF_PACKET)": (C, C, E),
+    "past the hook: io_setup (AIO contexts count against a host-wide limit)": (C, C, E),
     # the audit hook's own refusals (defence in depth)
     "the hook refuses a subinterpreter (whose audit hooks would be its own)": (C, C, C),
     "the hook refuses _posixsubprocess loaded under another name": (C, C, C),
@@ -731,6 +732,7 @@ SYSCALLS = {
     "past the hook: keyctl": "keyctl", "past the hook: io_uring_setup": "io_uring_setup",
     "past the hook: perf_event_open": "perf_event_open", "past the hook: socket(AF_INET)": "AF_INET",
     "past the hook: socket(AF_NETLINK)": "AF_NETLINK", "past the hook: socket(AF_PACKET)": "AF_PACKET",
+    "past the hook: io_setup (AIO contexts count against a host-wide limit)": "io_setup",
 }
 
 
@@ -744,7 +746,7 @@ import ctypes, os, socket, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 X86_64 = {"ptrace": 101, "clone": 56, "unshare": 272, "bpf": 321, "keyctl": 250, "io_uring_setup": 425,
-          "perf_event_open": 298}
+          "perf_event_open": 298, "io_setup": 206}
 try:
     resolve = ctypes.CDLL("libseccomp.so.2").seccomp_syscall_resolve_name
     resolve.argtypes = [ctypes.c_char_p]
@@ -782,6 +784,7 @@ trials = {
     "keyctl": lambda: call("keyctl", 0, -1, 0),  # KEYCTL_GET_KEYRING_ID of the thread keyring, not created
     "io_uring_setup": lambda: call("io_uring_setup", 1, 0),
     "perf_event_open": lambda: call("perf_event_open", 0, 0, -1, -1, 0),
+    "io_setup": lambda: call("io_setup", 1, 0),  # no context pointer: EFAULT if the kernel gets to it
     "AF_INET": lambda: open_socket(socket.AF_INET, socket.SOCK_STREAM),
     "AF_NETLINK": lambda: open_socket(socket.AF_NETLINK, socket.SOCK_RAW),
     "AF_PACKET": lambda: open_socket(socket.AF_PACKET, socket.SOCK_RAW),

@@ -301,3 +301,56 @@ def test_cancelling_an_async_run_kills_it_at_once():
 def test_bad_arguments_are_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_each_run_in_one_process_gets_a_uid_of_its_own():
+    """uid = UID_BASE + (pid << 8 | slot): no two runs at once share one (two live processes never share a pid),
+    and a slot is free again once its run ends."""
+    uids = [sandbox._take_uid() for _ in range(sandbox.UID_SLOTS)]
+    try:
+        assert len(set(uids)) == sandbox.UID_SLOTS
+        assert all(sandbox.UID_BASE <= u < sandbox.UID_BASE + sandbox.UID_SPAN and u >> 8 == (
+            sandbox.UID_BASE >> 8) + os.getpid() for u in uids)
+        with pytest.raises(sandbox.SandboxError, match="more than 256 runs at once"):
+            sandbox._take_uid()
+    finally:
+        for u in uids:
+            sandbox._release_uid(u)
+    again = sandbox._take_uid()
+    sandbox._release_uid(again)
+    assert again == uids[0]
+
+
+def test_files_are_written_through_no_symbolic_link(tmp_path):
+    """The supervisor writes the run's files as root: a link planted where a file goes is never followed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pyrl_sandbox_child", sandbox.CHILD)
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+    work, target = tmp_path / "work", tmp_path / "target"
+    work.mkdir()
+    (work / "data.txt").symlink_to(target)
+    (work / "d").symlink_to(tmp_path)
+    for name in ("data.txt", "d/x.txt"):
+        with pytest.raises(OSError):
+            child.write_files(str(work), {name: "planted"}, (os.getuid(), os.getgid()))
+    assert not target.exists() and not (tmp_path / "x.txt").exists()
+
+
+def test_memory_no_cgroup_counts_is_refused_without_one(mode):
+    """A memfd holds memory no rlimit counts: refused by the filter where no cgroup counts the run's memory."""
+    iso = sandbox.isolation()
+    result = run_code("import os\ntry:\n    os.memfd_create('x')\n    print('made')\nexcept OSError as e:\n"
+                      "    print(e.errno)\n")
+    assert result.ok, result
+    refused = iso.seccomp and iso.cgroup is None
+    assert result.stdout.strip() == ("1" if refused else "made"), (iso.describe(), result)
+
+
+def test_open_files_are_limited_per_process():
+    result = run_code("import os\nopen_before = len(os.listdir('/proc/self/fd')) - 1  # less listdir's own\nfds = []\n"
+                      "try:\n    while True:\n        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+                      "except OSError as e:\n    print(open_before + len(fds), e.errno)\n",
+                      limits=SandboxLimits(max_open_files=64))
+    assert result.ok and result.stdout.split() == ["64", "24"], result  # EMFILE at the limit
