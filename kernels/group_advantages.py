@@ -43,7 +43,9 @@ def _group_kernel(scores_ptr, lengths_ptr, order_ptr, offsets_ptr, alpha_ptr, ou
         s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
         c = tl.where(valid, s - mean, 0.0)
         sq += tl.sum(c * c, 0)
-        best_pos = tl.minimum(best_pos, tl.min(tl.where(valid & (s == best), offs, 2147483647), 0))
+        # offs is int64 (the offsets are): back to int32, which a loop-carried value must keep (the
+        # compiler refuses a type change; an int64 best_pos also made sm_80's ptxas spill for grpo_passk)
+        best_pos = tl.minimum(best_pos, tl.min(tl.where(valid & (s == best), offs, 2147483647), 0).to(tl.int32))
     std = tl.where(count > 1, tl.sqrt(sq / tl.maximum(count - 1.0, 1.0)), 1.0)
     second = tl.full((), float("-inf"), tl.float64)
     if ESTIMATOR == 4:
