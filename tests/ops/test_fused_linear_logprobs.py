@@ -1,9 +1,47 @@
+import math
+
+import numpy as np
 import pytest
 import torch
 
 from pyrl.ops import fused_linear_logprobs
 from pyrl.ops import reference as ref
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
+
+
+def oracle_logprob_rows(z_all, labels, temperature):
+    """Independent float64 oracle (not pyrl.ops.reference, which the torch backend runs) for logits z_all [N, V]
+    (numpy float64), row by row: with x = z / T and p = softmax(x),
+        logp = x_y - log sum_v e^{x_v},   H = -sum_{v: p_v > 0} p_v log p_v,
+        d logp / d z = (onehot(y) - p) / T,   d H / d z = -p (log p + H) / T  (derived by hand).
+    (logp [N], H [N], d logp / d z [N, V], d H / d z [N, V]) as numpy float64."""
+    n, vocab = z_all.shape
+    logp, ent = np.zeros(n), np.zeros(n)
+    dlogp, dent = np.zeros((n, vocab)), np.zeros((n, vocab))
+    for i, y in enumerate(labels.tolist()):
+        x = z_all[i] / temperature
+        top = x.max()
+        e = np.exp(x - top)
+        log_total = top + math.log(e.sum())
+        p = e / e.sum()
+        log_p = np.where(p > 0, x - log_total, 0.0)
+        logp[i] = x[y] - log_total
+        ent[i] = -(p * log_p).sum()
+        dlogp[i] = -p
+        dlogp[i, y] += 1.0
+        dent[i] = -p * (log_p + ent[i])
+    return logp, ent, dlogp / temperature, dent / temperature
+
+
+def oracle_fused_linear(hidden, weight, labels, temperature):
+    """The oracle above on logits formed row by row, z_i = W h_i, in float64. Returns (logp, H, d logp / d z,
+    d H / d z, chain) as float64 torch tensors, where chain(dL/dz) = (dL/dh, dL/dW) = (dL/dz W, (dL/dz)^T h), the chain
+    rule through z = h W^T written by hand."""
+    h, w = hidden.detach().cpu().double().numpy(), weight.detach().cpu().double().numpy()
+    z = np.stack([w @ h_i for h_i in h]) if len(h) else np.zeros((0, w.shape[0]))
+    logp, ent, dlogp, dent = (torch.from_numpy(a) for a in oracle_logprob_rows(z, labels.cpu(), temperature))
+    h, w = torch.from_numpy(h), torch.from_numpy(w)
+    return logp, ent, dlogp, dent, lambda dz: (dz @ w, dz.T @ h)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 1, 7, 64])
@@ -17,16 +55,23 @@ def test_matches_float64_reference(backend, device, chunk_size, return_entropy):
     h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
     out64 = ref.fused_linear_logprobs(h64, w64, labels, 0.9, return_entropy)
     outs, outs64 = (out, out64) if return_entropy else ((out,), (out64,))
-    loss, loss64 = 0, 0
-    for o, o64 in zip(outs, outs64):
+    # the independent oracle too (for the torch backend, reference.py is the code under test)
+    logp_o, ent_o, dlogp_o, dent_o, chain = oracle_fused_linear(hidden, weight, labels, 0.9)
+    loss, loss64, dz_o = 0, 0, 0
+    for o, o64, o_o, do_o in zip(outs, outs64, (logp_o, ent_o), (dlogp_o, dent_o)):
         assert o.dtype == torch.float32 and o.shape == (n,)
         torch.testing.assert_close(o.double(), o64, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(o.double().cpu(), o_o, atol=2e-5, rtol=1e-5)
         g = torch.randn(n, device=device)
         loss, loss64 = loss + (o * g).sum(), loss64 + (o64 * g.double()).sum()
+        dz_o = dz_o + g.double().cpu()[:, None] * do_o
     loss.backward()
     loss64.backward()
     torch.testing.assert_close(hidden.grad.double(), h64.grad, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(weight.grad.double(), w64.grad, atol=2e-5, rtol=1e-4)
+    grad_h_o, grad_w_o = chain(dz_o)
+    torch.testing.assert_close(hidden.grad.double().cpu(), grad_h_o, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(weight.grad.double().cpu(), grad_w_o, atol=2e-5, rtol=1e-4)
 
 
 def test_bf16(backend, device):
@@ -34,11 +79,40 @@ def test_bf16(backend, device):
     weight = torch.randn(130, 32, device=device, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, 130, (9,), device=device)
     logp = fused_linear_logprobs(hidden, weight, labels, chunk_size=4)
-    expected = ref.logprobs_from_logits(hidden.detach() @ weight.detach().t(), labels)  # same bf16 logits
+    logits = hidden.detach() @ weight.detach().t()  # the op's bf16 logits (rounded to bf16, as every backend forms them)
+    expected = ref.logprobs_from_logits(logits, labels)
     torch.testing.assert_close(logp, expected.float(), atol=1e-4, rtol=1e-4)
+    logp_o, _, dlogp_o, _ = oracle_logprob_rows(logits.double().cpu().numpy(), labels.cpu(), 1.0)  # independent
+    torch.testing.assert_close(logp.double().cpu(), torch.from_numpy(logp_o), atol=1e-4, rtol=1e-4)
     logp.sum().backward()
     assert hidden.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.bfloat16
     assert torch.isfinite(hidden.grad.float()).all() and torch.isfinite(weight.grad.float()).all()
+    # gradients: d logp / d logits chained by hand through the bf16 operands, to bf16 precision
+    h, w, dz = hidden.detach().double().cpu(), weight.detach().double().cpu(), torch.from_numpy(dlogp_o)
+    torch.testing.assert_close(hidden.grad.double().cpu(), dz @ w, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(weight.grad.double().cpu(), dz.T @ h, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("return_entropy", [False, True])
+def test_reference_matches_independent_oracle(return_entropy):
+    """reference.py (the torch backend and the other tests' float64 oracle) against the independent oracle, in
+    float64: values and autograd gradients wrt hidden and weight; one row, and a batch."""
+    for n, h, v in ((1, 3, 5), (13, 8, 61)):
+        hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
+        labels = torch.randint(0, v, (n,))
+        out = ref.fused_linear_logprobs(hidden, weight, labels, 0.7, return_entropy)
+        logp_o, ent_o, dlogp_o, dent_o, chain = oracle_fused_linear(hidden, weight, labels, 0.7)
+        outs = out if return_entropy else (out,)  # zip stops at logp when there is no entropy
+        loss, dz = 0, 0
+        for o, o_o, do_o in zip(outs, (logp_o, ent_o), (dlogp_o, dent_o)):
+            torch.testing.assert_close(o, o_o, atol=1e-10, rtol=1e-10)
+            g = torch.randn(n, dtype=torch.float64)
+            loss, dz = loss + (o * g).sum(), dz + g[:, None] * do_o
+        loss.backward()
+        grad_h, grad_w = chain(dz)
+        torch.testing.assert_close(hidden.grad, grad_h, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(weight.grad, grad_w, atol=1e-10, rtol=1e-10)
 
 
 def test_only_hidden_requires_grad(backend, device):

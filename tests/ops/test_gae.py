@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -17,6 +19,49 @@ def _random_mask(b, t):
     return mask
 
 
+def _oracle_scan(r, v, m, gamma, lam):
+    """One sequence (lists of floats, binary mask), backwards in time: at an unmasked token
+    A = r_t + gamma V_next - V_t + gamma lam A_next, and V_next, A_next become V_t, A; a masked token changes
+    neither and takes A_next as its advantage. returns_t = A_t + V_t."""
+    adv, next_value, next_adv = [0.0] * len(r), 0.0, 0.0
+    for t in reversed(range(len(r))):
+        assert m[t] in (0.0, 1.0)
+        if m[t]:
+            next_adv = r[t] + gamma * next_value - v[t] + gamma * lam * next_adv
+            next_value = v[t]
+        adv[t] = next_adv
+    return adv, [a + b for a, b in zip(adv, v)]
+
+
+def _oracle_whiten(adv, m):
+    """(A - mean) / sqrt(var + 1e-8) at every position; mean and unbiased variance over the unmasked tokens."""
+    valid = [a for a, k in zip(adv, m) if k]
+    mean = math.fsum(valid) / len(valid)
+    var = math.fsum((a - mean) ** 2 for a in valid) / (len(valid) - 1)
+    return [(a - mean) / math.sqrt(var + 1e-8) for a in adv]
+
+
+def oracle_gae(rewards, values, mask, gamma, lam, whiten=True, cu_seqlens=None):
+    """Independent float64 oracle (not pyrl.ops.reference, which the torch backend runs), in Python floats from
+    verl's definition: the scan per row of padded [B, T] inputs, or per sequence [cu[i], cu[i+1]) of packed [N] ones
+    (mask None: all ones), then whitening over the whole batch. (advantages, returns), float64."""
+    shape = rewards.shape
+    r, v = rewards.double().flatten().tolist(), values.double().flatten().tolist()
+    m = [1.0] * len(r) if mask is None else mask.double().flatten().tolist()
+    if cu_seqlens is None:
+        bounds = [(i * shape[-1], (i + 1) * shape[-1]) for i in range(shape[0])]
+    else:
+        cu = cu_seqlens.tolist()
+        bounds = list(zip(cu[:-1], cu[1:]))
+    adv, ret = [0.0] * len(r), [0.0] * len(r)
+    for a, b in bounds:
+        adv[a:b], ret[a:b] = _oracle_scan(r[a:b], v[a:b], m[a:b], gamma, lam)
+    if whiten:
+        adv = _oracle_whiten(adv, m)
+    as_t = lambda x: torch.tensor(x, dtype=torch.float64).view(shape)  # noqa: E731
+    return as_t(adv), as_t(ret)
+
+
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
 @pytest.mark.parametrize("b, t", [(5, 17), (33, 3), (2, 1)])
 def test_padded_matches_verl_loop(backend, device, gamma, lam, b, t):
@@ -29,6 +74,13 @@ def test_padded_matches_verl_loop(backend, device, gamma, lam, b, t):
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
     torch.testing.assert_close(adv.cpu().double(), adv64, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ret.cpu().double(), ret64, atol=2e-5, rtol=1e-5)
+    # the independent oracle too (for the torch backend, reference.py is the code under test)
+    adv_o, ret_o = oracle_gae(rewards, values, mask, gamma, lam)
+    torch.testing.assert_close(adv.cpu().double(), adv_o, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.cpu().double(), ret_o, atol=2e-5, rtol=1e-5)
+    adv, ret = compute_gae(rewards.to(device), values.to(device), mask.to(device), gamma, lam, whiten=False)
+    adv_o, _ = oracle_gae(rewards, values, mask, gamma, lam, whiten=False)
+    torch.testing.assert_close(adv.cpu().double(), adv_o, atol=2e-5, rtol=1e-5)
 
 
 def test_hand_computed(backend, device):
@@ -69,6 +121,9 @@ def test_packed_equals_padded(backend, device, lengths):
     adv64, ret64 = ref.compute_gae_packed(rewards.double(), values.double(), cu, 0.97, 0.9, mask.double())
     torch.testing.assert_close(adv.cpu().double(), adv64, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ret.cpu().double(), ret64, atol=2e-5, rtol=1e-5)
+    adv_o, ret_o = oracle_gae(rewards, values, mask, 0.97, 0.9, cu_seqlens=cu)  # independent of reference.py
+    torch.testing.assert_close(adv.cpu().double(), adv_o, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.cpu().double(), ret_o, atol=2e-5, rtol=1e-5)
     # the packed layout of a right-padded batch gives the padded op's numbers
     t = max(lengths)
     padded = lambda x: torch.stack([torch.nn.functional.pad(x[a:b], (0, t - (b - a))) for a, b in zip(cu[:-1], cu[1:])])  # noqa: E731
@@ -83,6 +138,34 @@ def test_packed_without_mask(backend, device):
     adv, ret = compute_gae_packed(rewards.to(device), values.to(device), cu.to(device), whiten=False)
     adv64, ret64 = ref.compute_gae_packed(rewards.double(), values.double(), cu, whiten=False)
     torch.testing.assert_close(adv.cpu().double(), adv64, atol=1e-5, rtol=1e-5)
+    adv_o, ret_o = oracle_gae(rewards, values, None, 1.0, 1.0, whiten=False, cu_seqlens=cu)  # independent
+    torch.testing.assert_close(adv.cpu().double(), adv_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.cpu().double(), ret_o, atol=1e-5, rtol=1e-5)
+    adv, _ = compute_gae_packed(rewards.to(device), values.to(device), cu.to(device))  # whitened over all tokens
+    torch.testing.assert_close(adv.cpu().double(), oracle_gae(rewards, values, None, 1.0, 1.0, cu_seqlens=cu)[0],
+                               atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_reference_matches_independent_oracle(whiten):
+    """reference.py (the torch backend and the other tests' float64 oracle) against the independent oracle, in
+    float64: padded (empty rows, length 1, holes) and packed (empty sequences, no mask)."""
+    for (b, t), (gamma, lam) in (((7, 9), (0.99, 0.95)), ((2, 1), (1.0, 1.0)), ((4, 5), (0.9, 0.0))):
+        rewards, values = torch.randn(b, t, dtype=torch.float64), torch.randn(b, t, dtype=torch.float64)
+        mask = _random_mask(b, t).double()
+        if mask.sum() < 2:
+            mask[0, :] = 1
+        for got, want in zip(ref.compute_gae(rewards, values, mask, gamma, lam, whiten),
+                             oracle_gae(rewards, values, mask, gamma, lam, whiten)):
+            torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)  # masked_whiten adds 1e-8 to the counts
+    cu = torch.tensor([0, 3, 4, 4, 11, 12])
+    rewards, values = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
+    mask = (torch.rand(12) > 0.2).double()
+    mask[:2] = 1
+    for m in (mask, None):
+        for got, want in zip(ref.compute_gae_packed(rewards, values, cu, 0.97, 0.9, m, whiten),
+                             oracle_gae(rewards, values, m, 0.97, 0.9, whiten, cu_seqlens=cu)):
+            torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)
 
 
 def test_all_masked_batch_cannot_be_whitened(backend, device):

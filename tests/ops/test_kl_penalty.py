@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -5,9 +7,40 @@ from pyrl.ops import kl_penalty
 from pyrl.ops import reference as ref
 
 KINDS = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+ALL_KINDS = KINDS + [k + "+" for k in ("k1", "abs", "k2", "k3", "low_var_kl")]
 
 
-@pytest.mark.parametrize("kind", KINDS + [k + "+" for k in ("k1", "abs", "k2", "k3", "low_var_kl")])
+def oracle_kl(logp, ref_logp, kind):
+    """Independent float64 oracle (not pyrl.ops.reference, which the torch backend runs): element by element in
+    Python floats from the estimators' definitions, with the derivative d/d logp derived by hand (d/d ref_logp is its
+    negative). (value, derivative), float64, shaped like logp.
+      k1: d -> 1     abs: |d| -> sign(d) (0 at 0)     k2: d^2 / 2 -> d
+      k3: u = clamp(-d, -20, 20), v = e^u - u - 1, value clamp(v, -10, 10) -> 1 - e^u where neither clamp is active
+      "+": value of the base estimator, derivative of k2 (d)."""
+    base, straight_through = (kind[:-1], True) if kind.endswith("+") else (kind, False)
+    values, derivs = [], []
+    for a, b in zip(logp.detach().double().flatten().tolist(), ref_logp.detach().double().flatten().tolist()):
+        d = a - b
+        if base in ("kl", "k1"):
+            v, dv = d, 1.0
+        elif base == "abs":
+            v, dv = abs(d), float((d > 0) - (d < 0))
+        elif base in ("mse", "k2"):
+            v, dv = d * d / 2, d
+        elif base in ("low_var_kl", "k3"):
+            u = min(max(-d, -20.0), 20.0)
+            raw = math.exp(u) - u - 1.0
+            v = min(max(raw, -10.0), 10.0)
+            dv = 1.0 - math.exp(u) if (-20.0 <= -d <= 20.0 and raw <= 10.0) else 0.0
+        else:
+            raise AssertionError(kind)
+        values.append(v)
+        derivs.append(d if straight_through else dv)
+    as_t = lambda x: torch.tensor(x, dtype=torch.float64).view(logp.shape)  # noqa: E731
+    return as_t(values), as_t(derivs)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_float64_reference(backend, device, kind, dtype):
     logp = (torch.randn(7, 13, device=device) * 3).to(dtype).requires_grad_()
@@ -27,6 +60,29 @@ def test_matches_float64_reference(backend, device, kind, dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(logp.grad.double(), lp64.grad, atol=tol, rtol=tol)
     torch.testing.assert_close(ref_logp.grad.double(), rp64.grad, atol=tol, rtol=tol)
+    # and against the independent oracle (for the torch backend the lines above compare reference.py with itself)
+    value, deriv = oracle_kl(logp, ref_logp, kind)
+    torch.testing.assert_close(out.double().cpu(), value, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logp.grad.double().cpu(), g.double().cpu() * deriv, atol=tol, rtol=tol)
+    torch.testing.assert_close(ref_logp.grad.double().cpu(), -g.double().cpu() * deriv, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_reference_matches_independent_oracle(kind):
+    """reference.py (the torch backend and the other tests' float64 oracle) against the independent oracle, in
+    float64: values and autograd gradients, the clamp regions of k3 and delta = 0 included."""
+    logp = (torch.randn(6, 9, dtype=torch.float64) * 4).requires_grad_()
+    ref_logp = (torch.randn(6, 9, dtype=torch.float64) * 4).requires_grad_()
+    with torch.no_grad():
+        logp[0, :5] = torch.tensor([-30.0, 25.0, -4.0, 1.5, 0.0], dtype=torch.float64)
+        ref_logp[0, :5] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    out = ref.kl_penalty(logp, ref_logp, kind)
+    value, deriv = oracle_kl(logp, ref_logp, kind)
+    torch.testing.assert_close(out, value, atol=1e-12, rtol=1e-12)
+    g = torch.randn(6, 9, dtype=torch.float64)
+    (out * g).sum().backward()
+    torch.testing.assert_close(logp.grad, g * deriv, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ref_logp.grad, -g * deriv, atol=1e-12, rtol=1e-12)
 
 
 def test_hand_computed(backend, device):

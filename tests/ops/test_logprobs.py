@@ -1,3 +1,6 @@
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -6,6 +9,35 @@ from pyrl.ops import reference as ref
 
 TOL = {torch.float32: 5e-5, torch.bfloat16: 5e-5, torch.float16: 5e-5}
 GRAD_TOL = {torch.float32: 3e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def oracle_logprobs(logits, labels, temperature):
+    """Independent float64 oracle (not pyrl.ops.reference, which the torch backend runs): row by row in numpy from
+    the definitions, with z = logits / T, p = softmax(z) (shifted by the row max, -inf logits give p = 0):
+        logp = z_y - log sum_v e^{z_v},   H = -sum_{v: p_v > 0} p_v log p_v
+    and the gradients wrt the logits derived by hand:
+        d logp / d logits = (onehot(y) - p) / T,   d H / d logits = -p (log p + H) / T
+    (logp, H, d logp / d logits, d H / d logits), float64, shaped like labels / logits."""
+    vocab = logits.shape[-1]
+    z_all = logits.detach().cpu().double().reshape(-1, vocab).numpy() / temperature
+    y_all = labels.detach().cpu().reshape(-1).tolist()
+    n = z_all.shape[0]
+    logp, ent = np.zeros(n), np.zeros(n)
+    dlogp, dent = np.zeros((n, vocab)), np.zeros((n, vocab))
+    for i, (z, y) in enumerate(zip(z_all, y_all)):
+        top = z.max()
+        e = np.exp(z - top)
+        total = e.sum()
+        p = e / total
+        log_p = np.where(p > 0, z - top - math.log(total), 0.0)
+        logp[i] = z[y] - top - math.log(total)
+        ent[i] = -(p * log_p).sum()
+        dlogp[i] = -p
+        dlogp[i, y] += 1.0
+        dent[i] = -p * (log_p + ent[i])
+    as_t = lambda a, shape: torch.from_numpy(a).view(shape)  # noqa: E731
+    return (as_t(logp, labels.shape), as_t(ent, labels.shape), as_t(dlogp / temperature, logits.shape),
+            as_t(dent / temperature, logits.shape))
 
 
 def _check(logits, labels, temperature, device, grads=True, grad_atol=None):
@@ -25,6 +57,13 @@ def _check(logits, labels, temperature, device, grads=True, grad_atol=None):
         assert logits.grad.dtype == logits.dtype
         tol = GRAD_TOL[logits.dtype]
         torch.testing.assert_close(logits.grad.double(), x64.grad, atol=grad_atol or tol, rtol=tol)
+    # and against the independent oracle (for the torch backend the lines above compare reference.py with itself)
+    logp_o, ent_o, dlogp_o, dent_o = oracle_logprobs(logits, labels, temperature)
+    torch.testing.assert_close(logp.double().cpu(), logp_o, atol=TOL[logits.dtype], rtol=1e-5)
+    torch.testing.assert_close(ent.double().cpu(), ent_o, atol=TOL[logits.dtype], rtol=1e-5)
+    if grads:
+        expected = g1.double().cpu()[..., None] * dlogp_o + g2.double().cpu()[..., None] * dent_o
+        torch.testing.assert_close(logits.grad.double().cpu(), expected, atol=grad_atol or tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -72,18 +111,51 @@ def test_entropy_only_and_logp_only(backend, device):
     ent64.sum().backward()
     torch.testing.assert_close(logits.grad.double(), x64.grad, atol=1e-5, rtol=1e-5)
     labels = torch.randint(0, 257, (6,), device=device)
+    _, ent_o, _, dent_o = oracle_logprobs(logits, labels, 0.8)  # independent of reference.py
+    torch.testing.assert_close(ent.double().cpu(), ent_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.grad.double().cpu(), dent_o, atol=1e-5, rtol=1e-5)
     logits.grad = None
     logp = logprobs_from_logits(logits, labels)
     logp.sum().backward()
     x64.grad = None
     ref.logprobs_from_logits(x64, labels).sum().backward()
     torch.testing.assert_close(logits.grad.double(), x64.grad, atol=1e-5, rtol=1e-5)
+    logp_o, _, dlogp_o, _ = oracle_logprobs(logits, labels, 1.0)
+    torch.testing.assert_close(logp.double().cpu(), logp_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.grad.double().cpu(), dlogp_o, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3, 1.7])
+def test_reference_matches_independent_oracle(temperature):
+    """reference.py (the torch backend and the other tests' float64 oracle) against the independent oracle, in
+    float64: values and autograd gradients, on vocab 1, a peaked row, -inf entries and an ordinary batch."""
+    cases = [
+        (torch.randn(1, 1), torch.zeros(1, dtype=torch.long)),
+        (torch.randn(4, 3, 37) * 4, torch.randint(0, 37, (4, 3))),
+        (torch.randn(5, 33) * 30, torch.randint(0, 33, (5,))),
+    ]
+    masked = torch.randn(3, 50)
+    masked[:, :20] = float("-inf")
+    masked[1, 30:] = float("-inf")
+    cases.append((masked, torch.tensor([20, 29, 49])))
+    for logits, labels in cases:
+        x = logits.double().requires_grad_()
+        logp, ent = ref.logprobs_from_logits(x, labels, temperature, return_entropy=True)
+        logp_o, ent_o, dlogp_o, dent_o = oracle_logprobs(x, labels, temperature)
+        torch.testing.assert_close(logp, logp_o, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(ent, ent_o, atol=1e-10, rtol=1e-10)
+        g1, g2 = torch.randn_like(logp), torch.randn_like(ent)
+        ((logp * g1).sum() + (ent * g2).sum()).backward()
+        torch.testing.assert_close(x.grad, g1[..., None] * dlogp_o + g2[..., None] * dent_o, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(ref.entropy_from_logits(x.detach(), temperature), ent_o, atol=1e-10, rtol=1e-10)
 
 
 def test_int32_labels(backend, device):
     logits = torch.randn(4, 50, device=device)
     labels = torch.randint(0, 50, (4,), device=device, dtype=torch.int32)
-    torch.testing.assert_close(logprobs_from_logits(logits, labels), ref.logprobs_from_logits(logits, labels.long()))
+    logp = logprobs_from_logits(logits, labels)
+    torch.testing.assert_close(logp, ref.logprobs_from_logits(logits, labels.long()))
+    torch.testing.assert_close(logp.double().cpu(), oracle_logprobs(logits, labels, 1.0)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_no_grad_mode(backend, device):

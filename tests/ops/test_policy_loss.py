@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -18,6 +20,94 @@ def _inputs(b=6, t=11, device="cpu"):
     return [x.to(device) for x in (logp, old, adv, mask)]
 
 
+def oracle_agg_weights(mask, loss_agg_mode):
+    """c[i][t] with agg_loss(l, mask, mode) = sum_{i,t} c[i][t] l[i][t] (binary mask, no global_batch_info), written
+    out per mode from verl 0.9.1's agg_loss; N valid tokens, S non-empty rows, n_i tokens of row i, T the width:
+    token-mean 1/N, token-sum 1, seq-mean-token-sum 1/S, seq-mean-token-mean 1/(S (n_i + 1e-8)) (verl's epsilon),
+    seq-mean-token-sum-norm 1/(S T); 0 where masked (and everywhere when nothing is valid)."""
+    rows = [[float(k) for k in row] for row in mask]
+    assert all(k in (0.0, 1.0) for row in rows for k in row)
+    n_valid = sum(sum(row) for row in rows)
+    n_rows = sum(1 for row in rows if sum(row) > 0)
+    width = len(rows[0]) if rows else 0
+    per_token = {
+        "token-mean": lambda row: 1.0 / n_valid,
+        "token-sum": lambda row: 1.0,
+        "seq-mean-token-sum": lambda row: 1.0 / n_rows,
+        "seq-mean-token-mean": lambda row: 1.0 / (n_rows * (sum(row) + 1e-8)),
+        "seq-mean-token-sum-norm": lambda row: 1.0 / (n_rows * width),
+    }[loss_agg_mode]
+    return [[per_token(row) * k if k else 0.0 for k in row] for row in rows]
+
+
+def oracle_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
+                       clip_ratio_c=3.0, loss_agg_mode="token-mean", loss_mode="vanilla", rollout_is_weights=None):
+    """Independent float64 oracle (not pyrl.ops.reference, which the torch backend runs, nor pyrl.ops.masked, which
+    every backend aggregates with): token by token in Python floats from the op's formulas (verl 0.9.1's policy
+    losses), with the derivatives of the per-token loss l wrt log_prob and advantages derived by hand, then
+    aggregated with oracle_agg_weights. Returns (loss, metrics, dloss/dlog_prob, dloss/dadvantages,
+    dloss/drollout_is_weights); floats / float64 tensors."""
+    lp, old, adv, m = (x.detach().double().cpu().tolist() for x in (log_prob, old_log_prob, advantages, response_mask))
+    weights = None if rollout_is_weights is None else rollout_is_weights.detach().double().cpu().tolist()
+    lo, hi, c = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high, clip_ratio_c
+    coef = oracle_agg_weights(m, loss_agg_mode)
+    loss_terms, n_clipped, n_lower, kl_terms, n_valid = [], 0, 0, [], 0
+    g_lp, g_adv, g_w = ([[0.0] * len(row) for row in lp] for _ in range(3))
+    for i, row in enumerate(lp):
+        if loss_mode == "gspo":  # sequence log-ratio: mean over the row's valid tokens of the (unclamped) log-ratio
+            valid = [row[t] - old[i][t] for t in range(len(row)) if m[i][t]]
+            seq = math.fsum(valid) / max(1, len(valid))
+            seq_ratio = math.exp(min(seq, 10.0))
+        for t, x in enumerate(row):
+            a, raw = adv[i][t], x - old[i][t]
+            clipped = lower = False
+            if loss_mode == "gpg":
+                l, dl, da, kl = -a * x, -a, -x, 0.0
+            elif loss_mode == "gspo":  # value: the sequence ratio; gradient: d ratio / d logp_t = ratio (below the cap)
+                ratio, dratio, kl = seq_ratio, (seq_ratio if seq <= 10.0 else 0.0), -raw
+                clipped_ratio = min(max(ratio, lo), hi)
+                clipped = -a * clipped_ratio > -a * ratio
+                l, dl, da = (-a * clipped_ratio, 0.0, -clipped_ratio) if clipped else (-a * ratio, -a * dratio, -ratio)
+            else:
+                delta = min(max(raw, -20.0), 20.0)
+                ratio, kl = math.exp(delta), -delta
+                dratio = ratio if -20.0 <= raw <= 20.0 else 0.0
+                clipped_ratio = min(max(ratio, lo), hi)
+                if loss_mode == "cispo":  # the clipped ratio is a constant
+                    l, dl, da = -clipped_ratio * a * x, -clipped_ratio * a, -clipped_ratio * x
+                    clipped = clipped_ratio != ratio
+                else:  # vanilla: the clipped branch is flat in logp; dual clip for a < 0
+                    clipped = -a * clipped_ratio > -a * ratio
+                    l, dl, da = (-a * clipped_ratio, 0.0, -clipped_ratio) if clipped else (-a * ratio, -a * dratio, -ratio)
+                    if a < 0 and l > -a * c:
+                        lower = True
+                        l, dl, da = -a * c, 0.0, -c
+            w = 1.0 if weights is None else weights[i][t]
+            loss_terms.append(coef[i][t] * w * l)
+            g_lp[i][t], g_adv[i][t], g_w[i][t] = coef[i][t] * w * dl, coef[i][t] * w * da, coef[i][t] * l
+            if m[i][t]:
+                n_valid += 1
+                n_clipped += clipped
+                n_lower += lower
+                kl_terms.append(kl)
+    mean = lambda total: total / (n_valid + 1e-8)  # noqa: E731  (verl's masked_mean)
+    metrics = {"pg_clipfrac": mean(n_clipped), "pg_clipfrac_lower": mean(n_lower), "ppo_kl": mean(math.fsum(kl_terms))}
+    if loss_mode == "gpg":
+        metrics = dict.fromkeys(metrics, 0.0)
+    as_t = lambda x: torch.tensor(x, dtype=torch.float64).view(log_prob.shape)  # noqa: E731
+    return math.fsum(loss_terms), metrics, as_t(g_lp), as_t(g_adv), as_t(g_w)
+
+
+def _check_oracle(loss, metrics, grad, oracle):
+    """A backend's (loss, metrics, d loss / d log_prob) against oracle_policy_loss's, at the float32 tolerances above."""
+    loss_o, metrics_o, grad_o = oracle[:3]
+    torch.testing.assert_close(loss.double().cpu(), torch.tensor(loss_o, dtype=torch.float64), atol=1e-5, rtol=1e-5)
+    for name, value in metrics_o.items():
+        torch.testing.assert_close(metrics[name].double().cpu(), torch.tensor(value, dtype=torch.float64), atol=1e-5,
+                                   rtol=1e-5, msg=lambda text, name=name: f"metric {name}: {text}")
+    torch.testing.assert_close(grad.double().cpu(), grad_o, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("loss_mode", ["vanilla", "cispo", "gpg", "gspo"])
 @pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
 def test_matches_float64_reference(backend, device, loss_mode, loss_agg_mode):
@@ -35,6 +125,8 @@ def test_matches_float64_reference(backend, device, loss_mode, loss_agg_mode):
     loss.backward()
     loss64.backward()
     torch.testing.assert_close(logp.grad.double(), lp64.grad, atol=1e-6, rtol=1e-5)
+    # the independent oracle too (for the torch backend, and gspo on every backend, reference.py is the code under test)
+    _check_oracle(loss, metrics, logp.grad, oracle_policy_loss(logp, old, adv, mask, **kwargs))
 
 
 def _weights(like):
@@ -65,6 +157,7 @@ def test_rollout_is_weights_match_float64(backend, device, loss_mode, loss_agg_m
     loss64.backward()
     torch.testing.assert_close(logp.grad.double(), lp64.grad, atol=1e-6, rtol=1e-5)
     assert weights.grad is None
+    _check_oracle(loss, metrics, logp.grad, oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=weights, **kwargs))
     # d loss / d log_prob = w x the unweighted per-token derivative, for a token-sum aggregation (linear in each token)
     lp = logp.detach().double().requires_grad_()
     kwargs["loss_agg_mode"] = "token-sum"
@@ -82,6 +175,8 @@ def test_rollout_is_weights_of_ones_change_nothing_and_get_gradients_when_asked(
     w64 = weights.detach().double().requires_grad_()
     ref.ppo_policy_loss(logp.double(), old.double(), adv.double(), mask.double(), rollout_is_weights=w64)[0].backward()
     torch.testing.assert_close(weights.grad.double(), w64.grad, atol=1e-6, rtol=1e-5)
+    grad_w_o = oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=weights)[4]  # independent of reference.py
+    torch.testing.assert_close(weights.grad.double().cpu(), grad_w_o, atol=1e-6, rtol=1e-5)
 
 
 def test_hand_computed_vanilla(backend, device):
@@ -106,6 +201,10 @@ def test_bf16_and_bool_mask(backend, device):
     torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
     loss.backward()
     assert lp16.grad.dtype == torch.bfloat16
+    # the independent oracle on the bf16 values; the gradient is stored in bf16 (8 significant bits)
+    oracle = oracle_policy_loss(lp16, old.bfloat16(), adv.bfloat16(), mask)
+    torch.testing.assert_close(loss.double().cpu(), torch.tensor(oracle[0], dtype=torch.float64), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lp16.grad.double().cpu(), oracle[2], atol=1e-5, rtol=1e-2)
 
 
 def test_grad_flows_to_advantages_when_asked(backend, device):
@@ -116,6 +215,35 @@ def test_grad_flows_to_advantages_when_asked(backend, device):
     adv64 = adv.detach().double().requires_grad_()
     ref.ppo_policy_loss(logp.double(), old.double(), adv64, mask.double())[0].backward()
     torch.testing.assert_close(adv.grad.double(), adv64.grad, atol=1e-6, rtol=1e-5)
+    # every backend runs reference.py when advantages require grad: the independent oracle is the real check
+    grad_adv_o = oracle_policy_loss(logp, old, adv, mask)[3]
+    torch.testing.assert_close(adv.grad.double().cpu(), grad_adv_o, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "cispo", "gpg", "gspo"])
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
+def test_reference_matches_independent_oracle(loss_mode, loss_agg_mode):
+    """reference.py (the torch backend and the other tests' float64 oracle) against the independent oracle, in
+    float64: loss, metrics and the autograd gradients wrt log_prob, advantages and rollout_is_weights, on the inputs
+    above (the +-20 clamp, the dual clip, an all-masked row, a length-1 row)."""
+    logp, old, adv, mask = (x.double() for x in _inputs())
+    weights = _weights(logp).double()
+    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode, loss_mode=loss_mode)
+    for w in (None, weights):
+        lp, a = logp.clone().requires_grad_(), adv.clone().requires_grad_()
+        w = None if w is None else w.clone().requires_grad_()
+        loss, metrics = ref.ppo_policy_loss(lp, old, a, mask, rollout_is_weights=w, **kwargs)
+        loss_o, metrics_o, grad_lp_o, grad_adv_o, grad_w_o = oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=w,
+                                                                                **kwargs)
+        torch.testing.assert_close(loss, torch.tensor(loss_o, dtype=torch.float64), atol=1e-9, rtol=1e-9)
+        for name, value in metrics_o.items():
+            torch.testing.assert_close(metrics[name].detach(), torch.tensor(value, dtype=torch.float64), atol=1e-9,
+                                       rtol=1e-9, msg=lambda text, name=name: f"metric {name}: {text}")
+        loss.backward()
+        torch.testing.assert_close(lp.grad, grad_lp_o, atol=1e-9, rtol=1e-9)
+        torch.testing.assert_close(a.grad, grad_adv_o, atol=1e-9, rtol=1e-9)
+        if w is not None:
+            torch.testing.assert_close(w.grad, grad_w_o, atol=1e-9, rtol=1e-9)
 
 
 def test_all_masked_gives_zero_loss(backend, device):
