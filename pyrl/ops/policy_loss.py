@@ -6,10 +6,11 @@ Let delta = clamp(logp - old_logp, -20, 20), ratio = exp(delta), A = advantages.
            pg_clipfrac = mean[l2 > l1], pg_clipfrac_lower = mean[(max(l1, l2) > -A c) and A < 0]
   cispo:   l = -sg(clip(ratio, 1 - low, 1 + high)) A logp; pg_clipfrac = mean[clip(ratio) != ratio]
   gpg:     l = -A logp (no ratio, metrics 0)
-  gspo:    sequence ratio s_i = exp(sg(mean_t delta_i) + logp - sg(logp)) (capped at exp(10)), clipped as
-           vanilla without dual clip (aggregated by loss_agg_mode, as verl 0.9.1; the GSPO paper's is
-           seq-mean-token-mean)
-ppo_kl = mean(-delta). Means over unmasked tokens; the loss is agg_loss(w l, mask, loss_agg_mode), w =
+  gspo:    with the unclamped log-ratio r = logp - old_logp (as verl 0.9.1), sequence ratio
+           s_i = exp(sg(mean_t r_i) + logp - sg(logp)) (capped at exp(10)), clipped as vanilla without dual clip
+           (aggregated by loss_agg_mode, as verl 0.9.1; the GSPO paper's is seq-mean-token-mean); its ppo_kl is
+           mean(-r)
+ppo_kl = mean(-delta) (gspo: above). Means over unmasked tokens; the loss is agg_loss(w l, mask, loss_agg_mode), w =
 rollout_is_weights (verl's decoupled-mode rollout-correction IS weights, [B, T]; 1 when None), metrics without w.
 
 vanilla/cispo/gpg run one fused kernel that writes the per-token loss, its derivative and the metric sums;
