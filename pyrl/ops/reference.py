@@ -1,6 +1,9 @@
-"""Plain-torch formulations of every pyrl op, written the way verl writes them (log_softmax + gather,
-GAE as a Python loop over time, per-group Python loops). They are the "torch" backend, the baseline of
-the benchmarks, and what the tests compare the fused kernels with (in float64).
+"""Plain-torch formulations of every pyrl op: verl's formulas, written plainly (log_softmax + gather, GAE as a
+Python loop over time, one Python loop over groups). They are the "torch" backend, the baseline of the GAE, KL
+and loss benchmarks, and what the tests compare the fused kernels with (in float64). They are not always verl's
+code path: verl 0.9.1's log-probs run flash-attn's cross entropy or, without it, a loop over rows
+(logprobs_from_logits_v2), and its grpo loops over samples; the log-prob and group-advantage benchmarks compare
+with transcriptions of those (benchmarks/verl091.py).
 
 Results come back in float32, or float64 when the inputs are float64.
 """
@@ -88,7 +91,8 @@ def compute_gae_packed(rewards, values, cu_seqlens, gamma=1.0, lam=1.0, mask=Non
 
 
 def group_advantages(scores, group_index, estimator="grpo", norm_by_std=True, eps=1e-6, lengths=None):
-    """verl's per-group Python loops (core_algos.compute_*_outcome_advantage), on per-sample scores."""
+    """verl's group estimators (core_algos.compute_*_outcome_advantage) as one Python loop over groups, on
+    per-sample scores."""
     scores = scores.to(_compute_dtype(scores))
     ids = group_index.tolist()
     members = defaultdict(list)
