@@ -31,6 +31,14 @@ def device():
     return DEVICE
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that take the `device` fixture (the op tests) run on CUDA where there is one: they belong to the GPU
+    suite (`pytest -m gpu`, benchmarks/gpu_suite.sh) beside the tests marked gpu by hand."""
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture(autouse=True)
 def fresh_seed(request):
     """Fresh random inputs per test, reproducible from the printed seed on failure."""

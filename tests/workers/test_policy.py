@@ -85,6 +85,54 @@ def test_gradients_packed_equal_padded_equal_hf(tiny_lm, hf64):
             torch.testing.assert_close(grads[True, True][name], grads[other][name], atol=2e-6, rtol=1e-5, msg=name)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logits"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_packed_equals_padded_equals_hf(tiny_path, dtype, fused):
+    """On CUDA (the Triton log-prob kernels, SDPA buckets or flash-attn): packed and padded log-probs, entropy and
+    weight gradients against the float64 HF model holding the same (dtype-rounded) weights. fp32 within 1e-4; bf16
+    (activations rounded at every layer) packed no further from float64 than HF's own padded sdpa path is."""
+    cuda = torch.device("cuda")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_path, dtype=dtype,
+                                                              attn_implementation=varlen_attention.register()).to(cuda)
+    exact = transformers.AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float64)
+    exact.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    tensors, r = _batch(model.config.vocab_size, seed=4)
+    loss_mask = tensors["attention_mask"][:, -r:].clone()
+    loss_mask[0, 2] = 0
+    weights = torch.randn(loss_mask.shape, generator=torch.Generator().manual_seed(3)) * loss_mask
+    exact.zero_grad()
+    expected, expected_entropy = _reference(exact, tensors, r, 0.7)
+    ((expected * weights).sum() + 0.1 * (expected_entropy * weights).sum()).backward()
+    mask = loss_mask.bool()
+    policy = ResponseLogProbs(model, use_fused_kernels=fused)
+    results = {}
+    for packed in (True, False):
+        model.zero_grad()
+        inputs = ModelInputs.responses({k: v.to(cuda) for k, v in tensors.items()}, r, packed, cuda)
+        logp, entropy = policy(inputs, temperature=0.7, return_entropy=True)
+        ((logp * weights.to(cuda)).sum() + 0.1 * (entropy * weights.to(cuda)).sum()).backward()
+        results[packed] = (logp.detach().cpu().double(), entropy.detach().cpu().double(),
+                           {n: p.grad.detach().cpu().double() for n, p in model.named_parameters()})
+    for name, p in exact.named_parameters():
+        assert p.grad is not None and results[True][2][name].shape == p.grad.shape, name
+    if dtype == torch.float32:
+        for packed, (logp, entropy, grads) in results.items():
+            torch.testing.assert_close(logp[mask], expected[mask].detach(), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(entropy[mask], expected_entropy[mask].detach(), atol=1e-4, rtol=1e-4)
+            for name, p in exact.named_parameters():
+                torch.testing.assert_close(grads[name], p.grad, atol=1e-4, rtol=1e-3, msg=f"packed={packed} {name}")
+        return
+    for i, want in enumerate((expected, expected_entropy)):
+        err = {packed: (res[i][mask] - want[mask].detach()).abs().max().item() for packed, res in results.items()}
+        assert err[True] <= 1.5 * err[False] + 1e-3, f"output {i}: packed max error {err[True]}, padded {err[False]}"
+    for name, p in exact.named_parameters():
+        err = {packed: (res[2][name] - p.grad).norm().item() / p.grad.norm().clamp_min(1e-12).item()
+               for packed, res in results.items()}
+        assert err[True] <= 1.5 * err[False] + 1e-3, f"{name}: packed relative error {err[True]}, padded {err[False]}"
+
+
 def test_bad_inputs_named():
     tensors, r = _batch(300)
     with pytest.raises(ValueError, match="response_length: expected 1..12"):
