@@ -16,14 +16,45 @@ from pyrl.ops.logprobs import check_labels, implementation
 
 
 MIN_CHUNK_ROWS = 256  # below this the matmuls get too thin to run at speed
+# On CUDA each chunk also reads and writes the float32 [V, H] weight gradient once (8 V H bytes) against
+# 6 rows V H FLOPs of matmuls: at 256 rows that traffic cost as much as the matmuls. Measured on an H200
+# (N=8192, H=4096, V=151936, bf16, fwd+bwd): 256 rows 107 ms, 512 80, 1024 70, 2048 68, 4096 65; torch with
+# the logits materialized 57 ms (+13 GB), Liger 84 ms (benchmarks/RESULTS.md, "pyrl's kernels on an H200").
+MIN_CHUNK_ROWS_CUDA = 1024
 
 
-def default_chunk_size(n: int, vocab: int, hidden: int) -> int:
+def default_chunk_size(n: int, vocab: int, hidden: int, on_cuda: bool = False) -> int:
     """Rows per chunk so that a chunk of logits is about the size of the hidden states (Liger's rule),
-    but at least MIN_CHUNK_ROWS rows."""
+    but at least MIN_CHUNK_ROWS rows (MIN_CHUNK_ROWS_CUDA on CUDA)."""
     chunks = max(1, -(-vocab // max(1, hidden)))
     rows = 1 << max(0, (-(-n // chunks) - 1).bit_length())
-    return max(1, min(n, max(rows, MIN_CHUNK_ROWS)))
+    return max(1, min(n, max(rows, MIN_CHUNK_ROWS_CUDA if on_cuda else MIN_CHUNK_ROWS)))
+
+
+_FP32_ACCUMULATING_MM: list = []  # [bool] once known: does this torch's CUDA addmm take out_dtype (bf16/fp16 -> fp32)?
+
+
+def accumulate_grad_weight(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    """grad_weight (float32 [V, H]) += grad_logits.T @ hidden, without a [V, H] temporary where torch allows.
+
+    float32: addmm_ in place. bf16/fp16 on CUDA: one cuBLAS call with 16-bit operands accumulating into the
+    float32 gradient in place (torch.addmm's out_dtype, torch >= 2.8). Otherwise the 16-bit product is made and
+    then added: on an H200 at N=8192, H=4096, V=151936 that temporary and its float32 copy cost more than the
+    matmuls themselves (benchmarks/RESULTS.md, "pyrl's kernels on an H200")."""
+    a = grad_logits.t()
+    if grad_logits.dtype == torch.float32:
+        grad_weight.addmm_(a, hidden)
+        return
+    if grad_logits.is_cuda and _FP32_ACCUMULATING_MM != [False]:
+        try:
+            torch.addmm(grad_weight, a, hidden, out_dtype=torch.float32, out=grad_weight)
+            _FP32_ACCUMULATING_MM[:] = [True]
+            return
+        except (TypeError, RuntimeError, NotImplementedError):
+            if _FP32_ACCUMULATING_MM == [True]:  # it worked before: this failure is real
+                raise
+            _FP32_ACCUMULATING_MM[:] = [False]  # this torch has no such overload; the product-then-add below
+    grad_weight += (a @ hidden).float()
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
@@ -67,9 +98,9 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
                 None if grad_entropy is None else grad_entropy[start:end],
             )
             if need_h:
-                grad_hidden[start:end] = grad_logits @ weight
+                torch.mm(grad_logits, weight, out=grad_hidden[start:end])  # rows of a contiguous tensor: contiguous
             if need_w:
-                grad_weight += (grad_logits.t() @ hidden[start:end]).float()
+                accumulate_grad_weight(grad_weight, grad_logits, hidden[start:end])
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
 
 
@@ -92,7 +123,7 @@ def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=No
     temperature = check_positive("temperature", temperature)
     n = hidden.shape[0]
     if chunk_size is None:
-        chunk_size = default_chunk_size(n, weight.shape[0], weight.shape[1])
+        chunk_size = default_chunk_size(n, weight.shape[0], weight.shape[1], hidden.is_cuda)
     elif not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size: must be a positive int, got {chunk_size!r}")
     backend = choose_backend(hidden)

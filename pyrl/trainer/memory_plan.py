@@ -225,21 +225,21 @@ def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -
     return tokens * dtype_bytes * 2 * (shape.intermediate + shape.hidden)
 
 
-def fused_chunk_rows(shape: ModelShape, scored: int) -> int:
+def fused_chunk_rows(shape: ModelShape, scored: int, on_cuda: bool = False) -> int:
     from pyrl.ops.fused_linear_logprobs import default_chunk_size
 
-    return default_chunk_size(scored, shape.vocab, shape.hidden)
+    return default_chunk_size(scored, shape.vocab, shape.hidden, on_cuda)
 
 
-def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
+def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False) -> int:
     """The log-prob head without autograd: the scored hidden states and either the [N, vocab] logits
     (pyrl.ops.logprobs_from_logits makes no float32 copy) or, fused, two [chunk, vocab] blocks (the next chunk's
     logits are computed before the previous ones are released)."""
-    blocks = 2 * fused_chunk_rows(shape, scored) if fused else scored
+    blocks = 2 * fused_chunk_rows(shape, scored, on_cuda) if fused else scored
     return scored * shape.hidden * dtype_bytes + blocks * shape.vocab * dtype_bytes
 
 
-def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool) -> int:
+def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False) -> int:
     """The log-prob head's backward: the scored hidden states and their gradient, plus unfused the [N, vocab]
     logits kept for backward and their gradient, or fused three [chunk, vocab] blocks (a chunk's logits and
     gradient beside the previous chunk's gradient) and, when the head trains (not with LoRA, which never adapts
@@ -248,7 +248,7 @@ def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused:
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
     weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0)) * shape.head_trains
-    return states + 3 * fused_chunk_rows(shape, scored) * shape.vocab * dtype_bytes + weight_grad
+    return states + 3 * fused_chunk_rows(shape, scored, on_cuda) * shape.vocab * dtype_bytes + weight_grad
 
 
 def element_bytes(dtype) -> int:
@@ -322,7 +322,7 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
     layer = layer_forward_bytes(shape, mb.tokens, precision.compute, attn)
     micro = f"{prefix} micro-batch size or token budget"
     if head == "logits":
-        head_bytes = logits_forward_bytes(shape, mb.scored, precision.compute, fused)
+        head_bytes = logits_forward_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda")
         head_term = Term("logits", head_bytes, ", ".join(
             k for k in ("" if fused else "actor_rollout_ref.model.use_fused_kernels=true", micro) if k))
     else:
@@ -356,7 +356,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
         layer = Term("layer backward (gradients)", workspace, micro)
     head_grad = 0
     if head == "logits":
-        head_term = Term("logits", logits_update_bytes(shape, mb.scored, precision.compute, fused),
+        head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda")
+        head_term = Term("logits", head_bytes,
                          micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
         if not fused and not setting.distributed and shape.head_trains:  # after the logits are released
             head_grad = max(0, shape.vocab * shape.hidden * precision.master - mb.scored * shape.vocab * precision.compute)

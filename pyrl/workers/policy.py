@@ -22,7 +22,7 @@ def sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperature: floa
     calculate_sum_pi_squared_from_logits), not differentiable. One float32 [rows, V] block of logits at a time,
     with its hidden-dtype original no bigger than fused_linear_logprobs' block."""
     n, size = hidden.shape[0], hidden.element_size()
-    rows = default_chunk_size(n, *weight.shape)
+    rows = default_chunk_size(n, *weight.shape, hidden.is_cuda)
     if size < 4:  # the float32 copy lives beside the block it is made from
         rows = max(1, rows * size // (size + 4))
     out = torch.empty(n, dtype=torch.float32, device=hidden.device)

@@ -128,6 +128,11 @@ def test_default_chunk_size_bounds_memory():
     assert default_chunk_size(100000, 151936, 64) == 256  # never thinner than MIN_CHUNK_ROWS
     assert default_chunk_size(3, 10, 100) == 3
     assert default_chunk_size(1, 151936, 64) == 1
+    # CUDA: at least MIN_CHUNK_ROWS_CUDA rows (each chunk re-reads and re-writes the float32 weight gradient)
+    assert default_chunk_size(16384, 151936, 4096, on_cuda=True) == 1024
+    assert default_chunk_size(100000, 151936, 64, on_cuda=True) == 1024
+    assert default_chunk_size(500, 151936, 4096, on_cuda=True) == 500
+    assert default_chunk_size(100000, 32000, 8192, on_cuda=True) == 32768  # where Liger's rule gives more, it stands
 
 
 @pytest.mark.parametrize(
