@@ -32,6 +32,7 @@ import pathlib
 import sys
 import time
 
+import numpy as np
 import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -39,9 +40,10 @@ sys.path.insert(0, str(HERE))
 
 import verl091  # noqa: E402
 
-from pyrl.ops import (compute_gae, entropy_from_logits, fused_linear_logprobs, group_advantages,  # noqa: E402
+from pyrl.ops import (compute_gae, compute_gae_packed, entropy_from_logits, fused_linear_logprobs, group_advantages,  # noqa: E402
                       kl_penalty, logprobs_from_logits, ppo_policy_loss, value_loss)
 from pyrl.ops import reference as ref  # noqa: E402
+from pyrl.ops.masked import masked_whiten  # noqa: E402
 
 
 DEVICE = "cuda"  # --smoke-cpu: "cpu", tiny shapes, to check the script's paths where there is no GPU
@@ -325,15 +327,61 @@ def token_cases(report, b, t):
         report.add("value_loss fwd+bwd", shape, impl, backward_of(fn, values, True), 5 * 4 * n,
                    error=err if impl == "pyrl_triton" else None)
 
-    # GAE with whitening: read rewards, values, mask; write advantages, returns (whitening re-reads advantages)
+
+def gae_float64(rewards, values, mask, gamma, lam):
+    """verl's recurrence in float64 numpy, vectorized over rows, looping over t: (advantages, returns) [b, t]."""
+    r, v, m = (x.double().cpu().numpy() for x in (rewards, values, mask))
+    adv = np.empty_like(r)
+    next_value = last_adv = np.zeros(r.shape[0])
+    for t in reversed(range(r.shape[1])):
+        a = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * last_adv
+        next_value = m[:, t] * v[:, t] + (1 - m[:, t]) * next_value
+        last_adv = m[:, t] * a + (1 - m[:, t]) * last_adv
+        adv[:, t] = last_adv
+    return torch.from_numpy(adv), torch.from_numpy(adv + v)
+
+
+def gae_cases(report, b, t, loop=True):
+    """compute_gae at [b, t] without and with whitening, and compute_gae_packed on as many tokens in b sequences
+    of uneven lengths; against a float64 oracle (gae_float64), and verl 0.9.1's loop over t where `loop`."""
+    dev = DEVICE
+    shape = f"{b}x{t} fp32"
+    n = b * t
+    mask = (torch.rand(b, t, device=dev) > 0.2).float()
     rewards = torch.randn(b, t, device=dev) * mask
     vals = torch.randn(b, t, device=dev)
-    adv_p, ret_p = compute_gae(rewards, vals, mask, 0.99, 0.95)
-    adv_r, ret_r = ref.compute_gae(rewards.double(), vals.double(), mask.double(), 0.99, 0.95)
-    err = max(rel_error(adv_p, adv_r), rel_error(ret_p, ret_r))
-    for impl, fn in (("pyrl_triton", lambda: compute_gae(rewards, vals, mask, 0.99, 0.95)),
-                     ("torch_eager_verl_formula", lambda: ref.compute_gae(rewards, vals, mask, 0.99, 0.95))):
-        report.add("compute_gae whiten", shape, impl, fn, 6 * 4 * n, error=err if impl == "pyrl_triton" else None)
+    nbytes = 5 * 4 * n  # read rewards, values, mask; write advantages, returns
+    adv64, ret64 = gae_float64(rewards, vals, mask, 0.99, 0.95)
+    for whiten in (False, True):
+        adv_p, ret_p = compute_gae(rewards, vals, mask, 0.99, 0.95, whiten=whiten)
+        want = masked_whiten(adv64, mask.double().cpu()) if whiten else adv64
+        err = max(rel_error(adv_p.cpu(), want), rel_error(ret_p.cpu(), ret64))
+        name = "compute_gae" + (" whiten" if whiten else "")
+        report.add(name, shape, "pyrl_triton", lambda w=whiten: compute_gae(rewards, vals, mask, 0.99, 0.95, whiten=w),
+                   nbytes + (8 * n if whiten else 0), error=err)
+        if loop:
+            report.add(name, shape, "torch_eager_verl_formula (loop over t)",
+                       lambda w=whiten: ref.compute_gae(rewards, vals, mask, 0.99, 0.95, whiten=w), nbytes)
+    # packed: b sequences of t/2 .. 3t/2 tokens, right-padded to one [b, max] matrix for the oracle (trailing
+    # masked tokens carry a zero state: the same numbers as the sequence alone)
+    lengths = torch.randint(max(1, t // 2), t + t // 2 + 1, (b,))
+    cu = torch.zeros(b + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    total, width = int(cu[-1]), int(lengths.max())
+    cols = torch.arange(width)
+    valid = cols[None, :] < lengths[:, None]
+    flat_index = (cu[:-1, None] + cols[None, :])[valid]
+    r1, v1 = torch.randn(total, device=dev), torch.randn(total, device=dev)
+    m1 = (torch.rand(total, device=dev) > 0.2).float()
+    padded = [torch.zeros(b, width, dtype=x.dtype).index_put_((valid.nonzero(as_tuple=True)), x.cpu())
+              for x in (r1, v1, m1)]
+    adv64, ret64 = gae_float64(*padded, 0.99, 0.95)
+    cu = cu.to(dev)
+    adv_p, ret_p = compute_gae_packed(r1, v1, cu, 0.99, 0.95, mask=m1, whiten=False)
+    assert flat_index.numel() == total
+    report.add("compute_gae_packed", f"{b} seqs, {total} tokens fp32", "pyrl_triton",
+               lambda: compute_gae_packed(r1, v1, cu, 0.99, 0.95, mask=m1, whiten=False), 5 * 4 * total,
+               error=max(rel_error(adv_p.cpu(), adv64[valid]), rel_error(ret_p.cpu(), ret64[valid])))
 
 
 def group_cases(report, samples, group):
@@ -374,17 +422,21 @@ def main():
         logprob_cases(report, 200, 97)
         fused_linear_cases(report, 200, 16, 97, chunk_sweep=(64,))
         token_cases(report, 4, 33)
+        gae_cases(report, 4, 33)
         group_cases(report, 64, 4)
     elif args.quick:
         logprob_cases(report, 4096, 32000)
         fused_linear_cases(report, 2048, 1024, 32000)
         token_cases(report, 256, 1024)
+        gae_cases(report, 64, 1024)
         group_cases(report, 4096, 8)
     else:
         logprob_cases(report, 8192, 151936)
         logprob_cases(report, 16384, 151936)  # 2.49e9 logits: past 2^31 elements
         fused_linear_cases(report, 8192, 4096, 151936, chunk_sweep=(512, 1024, 2048, 4096))
         token_cases(report, 1024, 4096)
+        gae_cases(report, 512, 4096)  # kernel_anchors.md's G1
+        gae_cases(report, 16, 131072, loop=False)  # G2: long sequences, few of them
         group_cases(report, 1 << 20, 16)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

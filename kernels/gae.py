@@ -1,52 +1,72 @@
-"""Triton GAE: each lane of a program owns one sequence and walks it backwards, so a block of BLOCK
-sequences advances in lock-step (see pyrl.ops.gae for the recurrence)."""
+"""Triton GAE as a scan: one program per sequence, BLOCK tokens at a time from the end, each block one parallel
+associative scan (see pyrl.ops.gae for the recurrence).
+
+Processing token t maps the carried state s = (nextV, lastA) affinely, s' = M_t s + b_t, with
+    M_t = [[1 - m,  0               ],      b_t = (m V_t, m (r_t - V_t))
+           [m g,    1 - m + m g lam ]]
+(g = gamma), so the state after any run of tokens is the composition of their maps, which is associative: a
+block's composites come from one tl.associative_scan over (p, q, r, b1, b2) = the map's three entries and two
+offsets, applied to the state carried in from the later block. A_t is the lastA entry of the state after t,
+returns_t = A_t + V_t. Loads and stores are contiguous (a block is read back to front), the sequential part is
+T / BLOCK steps per sequence instead of T, and no host sync is needed for packed lengths.
+"""
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 64
+BLOCK = 1024
 
 
 @triton.jit
-def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, n_seqs, seq_len, max_len, gamma, lam,
+def _compose(p_a, q_a, r_a, b1_a, b2_a, p_b, q_b, r_b, b1_b, b2_b):
+    """B after A (A holds the tokens processed first): M = M_B M_A, b = M_B b_A + b_B."""
+    return (p_b * p_a, q_b * p_a + r_b * q_a, r_b * r_a, p_b * b1_a + b1_b, q_b * b1_a + r_b * b2_a + b2_b)
+
+
+@triton.jit
+def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, seq_len, gamma, lam,
                 HAS_MASK: tl.constexpr, PACKED: tl.constexpr, BLOCK: tl.constexpr):
-    seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = seq < n_seqs
+    seq = tl.program_id(0).to(tl.int64)
     if PACKED:
-        begin = tl.load(cu_ptr + seq, mask=live, other=0)
-        end = tl.load(cu_ptr + seq + 1, mask=live, other=0)
+        begin = tl.load(cu_ptr + seq)
+        end = tl.load(cu_ptr + seq + 1)
     else:
-        begin = seq.to(tl.int64) * seq_len
+        begin = seq * seq_len
         end = begin + seq_len
-    next_value = tl.zeros((BLOCK,), tl.float32)
-    last_adv = tl.zeros((BLOCK,), tl.float32)
-    for step in range(0, max_len):
-        pos = end - 1 - step
-        active = live & (pos >= begin)
-        r = tl.load(rewards_ptr + pos, mask=active, other=0.0)
-        v = tl.load(values_ptr + pos, mask=active, other=0.0)
+    i = tl.arange(0, BLOCK)
+    last = i == BLOCK - 1
+    next_value = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # the state carried in from later blocks: none at the end
+    last_adv = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
+    for k in range(0, tl.cdiv(end - begin, BLOCK)):
+        pos = end - k * BLOCK - 1 - i  # element i is the i-th token of the block processed: back to front
+        live = pos >= begin
+        r = tl.load(rewards_ptr + pos, mask=live, other=0.0)
+        v = tl.load(values_ptr + pos, mask=live, other=0.0)
         if HAS_MASK:
-            m = tl.load(mask_ptr + pos, mask=active, other=0.0)
+            m = tl.load(mask_ptr + pos, mask=live, other=0.0)
         else:
-            m = tl.where(active, 1.0, 0.0)
-        adv = r + gamma * next_value - v + gamma * lam * last_adv
-        next_value = tl.where(active, v * m + (1.0 - m) * next_value, next_value)
-        last_adv = tl.where(active, adv * m + (1.0 - m) * last_adv, last_adv)
-        tl.store(adv_ptr + pos, last_adv, mask=active)
-        tl.store(ret_ptr + pos, last_adv + v, mask=active)
+            m = tl.where(live, 1.0, 0.0)
+        # tokens before `begin` (m = 0) are identity maps: they change neither the outputs nor the carry
+        p = 1.0 - m
+        q = m * gamma
+        rr = 1.0 - m + m * (gamma * lam)
+        b1 = m * v
+        b2 = m * (r - v)
+        p, q, rr, b1, b2 = tl.associative_scan((p, q, rr, b1, b2), 0, _compose)
+        adv = q * next_value + rr * last_adv + b2
+        tl.store(adv_ptr + pos, adv, mask=live)
+        tl.store(ret_ptr + pos, adv + v, mask=live)
+        next_value, last_adv = (tl.sum(tl.where(last, p * next_value + b1, 0.0), 0),
+                                tl.sum(tl.where(last, adv, 0.0), 0))
 
 
 def gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam):
     advantages, returns = torch.empty_like(rewards), torch.empty_like(rewards)
-    if cu_seqlens is not None:
-        max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if n_seqs else 0
-    else:
-        max_len = seq_len
-    if n_seqs and max_len:
-        _gae_kernel[(triton.cdiv(n_seqs, BLOCK),)](
+    if n_seqs and rewards.numel():
+        _gae_kernel[(n_seqs,)](
             rewards, values, mask if mask is not None else rewards, cu_seqlens if cu_seqlens is not None else rewards,
-            advantages, returns, n_seqs, seq_len, max_len, gamma, lam,
-            HAS_MASK=mask is not None, PACKED=cu_seqlens is not None, BLOCK=BLOCK,
+            advantages, returns, seq_len, gamma, lam,
+            HAS_MASK=mask is not None, PACKED=cu_seqlens is not None, BLOCK=BLOCK, num_warps=8,
         )
     return advantages, returns

@@ -80,11 +80,13 @@ def kernel_modules() -> list:
 
 def kernels() -> dict[str, object]:
     """{"module.kernel": the @triton.jit object} for every kernel defined in pyrl.kernels (a JITFunction,
-    or an InterpretedFunction when TRITON_INTERPRET=1 was set at import)."""
+    or an InterpretedFunction when TRITON_INTERPRET=1 was set at import). Kernels are the @triton.jit functions
+    named *_kernel; the others (gae._compose) are device functions, compiled inside the kernels that call them."""
     found = {}
     for module in kernel_modules():
         for name, obj in vars(module).items():
-            if isinstance(obj, _kernel_types()) and getattr(obj.fn, "__module__", None) == module.__name__:
+            if (isinstance(obj, _kernel_types()) and getattr(obj.fn, "__module__", None) == module.__name__
+                    and name.endswith("_kernel")):
                 found[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = obj
     return found
 

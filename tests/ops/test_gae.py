@@ -83,6 +83,31 @@ def test_padded_matches_verl_loop(backend, device, gamma, lam, b, t):
     torch.testing.assert_close(adv.cpu().double(), adv_o, atol=2e-5, rtol=1e-5)
 
 
+def test_sequences_longer_than_a_scan_block(backend, device):
+    """The Triton kernel scans BLOCK tokens at a time from a sequence's end and carries (nextV, lastA) into the
+    block before: sequences of 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 BLOCK + 37 and 3 BLOCK tokens, padded and packed,
+    masked tokens straddling a block edge, and a whole masked block the carry must cross unchanged."""
+    from pyrl.kernels.gae import BLOCK
+
+    lengths = [1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 37, 3 * BLOCK]
+    t = max(lengths)
+    mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()
+    mask[:, 2 * BLOCK - 3:2 * BLOCK + 2] = 0.0  # straddling the edge 2 BLOCK (rows ending at t = 3 BLOCK)
+    mask[-1, BLOCK:2 * BLOCK] = 0.0  # the middle block of the last row: every token an observation
+    mask[:, 0] = 1.0
+    rewards, values = torch.randn(len(lengths), t), torch.randn(len(lengths), t)
+    adv, ret = compute_gae(rewards.to(device), values.to(device), mask.to(device), 0.99, 0.95, whiten=False)
+    adv_o, ret_o = oracle_gae(rewards, values, mask, 0.99, 0.95, whiten=False)
+    torch.testing.assert_close(adv.cpu().double(), adv_o, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.cpu().double(), ret_o, atol=2e-5, rtol=1e-5)
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    flat = lambda x: torch.cat([x[i, :n] for i, n in enumerate(lengths)])  # noqa: E731
+    adv, ret = compute_gae_packed(flat(rewards).to(device), flat(values).to(device), cu.to(device), 0.99, 0.95,
+                                  mask=flat(mask).to(device), whiten=False)
+    torch.testing.assert_close(adv.cpu().double(), flat(adv_o), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ret.cpu().double(), flat(ret_o), atol=2e-5, rtol=1e-5)
+
+
 def test_hand_computed(backend, device):
     # one sequence, gamma = 0.5, lam = 1: A_2 = r2 - V2, A_1 = r1 + .5 V2 - V1 + .5 A_2, ...
     r = torch.tensor([[0.0, 0.0, 1.0]], device=device)
