@@ -400,10 +400,34 @@ def group_cases(report, samples, group):
         report.add("group_advantages grpo", shape, impl, fn, 3 * 4 * samples, error=e)
 
 
+def profile_token_ops(b=1024, t=4096):
+    """torch.profiler's device-time table for one call of each token-level op (fwd+bwd where it has one): how many
+    kernels each launches and where its time goes, for the ops far above their floor."""
+    from torch.profiler import ProfilerActivity, profile
+
+    logp = (-torch.rand(b, t, device="cuda") * 3).requires_grad_()
+    old = logp.detach() + 0.1 * torch.randn(b, t, device="cuda")
+    adv = torch.randn(b, t, device="cuda")
+    mask = (torch.rand(b, t, device="cuda") > 0.2).float()
+    calls = {"ppo_policy_loss fwd+bwd": lambda: ppo_policy_loss(logp, old, adv, mask, 0.2, 0.28, 3.0)[0].backward(),
+             "value_loss fwd+bwd": lambda: value_loss(logp, old, adv, mask)[0].backward(),
+             "compute_gae whiten": lambda: compute_gae(adv, old, mask, 0.99, 0.95)}
+    for name, call in calls.items():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        print(f"== {name} ({b}x{t})")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_kernels.json / .md")
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a minute)")
+    parser.add_argument("--profile", action="store_true", help="also print the profiler's table for the token ops")
     parser.add_argument("--smoke-cpu", action="store_true", help="tiny shapes on the CPU: checks the script, times nothing")
     args = parser.parse_args()
     global DEVICE
@@ -449,6 +473,8 @@ def main():
     (out / "gpu_kernels.md").write_text(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}\n\n"
                                          + report.markdown() + "\n")
     print(report.markdown())
+    if args.profile and DEVICE == "cuda":
+        profile_token_ops()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""benchmarks/gpu_kernels.py (the GPU suite's timing half) runs where there is no GPU with --smoke-cpu: every case's
+code path on tiny CPU shapes, pyrl's rows within float64 tolerance, the report written. A GPU session then finds a
+script that works, not one that fails at its first line."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_gpu_kernels_smoke_cpu(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--smoke-cpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_kernels.json").read_text())
+    rows = report["rows"]
+    ops = {r["op"] for r in rows}
+    assert {"logprobs fwd", "logprobs fwd+bwd", "entropy fwd", "fused_linear_logprobs fwd+bwd", "kl_penalty low_var_kl fwd+bwd",
+            "ppo_policy_loss vanilla fwd+bwd", "value_loss fwd+bwd", "compute_gae", "compute_gae whiten",
+            "compute_gae_packed", "group_advantages grpo"} <= ops
+    for row in rows:
+        if row["impl"].startswith("pyrl"):
+            assert "skipped" not in row and row["median_ms"] > 0, row
+            assert row["rel_error_vs_float64"] is not None, row
+            # bf16 inputs round the log-prob gradient (and the fused head's matmul) to bf16: ~1e-3
+            assert row["rel_error_vs_float64"] < (5e-3 if "bf16" in row["shape"] else 1e-5), row
+    assert (tmp_path / "gpu_kernels.md").read_text().count("\n|") == len(rows) + 2
