@@ -427,6 +427,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_kernels.json / .md")
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a minute)")
+    parser.add_argument("--cases", default="logprobs,fused_linear,token,gae,group",
+                        help="which groups of rows to run (comma-separated; default all)")
     parser.add_argument("--profile", action="store_true", help="also print the profiler's table for the token ops")
     parser.add_argument("--smoke-cpu", action="store_true", help="tiny shapes on the CPU: checks the script, times nothing")
     args = parser.parse_args()
@@ -442,26 +444,28 @@ def main():
     report = Report(bandwidth, flops)
     print(f"{DEVICE}: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s",
           flush=True)
+    cases = set(args.cases.split(","))
+    unknown = cases - {"logprobs", "fused_linear", "token", "gae", "group"}
+    if unknown:
+        sys.exit(f"--cases: unknown {sorted(unknown)}")
     if args.smoke_cpu:
-        logprob_cases(report, 200, 97)
-        fused_linear_cases(report, 200, 16, 97, chunk_sweep=(64,))
-        token_cases(report, 4, 33)
-        gae_cases(report, 4, 33)
-        group_cases(report, 64, 4)
+        shapes = {"logprobs": [(200, 97)], "fused_linear": [(200, 16, 97, (64,))], "token": [(4, 33)],
+                  "gae": [(4, 33, True)], "group": [(64, 4)]}
     elif args.quick:
-        logprob_cases(report, 4096, 32000)
-        fused_linear_cases(report, 2048, 1024, 32000)
-        token_cases(report, 256, 1024)
-        gae_cases(report, 64, 1024)
-        group_cases(report, 4096, 8)
+        shapes = {"logprobs": [(4096, 32000)], "fused_linear": [(2048, 1024, 32000, ())], "token": [(256, 1024)],
+                  "gae": [(64, 1024, True)], "group": [(4096, 8)]}
     else:
-        logprob_cases(report, 8192, 151936)
-        logprob_cases(report, 16384, 151936)  # 2.49e9 logits: past 2^31 elements
-        fused_linear_cases(report, 8192, 4096, 151936, chunk_sweep=(512, 1024, 2048, 4096))
-        token_cases(report, 1024, 4096)
-        gae_cases(report, 512, 4096)  # kernel_anchors.md's G1
-        gae_cases(report, 16, 131072, loop=False)  # G2: long sequences, few of them
-        group_cases(report, 1 << 20, 16)
+        shapes = {"logprobs": [(8192, 151936), (16384, 151936)],  # 16384 x 151936 = 2.49e9 logits: past 2^31
+                  "fused_linear": [(8192, 4096, 151936, (512, 1024, 2048, 4096))],
+                  "token": [(1024, 4096)],
+                  "gae": [(512, 4096, True), (16, 131072, False)],  # kernel_anchors.md's G1; G2 (few long sequences)
+                  "group": [(1 << 20, 16)]}
+    runners = {"logprobs": logprob_cases, "fused_linear": fused_linear_cases, "token": token_cases,
+               "gae": gae_cases, "group": group_cases}
+    for name in ("logprobs", "fused_linear", "token", "gae", "group"):
+        if name in cases:
+            for shape in shapes[name]:
+                runners[name](report, *shape)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__,

@@ -8,7 +8,9 @@ Processing token t maps the carried state s = (nextV, lastA) affinely, s' = M_t 
 block's composites come from one tl.associative_scan over (p, q, r, b1, b2) = the map's three entries and two
 offsets, applied to the state carried in from the later block. A_t is the lastA entry of the state after t,
 returns_t = A_t + V_t. Loads and stores are contiguous (a block is read back to front), the sequential part is
-T / BLOCK steps per sequence instead of T, and no host sync is needed for packed lengths.
+T / BLOCK steps per sequence instead of T, and no host sync is needed for packed lengths. For the whitening the
+kernel also leaves each sequence's mask-weighted moments of A (count, mean, M2, merged block by block), which the
+op merges across sequences in float64: one pass over the tokens instead of masked_whiten's reductions.
 """
 
 import torch
@@ -25,8 +27,8 @@ def _compose(p_a, q_a, r_a, b1_a, b2_a, p_b, q_b, r_b, b1_b, b2_b):
 
 
 @triton.jit
-def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, seq_len, gamma, lam,
-                HAS_MASK: tl.constexpr, PACKED: tl.constexpr, BLOCK: tl.constexpr):
+def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, moments_ptr, seq_len, gamma, lam,
+                HAS_MASK: tl.constexpr, PACKED: tl.constexpr, MOMENTS: tl.constexpr, BLOCK: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)
     if PACKED:
         begin = tl.load(cu_ptr + seq)
@@ -38,6 +40,9 @@ def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, seq
     last = i == BLOCK - 1
     next_value = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # the state carried in from later blocks: none at the end
     last_adv = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
+    count = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # MOMENTS: the mask-weighted count, mean and M2 of A so far
+    mean = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
+    m2 = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
     for k in range(0, tl.cdiv(end - begin, BLOCK)):
         pos = end - k * BLOCK - 1 - i  # element i is the i-th token of the block processed: back to front
         live = pos >= begin
@@ -59,14 +64,32 @@ def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, seq
         tl.store(ret_ptr + pos, adv + v, mask=live)
         next_value, last_adv = (tl.sum(tl.where(last, p * next_value + b1, 0.0), 0),
                                 tl.sum(tl.where(last, adv, 0.0), 0))
+        if MOMENTS:  # the block's moments (two passes over registers), merged into the sequence's (Chan et al.)
+            block_count = tl.sum(m, 0)
+            block_mean = tl.sum(m * adv, 0) / tl.maximum(block_count, 1e-30)
+            centered = adv - block_mean
+            block_m2 = tl.sum(m * centered * centered, 0)
+            total = count + block_count
+            share = block_count / tl.maximum(total, 1e-30)
+            delta = block_mean - mean
+            mean = mean + delta * share
+            m2 = m2 + block_m2 + delta * delta * count * share
+            count = total
+    if MOMENTS:
+        tl.store(moments_ptr + seq * 3, count)
+        tl.store(moments_ptr + seq * 3 + 1, mean)
+        tl.store(moments_ptr + seq * 3 + 2, m2)
 
 
-def gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam):
+def gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam, moments=False):
+    """(advantages, returns, moments): moments [n_seqs, 3] float32 holds each sequence's mask-weighted count, mean and
+    sum of squared deviations of its advantages (for the whitening), or None unless asked for."""
     advantages, returns = torch.empty_like(rewards), torch.empty_like(rewards)
+    stats = torch.zeros(n_seqs, 3, dtype=torch.float32, device=rewards.device) if moments else None
     if n_seqs and rewards.numel():
         _gae_kernel[(n_seqs,)](
             rewards, values, mask if mask is not None else rewards, cu_seqlens if cu_seqlens is not None else rewards,
-            advantages, returns, seq_len, gamma, lam,
-            HAS_MASK=mask is not None, PACKED=cu_seqlens is not None, BLOCK=BLOCK, num_warps=8,
+            advantages, returns, stats if moments else rewards, seq_len, gamma, lam,
+            HAS_MASK=mask is not None, PACKED=cu_seqlens is not None, MOMENTS=moments, BLOCK=BLOCK, num_warps=8,
         )
-    return advantages, returns
+    return advantages, returns, stats

@@ -18,7 +18,6 @@ import torch
 
 from pyrl.ops import reference
 from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous, maybe_buffer
-from pyrl.ops.masked import masked_whiten
 
 
 def _check_scalar(name, value) -> float:
@@ -43,10 +42,28 @@ def _gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam, whiten,
         return advantages, returns
     from pyrl.kernels import gae as triton_gae
 
-    advantages, returns = triton_gae.gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam)
+    advantages, returns, moments = triton_gae.gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam,
+                                                  moments=whiten)
     if whiten:
-        advantages = masked_whiten(advantages, torch.ones_like(advantages) if mask is None else mask)
+        advantages = whiten_from_moments(advantages, moments)
     return advantages, returns
+
+
+def whiten_from_moments(values: torch.Tensor, moments: torch.Tensor) -> torch.Tensor:
+    """masked_whiten(values, mask) from per-sequence moments [S, 3] (mask-weighted count, mean, sum of squared
+    deviations), merged in float64 (Chan et al.): (values - mean) * rsqrt(unbiased var + 1e-8) at every position.
+    The count is read on the host, as masked_var reads the mask's sum, to refuse fewer than two tokens."""
+    stats = moments.double()
+    count, mean, m2 = stats[:, 0], stats[:, 1], stats[:, 2]
+    total = count.sum()
+    n = float(total)
+    if n == 0:
+        raise ValueError("mask: the variance needs at least one unmasked element, the mask sums to 0")
+    if n == 1:
+        raise ValueError("mask: the unbiased variance needs at least two unmasked elements, the mask sums to 1")
+    grand_mean = (count * mean).sum() / total
+    var = (m2.sum() + (count * (mean - grand_mean) ** 2).sum()) / (total - 1)
+    return (values - grand_mean.float()) * torch.rsqrt(var + 1e-8).float()
 
 
 def compute_gae(rewards, values, mask, gamma=1.0, lam=1.0, whiten=True):

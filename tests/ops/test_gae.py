@@ -106,6 +106,13 @@ def test_sequences_longer_than_a_scan_block(backend, device):
                                   mask=flat(mask).to(device), whiten=False)
     torch.testing.assert_close(adv.cpu().double(), flat(adv_o), atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ret.cpu().double(), flat(ret_o), atol=2e-5, rtol=1e-5)
+    # whitened: the kernel's moments merged block by block and sequence by sequence give the batch's statistics
+    adv, _ = compute_gae(rewards.to(device), values.to(device), mask.to(device), 0.99, 0.95)
+    torch.testing.assert_close(adv.cpu().double(), oracle_gae(rewards, values, mask, 0.99, 0.95)[0], atol=2e-5, rtol=1e-5)
+    adv, _ = compute_gae_packed(flat(rewards).to(device), flat(values).to(device), cu.to(device), 0.99, 0.95,
+                                mask=flat(mask).to(device))
+    want = oracle_gae(flat(rewards), flat(values), flat(mask), 0.99, 0.95, cu_seqlens=cu)[0]
+    torch.testing.assert_close(adv.cpu().double(), want, atol=2e-5, rtol=1e-5)
 
 
 def test_hand_computed(backend, device):
