@@ -1,6 +1,6 @@
 """The memory plan (pyrl/trainer/memory_plan.py): its formulas by hand on a tiny config, its estimates against peaks
-measured on CPU through the real worker (within 25%), and the driver stopping an impossible run before any worker
-starts, naming the knob."""
+measured on CPU through the real worker (within 6%, 10% with LoRA, 8% on a held-out shape), and the driver stopping
+an impossible run before any worker starts, naming the knob."""
 
 import math
 import os
@@ -125,13 +125,28 @@ def measured_model(tmp_path_factory):
 @pytest.mark.parametrize("checkpointing, fused, lora", [(False, False, 0), (True, True, 0), (False, True, 16)])
 def test_estimates_match_measured_peaks_on_cpu(measured_model, checkpointing, fused, lora):
     """The real worker's update (with and without gradient checkpointing, with LoRA), log-prob pass (with and
-    without the fused kernel) and resident weights + gradients + AdamW moments, each within 25% of the plan."""
+    without the fused kernel) and resident weights + gradients + AdamW moments, at the accuracy
+    benchmarks/RESULTS.md states: within 6% of the plan (10% with LoRA; measured 0-3% and 2-9%)."""
     spec = {"model": measured_model, "rows": 32, "micro": 32, "prompt": 32, "response": 32,
             "checkpointing": checkpointing, "fused": fused, "lora": lora}
     estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
     for phase in ("resident", "update_actor", "old_log_prob"):
         assert measured[phase] > 30 * 2 ** 20, (phase, measured)  # well above allocator noise
-        assert estimated[phase] == pytest.approx(measured[phase], rel=0.25), (phase, estimated, measured)
+        assert estimated[phase] == pytest.approx(measured[phase], rel=0.10 if lora else 0.06), (phase, estimated, measured)
+
+
+@pytest.mark.parametrize("checkpointing, fused", [(True, False), (False, True)])
+def test_estimates_hold_on_a_shape_the_plan_was_not_tuned_on(tmp_path_factory, checkpointing, fused):
+    """A model and batch no calibration used (hidden 384, 6 heads, 3 layers, vocab 24576; 16 rows of 48 + 80
+    tokens): within 8% (measured 0-5.3%, benchmarks/RESULTS.md)."""
+    model = memory_measure.make_model(str(tmp_path_factory.mktemp("held_out") / "model"), hidden=384, layers=3,
+                                      intermediate=1152, vocab=24576, heads=6)
+    spec = {"model": model, "rows": 16, "micro": 16, "prompt": 48, "response": 80, "checkpointing": checkpointing,
+            "fused": fused, "lora": 0}
+    estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
+    for phase in ("resident", "update_actor", "old_log_prob"):
+        assert measured[phase] > 30 * 2 ** 20, (phase, measured)
+        assert estimated[phase] == pytest.approx(measured[phase], rel=0.08), (phase, estimated, measured)
 
 
 IMPOSSIBLE = ["data.train_batch_size=4096", "actor_rollout_ref.actor.ppo_mini_batch_size=4096",
