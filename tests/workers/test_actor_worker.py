@@ -306,8 +306,11 @@ def test_bf16_mixed_precision_on_cpu(ray_session, train_batch, tiny_path):
         wg.kill()
     expected, _ = hf_response_logprobs(tiny_path, train_batch)
     mask = train_batch.batch["response_mask"].bool()
-    error = (logp[mask].double() - expected[mask]).abs().max().item()
-    assert 1e-5 < error < 0.1  # bf16 rounding shows, and stays small
+    errors = (logp[mask].double() - expected[mask]).abs()
+    # measured (AMD EPYC avx512_bf16, 30 tokens): mean 8.1e-4, max 3.9e-3 (about one bf16 step, 2^-8, at |logp| ~ 1);
+    # the bounds leave 2.5x for another CPU's bf16 kernels. Rounding must show: an fp32 forward gives < 1e-5.
+    assert 1e-5 < errors.max().item() < 1e-2, errors
+    assert errors.mean().item() < 2e-3, errors
     assert all(v.dtype == torch.float32 for v in after["params"].values())
     assert max((after["params"][k] - v).abs().max().item() for k, v in before["params"].items()) > 1e-4
     assert all(torch.isfinite(torch.tensor(v)).all() for v in metrics["actor/pg_loss"])
