@@ -3,11 +3,12 @@ worker, per phase, for a couple of model and batch shapes, with and without grad
 log-prob kernel. Measurement: tests/trainer/memory_measure.py (a fresh process per configuration, peak RSS above
 the resident set before the phase, malloc returning freed tensors to the kernel).
 
-    python benchmarks/memory_plan_accuracy.py      # prints a markdown table (benchmarks/RESULTS.md)
+    python benchmarks/memory_plan_accuracy.py [--quick]   # prints a markdown table (benchmarks/RESULTS.md)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -36,16 +37,21 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the first shape's two corners only (a smoke run)")
+    args = parser.parse_args(argv)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    corners = ((False, False), (True, True)) if args.quick else ((False, False), (True, False), (False, True), (True, True))
     MiB = 2 ** 20
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; float32, one process (no FSDP group)\n")
     print("| model | batch | checkpointing | fused | phase | estimate MiB | measured MiB | estimate / measured |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
-        for model_name, batch_name in SHAPES:
+        for model_name, batch_name in shapes:
             path = memory_measure.make_model(os.path.join(root, model_name.split()[0]), **MODELS[model_name])
             batch = BATCHES[batch_name]
-            for checkpointing, fused in ((False, False), (True, False), (False, True), (True, True)):
+            for checkpointing, fused in corners:
                 spec = {"model": path, "checkpointing": checkpointing, "fused": fused, **batch}
                 estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
                 for phase in ("resident", "update_actor", "old_log_prob"):
