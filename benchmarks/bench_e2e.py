@@ -18,11 +18,13 @@ Reported: median seconds per step over steps 2..N (N = PYRL_BENCH_STEPS, default
 gen (rollout), old_log_prob (the forward pass for the old log-probs; 0 where the trainer skips it, as
 TRL does in this on-policy setting), update (forward, backward, optimizer), sync (pyrl's weight push
 into the rollout engine), other (reward, advantages, the rest); the mean prompt and response lengths
-show that both sides did the same work; "/ TRL" is the step time over TRL's. Absolute times move with
-the machine and its load: compare ratios from one run.
+show that both sides did the same work; "/ TRL" is the step time over TRL's. The script runs every system
+--rounds times (default 3), each round in a rotated order, and reports each system's median (min-max) over its
+runs; a ratio to TRL is claimed only when the two ranges do not overlap ("within noise" otherwise). Absolute
+times move with the machine and its load: compare ratios from one invocation.
 
     python -m pytest benchmarks/bench_e2e.py --benchmark-only -s          # timed, one test per system
-    python benchmarks/bench_e2e.py --workload uniform,longtail            # all systems, markdown table
+    python benchmarks/bench_e2e.py --workload uniform,longtail --rounds 3  # all systems, interleaved rounds
 
 Smoke mode (`--benchmark-disable`, as CI runs) uses the tiny default model, few prompts and 2 steps.
 """
@@ -46,6 +48,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from spread import ratio, rotated, show  # noqa: E402
 REWARD_FILE = HERE / "e2e_reward.py"
 LEARNING_RATE = 1e-6
 PHASES = ("gen", "old_log_prob", "update", "sync", "other")
@@ -429,11 +433,33 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
 
 
 # ---- the side-by-side script ----
+def rounds_table(results: dict) -> str:
+    """Markdown rows per (workload, system) over its rounds: s/step median (min-max) of the runs' medians, the
+    phases' medians, and the ratio to TRL of the same workload, claimed only when the ranges are apart."""
+    lines = ["| workload | system | runs | s/step, median (min-max) | " + " | ".join(PHASES)
+             + " | prompt len | resp len | / TRL |", "|---" * (len(PHASES) + 7) + "|"]
+    for (workload, system), runs in results.items():
+        ok = [r["summary"] for r in runs if r.get("summary")]
+        failed = [r.get("error", "no steps") for r in runs if not r.get("summary")]
+        if not ok:
+            lines.append(f"| {workload} | {system} | 0 | failed: {failed[0][:200]} |" + " |" * (len(PHASES) + 3))
+            continue
+        trl = [r["summary"]["step"] for r in results.get((workload, "trl"), []) if r.get("summary")]
+        steps = [s["step"] for s in ok]
+        vs_trl = "-" if not trl or system == "trl" else ratio(steps, trl)
+        med = lambda key: statistics.median(s[key] for s in ok)  # noqa: E731
+        lines.append(f"| {workload} | {system} | {len(ok)}{f' ({len(failed)} failed)' if failed else ''} | "
+                     f"{show(steps)} | " + " | ".join(f"{med(p):.2f}" for p in PHASES)
+                     + f" | {med('prompt_length'):.1f} | {med('response_length'):.1f} | {vs_trl} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="uniform,longtail", help="comma-separated: uniform, longtail")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help=f"comma-separated, in the order to run: {', '.join(SYSTEMS)}")
+                        help=f"comma-separated: {', '.join(SYSTEMS)} (each round rotates their order)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every system, interleaved (>= 3 for a spread)")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("PYRL_BENCH_STEPS", 6)))
     parser.add_argument("--smoke", action="store_true", help="the tiny model and few prompts (checks the plumbing)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="both sides' compute dtype")
@@ -444,26 +470,29 @@ def main(argv=None) -> None:
         _trl_worker_main(args.trl_worker)
         return
     root = tempfile.mkdtemp(prefix="bench-e2e-")
-    results = []
+    systems = args.systems.split(",")
+    results: dict = {}
     for workload in args.workload.split(","):
         prep = prepare(make_workload(workload, args.smoke), args.steps, os.path.join(root, "data"), args.precision)
-        for system in args.systems.split(","):
-            start = time.perf_counter()
-            try:
-                result = run_system(system, prep, os.path.join(root, workload, system))
-            except RuntimeError as e:
-                result = {"error": str(e)}
-            if result.get("steps") and "error" not in result:
-                result["summary"] = summarize(result["steps"])
-            results.append((workload, system, result))
-            print(f"{workload} {system}: {time.perf_counter() - start:.0f} s"
-                  + (f", {result['summary']['step']:.2f} s/step" if "summary" in result
-                     else f", failed: {result.get('error', '')[-300:]}"), flush=True)
-    print(f"\n{args.steps} steps, medians over steps 2..{args.steps}, seconds, {args.precision}; runs in {root}\n")
-    print(table(results))
+        for round_index in range(args.rounds):
+            for system in rotated(systems, round_index):
+                start = time.perf_counter()
+                try:
+                    result = run_system(system, prep, os.path.join(root, workload, f"{system}-{round_index}"))
+                except RuntimeError as e:
+                    result = {"error": str(e)}
+                if result.get("steps") and "error" not in result:
+                    result["summary"] = summarize(result["steps"])
+                results.setdefault((workload, system), []).append(result)
+                print(f"{workload} round {round_index + 1}/{args.rounds} {system}: {time.perf_counter() - start:.0f} s"
+                      + (f", {result['summary']['step']:.2f} s/step" if "summary" in result
+                         else f", failed: {result.get('error', '')[-300:]}"), flush=True)
+    print(f"\n{args.steps} steps per run, each run's median over steps 2..{args.steps}, seconds, {args.precision}, "
+          f"{args.rounds} interleaved rounds; runs in {root}\n")
+    print(rounds_table(results))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump([{"workload": w, "system": s, **r} for w, s, r in results], f, indent=1)
+            json.dump([{"workload": w, "system": s, "runs": runs} for (w, s), runs in results.items()], f, indent=1)
 
 
 if __name__ == "__main__":

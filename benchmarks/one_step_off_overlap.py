@@ -9,10 +9,12 @@ Seconds per step over the steps after the warm-up, with the breakdown the metric
 one-step-off: the trainer's wait for the batch, the part of generation not hidden), generate_async (one-step-off:
 the batch's generation in the background), old_log_prob, update_actor, update_weights (the push).
 
-    python benchmarks/one_step_off_overlap.py [--steps 10] [--warmup 2] [--response-length 64] [--repeats 2]
+    python benchmarks/one_step_off_overlap.py [--steps 10] [--warmup 2] [--response-length 64] [--repeats 3]
 
-The modes alternate (hybrid, one-step-off, hybrid, ...) --repeats times, so that load from other processes falls
-on both; each repeat's numbers are reported, with the machine's load average around them.
+The modes alternate --repeats times, the first of each repeat rotating (hybrid first, then one-step-off first, ...),
+so that load from other processes falls on both; each run's numbers are reported, then each mode's median (min-max)
+over its runs and the ratio, claimed only when the two ranges do not overlap (benchmarks/spread.py), with the
+machine's load average around them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spread import ratio, rotated, show  # noqa: E402
+
+MODES = ["hybrid", "one-step-off"]
 KEYS = ["step", "gen", "generate_async", "reward", "old_log_prob", "update_actor", "update_weights"]
 
 
@@ -57,7 +63,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=64, help="data.train_batch_size (x rollout.n=8 samples)")
     parser.add_argument("--response-length", type=int, default=64, help="tokens generated per sample (ignore_eos)")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each mode")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode, alternating")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     results = {"machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
@@ -67,17 +73,21 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as root:
         for repeat in range(args.repeats):
-            for mode in ("hybrid", "one-step-off"):
+            for mode in rotated(MODES, repeat):
                 runs.append({"mode": mode, "repeat": repeat, **summary(run(mode, args, root, repeat))})
     results["load_average_after"] = os.getloadavg()[0]
     results["runs"] = runs
-    for mode in ("hybrid", "one-step-off"):
+    steps = {mode: [r["step"] for r in runs if r["mode"] == mode] for mode in MODES}
+    for mode in MODES:
         results[mode] = {key: float(np.median([r[key] for r in runs if r["mode"] == mode])) for key in KEYS}
-    results["speedup"] = results["hybrid"]["step"] / results["one-step-off"]["step"]
+        results[mode]["step_min"], results[mode]["step_max"] = min(steps[mode]), max(steps[mode])
+    results["speedup"] = ratio(steps["hybrid"], steps["one-step-off"])
     print(f"{'mode':<14}{'repeat':>7}" + "".join(f"{key:>16}" for key in KEYS))
     for r in runs:
         print(f"{r['mode']:<14}{r['repeat']:>7}" + "".join(f"{r[key]:>16.3f}" for key in KEYS))
-    print(f"hybrid / one-step-off seconds per step (medians): {results['speedup']:.2f}x; load average "
+    for mode in MODES:
+        print(f"{mode}: {show(steps[mode], 3)} s per step, median (min-max) of {len(steps[mode])} runs")
+    print(f"hybrid / one-step-off seconds per step (medians): {results['speedup']}; load average "
           f"{results['load_average_before']:.1f} before, {results['load_average_after']:.1f} after")
     if args.out:
         with open(args.out, "w") as f:
