@@ -56,6 +56,11 @@ def _check(logits, labels, temperature, device, grads=True, grad_atol=None):
         ((logp64 * g1.double()).sum() + (ent64 * g2.double()).sum()).backward()
         assert logits.grad.dtype == logits.dtype
         tol = GRAD_TOL[logits.dtype]
+        if logits.dtype == torch.float32 and grad_atol is None:
+            # float32 rounds the log-probs to ~eps * max|z / T|, and the entropy's gradient multiplies them by p / T:
+            # the bound grows with the scaled logits (seen: 3.3e-5 at max|z / T| ~ 33, once in ~10^5 elements)
+            largest = float(logits.detach().abs().max()) if logits.numel() else 0.0
+            grad_atol = max(tol, 2e-6 * largest / temperature)
         torch.testing.assert_close(logits.grad.double(), x64.grad, atol=grad_atol or tol, rtol=tol)
     # and against the independent oracle (for the torch backend the lines above compare reference.py with itself)
     logp_o, ent_o, dlogp_o, dent_o = oracle_logprobs(logits, labels, temperature)
