@@ -38,11 +38,9 @@ def _gae_kernel(rewards_ptr, values_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, mom
         end = begin + seq_len
     i = tl.arange(0, BLOCK)
     last = i == BLOCK - 1
-    next_value = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # the state carried in from later blocks: none at the end
-    last_adv = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
-    count = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # MOMENTS: the mask-weighted count, mean and M2 of A so far
-    mean = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
-    m2 = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)
+    zero = tl.sum(tl.zeros((BLOCK,), tl.float32), 0)  # a float32 scalar tensor: what the loop carries
+    next_value, last_adv = zero, zero  # the state carried in from later blocks: none at the end
+    count, mean, m2 = zero, zero, zero  # MOMENTS: the mask-weighted count, mean and M2 of A so far
     for k in range(0, tl.cdiv(end - begin, BLOCK)):
         pos = end - k * BLOCK - 1 - i  # element i is the i-th token of the block processed: back to front
         live = pos >= begin

@@ -8,6 +8,8 @@ grad_hidden_c = d_logits_c @ weight and grad_weight += d_logits_c.T @ hidden_c. 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pyrl.ops import reference
@@ -31,30 +33,33 @@ def default_chunk_size(n: int, vocab: int, hidden: int, on_cuda: bool = False) -
     return max(1, min(n, max(rows, MIN_CHUNK_ROWS_CUDA if on_cuda else MIN_CHUNK_ROWS)))
 
 
-_FP32_ACCUMULATING_MM: list = []  # [bool] once known: does this torch's CUDA addmm take out_dtype (bf16/fp16 -> fp32)?
+@functools.lru_cache(maxsize=None)
+def fp32_accumulating_addmm(device: torch.device) -> bool:
+    """Whether this torch's addmm on `device` takes bf16 operands into a float32 output in place (out_dtype, CUDA,
+    torch >= 2.8): probed once per device on a 1 x 1 product."""
+    one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(1, 1, dtype=torch.float32, device=device)
+    try:
+        torch.addmm(out, one, one, out_dtype=torch.float32, out=out)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def accumulate_grad_weight(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> None:
     """grad_weight (float32 [V, H]) += grad_logits.T @ hidden, without a [V, H] temporary where torch allows.
 
     float32: addmm_ in place. bf16/fp16 on CUDA: one cuBLAS call with 16-bit operands accumulating into the
-    float32 gradient in place (torch.addmm's out_dtype, torch >= 2.8). Otherwise the 16-bit product is made and
-    then added: on an H200 at N=8192, H=4096, V=151936 that temporary and its float32 copy cost more than the
-    matmuls themselves (benchmarks/RESULTS.md, "pyrl's kernels on an H200")."""
+    float32 gradient in place (torch.addmm's out_dtype). Otherwise the 16-bit product is made and then added: on
+    an H200 at N=8192, H=4096, V=151936 that temporary and its float32 copy cost more than the matmuls themselves
+    (benchmarks/RESULTS.md, "pyrl's kernels on an H200")."""
     a = grad_logits.t()
     if grad_logits.dtype == torch.float32:
         grad_weight.addmm_(a, hidden)
-        return
-    if grad_logits.is_cuda and _FP32_ACCUMULATING_MM != [False]:
-        try:
-            torch.addmm(grad_weight, a, hidden, out_dtype=torch.float32, out=grad_weight)
-            _FP32_ACCUMULATING_MM[:] = [True]
-            return
-        except (TypeError, RuntimeError, NotImplementedError):
-            if _FP32_ACCUMULATING_MM == [True]:  # it worked before: this failure is real
-                raise
-            _FP32_ACCUMULATING_MM[:] = [False]  # this torch has no such overload; the product-then-add below
-    grad_weight += (a @ hidden).float()
+    elif grad_logits.is_cuda and fp32_accumulating_addmm(grad_logits.device):
+        torch.addmm(grad_weight, a, hidden, out_dtype=torch.float32, out=grad_weight)
+    else:
+        grad_weight += (a @ hidden).float()
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
@@ -98,7 +103,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
                 None if grad_entropy is None else grad_entropy[start:end],
             )
             if need_h:
-                torch.mm(grad_logits, weight, out=grad_hidden[start:end])  # rows of a contiguous tensor: contiguous
+                torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if need_w:
                 accumulate_grad_weight(grad_weight, grad_logits, hidden[start:end])
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None

@@ -18,6 +18,7 @@ import torch
 
 from pyrl.ops import reference
 from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous, maybe_buffer
+from pyrl.ops.masked import check_unbiased_count
 
 
 def _check_scalar(name, value) -> float:
@@ -56,11 +57,7 @@ def whiten_from_moments(values: torch.Tensor, moments: torch.Tensor) -> torch.Te
     stats = moments.double()
     count, mean, m2 = stats[:, 0], stats[:, 1], stats[:, 2]
     total = count.sum()
-    n = float(total)
-    if n == 0:
-        raise ValueError("mask: the variance needs at least one unmasked element, the mask sums to 0")
-    if n == 1:
-        raise ValueError("mask: the unbiased variance needs at least two unmasked elements, the mask sums to 1")
+    check_unbiased_count(float(total))
     grand_mean = (count * mean).sum() / total
     var = (m2.sum() + (count * (mean - grand_mean) ** 2).sum()) / (total - 1)
     return (values - grand_mean.float()) * torch.rsqrt(var + 1e-8).float()

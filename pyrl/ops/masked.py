@@ -35,12 +35,17 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     variance = masked_mean((values - mean) ** 2, mask)
     if unbiased:
         mask_sum = mask.sum()
-        if mask_sum == 0:
-            raise ValueError("mask: the variance needs at least one unmasked element, the mask sums to 0")
-        if mask_sum == 1:
-            raise ValueError("mask: the unbiased variance needs at least two unmasked elements, the mask sums to 1")
+        check_unbiased_count(float(mask_sum))
         variance = variance * (mask_sum / (mask_sum - 1))
     return variance
+
+
+def check_unbiased_count(mask_sum: float) -> None:
+    """The unbiased variance divides by mask_sum - 1: refuse a mask summing to 0 or 1, naming it."""
+    if mask_sum == 0:
+        raise ValueError("mask: the variance needs at least one unmasked element, the mask sums to 0")
+    if mask_sum == 1:
+        raise ValueError("mask: the unbiased variance needs at least two unmasked elements, the mask sums to 1")
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
