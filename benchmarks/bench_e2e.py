@@ -380,20 +380,25 @@ def summarize(steps: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in steady) for key in steady[0]} if steady else {}
 
 
-def table(results: list[tuple[str, str, dict]]) -> str:
-    """Markdown rows (workload, system, s/step, phases, mean lengths, ratio to TRL of the same workload)."""
-    trl = {workload: r["summary"]["step"] for workload, system, r in results if system == "trl" and r.get("summary")}
-    lines = ["| workload | system | s/step | " + " | ".join(PHASES) + " | prompt len | resp len | / TRL |",
-             "|---" * (len(PHASES) + 6) + "|"]
-    for workload, system, r in results:
-        s = r.get("summary")
-        if not s:
-            lines.append(f"| {workload} | {system} | failed: {r.get('error', 'no steps')[:200]} |"
-                         + " |" * (len(PHASES) + 3))
+def rounds_table(results: dict) -> str:
+    """Markdown rows per (workload, system) over its runs (one in the pytest benchmark, --rounds in the script):
+    s/step median (min-max) of the runs' medians, the phases' medians, and the ratio to TRL of the same workload,
+    claimed only when the ranges are apart."""
+    lines = ["| workload | system | runs | s/step, median (min-max) | " + " | ".join(PHASES)
+             + " | prompt len | resp len | / TRL |", "|---" * (len(PHASES) + 7) + "|"]
+    for (workload, system), runs in results.items():
+        ok = [r["summary"] for r in runs if r.get("summary")]
+        failed = [r.get("error", "no steps") for r in runs if not r.get("summary")]
+        if not ok:
+            lines.append(f"| {workload} | {system} | 0 | failed: {failed[0][:200]} |" + " |" * (len(PHASES) + 3))
             continue
-        ratio = f"{s['step'] / trl[workload]:.2f}" if workload in trl else "-"
-        lines.append(f"| {workload} | {system} | {s['step']:.2f} | " + " | ".join(f"{s[p]:.2f}" for p in PHASES)
-                     + f" | {s['prompt_length']:.1f} | {s['response_length']:.1f} | {ratio} |")
+        trl = [r["summary"]["step"] for r in results.get((workload, "trl"), []) if r.get("summary")]
+        steps = [s["step"] for s in ok]
+        vs_trl = "-" if not trl or system == "trl" else ratio(steps, trl)
+        med = lambda key: statistics.median(s[key] for s in ok)  # noqa: E731
+        lines.append(f"| {workload} | {system} | {len(ok)}{f' ({len(failed)} failed)' if failed else ''} | "
+                     f"{show(steps)} | " + " | ".join(f"{med(p):.2f}" for p in PHASES)
+                     + f" | {med('prompt_length'):.1f} | {med('response_length'):.1f} | {vs_trl} |")
     return "\n".join(lines)
 
 
@@ -428,32 +433,11 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
     result["summary"] = summarize(result["steps"])
     benchmark.extra_info.update({f"median_{k}": v for k, v in result["summary"].items()})
     benchmark.extra_info["steps"] = result["steps"]
-    print("\n" + table([(workload, system, result)]))
+    print("\n" + rounds_table({(workload, system): [result]}))
     assert len(result["steps"]) == steps and result["summary"]["step"] > 0
 
 
 # ---- the side-by-side script ----
-def rounds_table(results: dict) -> str:
-    """Markdown rows per (workload, system) over its rounds: s/step median (min-max) of the runs' medians, the
-    phases' medians, and the ratio to TRL of the same workload, claimed only when the ranges are apart."""
-    lines = ["| workload | system | runs | s/step, median (min-max) | " + " | ".join(PHASES)
-             + " | prompt len | resp len | / TRL |", "|---" * (len(PHASES) + 7) + "|"]
-    for (workload, system), runs in results.items():
-        ok = [r["summary"] for r in runs if r.get("summary")]
-        failed = [r.get("error", "no steps") for r in runs if not r.get("summary")]
-        if not ok:
-            lines.append(f"| {workload} | {system} | 0 | failed: {failed[0][:200]} |" + " |" * (len(PHASES) + 3))
-            continue
-        trl = [r["summary"]["step"] for r in results.get((workload, "trl"), []) if r.get("summary")]
-        steps = [s["step"] for s in ok]
-        vs_trl = "-" if not trl or system == "trl" else ratio(steps, trl)
-        med = lambda key: statistics.median(s[key] for s in ok)  # noqa: E731
-        lines.append(f"| {workload} | {system} | {len(ok)}{f' ({len(failed)} failed)' if failed else ''} | "
-                     f"{show(steps)} | " + " | ".join(f"{med(p):.2f}" for p in PHASES)
-                     + f" | {med('prompt_length'):.1f} | {med('response_length'):.1f} | {vs_trl} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="uniform,longtail", help="comma-separated: uniform, longtail")

@@ -25,7 +25,6 @@ relative error printed beside the time. Writes gpu_kernels.json and gpu_kernels.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -33,11 +32,13 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import peers  # noqa: E402
 import verl091  # noqa: E402
 
 from pyrl.ops import (compute_gae, compute_gae_packed, entropy_from_logits, fused_linear_logprobs, group_advantages,  # noqa: E402
@@ -149,8 +150,13 @@ class Report:
         return "\n".join(lines)
 
 
-def _missing(module):
-    return None if importlib.util.find_spec(module) is not None else f"{module} is not installed"
+def peer(make, *args):
+    """(the peer's function, None), or (None, why it cannot run here): benchmarks/peers.py, which the pytest
+    benchmarks also use, builds each peer as verl calls it and skips (pytest.skip) where it is not installed."""
+    try:
+        return make(*args), None
+    except pytest.skip.Exception as e:
+        return None, str(e)
 
 
 def logprob_cases(report, n, v):
@@ -170,13 +176,12 @@ def logprob_cases(report, n, v):
     got = ref.logprobs_from_logits(logits, labels)
     report.add("logprobs fwd", shape, "torch_eager_verl_formula", lambda: ref.logprobs_from_logits(logits, labels),
                logits_bytes, error=rel_error(got[rows], want_logp))
-    flash = _missing("flash_attn")
+    flash, why = peer(peers.logprobs_fn, "flash_attn", dev)
     if flash is None:
-        from flash_attn.ops.triton.cross_entropy import cross_entropy_loss
-        fa = lambda: -cross_entropy_loss(logits, labels)[0]  # noqa: E731
-        report.add("logprobs fwd", shape, "verl091_gpu_path_flash_attn_ce", fa, logits_bytes, error=rel_error(fa()[rows], want_logp))
+        report.add("logprobs fwd", shape, "verl091_gpu_path_flash_attn_ce", None, logits_bytes, skip=why)
     else:
-        report.add("logprobs fwd", shape, "verl091_gpu_path_flash_attn_ce", None, logits_bytes, skip=flash)
+        report.add("logprobs fwd", shape, "verl091_gpu_path_flash_attn_ce", lambda: flash(logits, labels), logits_bytes,
+                   error=rel_error(flash(logits, labels)[rows], want_logp))
     # verl 0.9.1 without flash-attn (its logprobs_from_logits_v2 row loop): only where it finishes in seconds
     if n <= 8192:
         got = verl091.logprobs_from_logits(logits, labels)
@@ -207,19 +212,17 @@ def logprob_cases(report, n, v):
                      ("torch_eager_verl_formula", lambda x: ref.logprobs_from_logits(x, labels))):
         grad = fwd_bwd(fn)()
         report.add("logprobs fwd+bwd", shape, impl, fwd_bwd(fn), 3 * logits_bytes, error=rel_error(grad[rows], want_grad))
-    liger = _missing("liger_kernel")
-    if liger is None:
-        from liger_kernel.transformers import LigerCrossEntropyLoss
-        loss = LigerCrossEntropyLoss(reduction="none")
-        fn = lambda x: -loss(x, labels)  # noqa: E731
+    liger, why = peer(peers.logprobs_fn, "liger", dev)
+    if liger is not None:
+        fn = lambda x: liger(x, labels)  # noqa: E731
         try:
             error = rel_error(fwd_bwd(fn)()[rows], want_grad)
-        except Exception as e:  # noqa: BLE001
-            report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", None, 3 * logits_bytes, skip=f"failed: {e!r}"[:160])
-        else:
-            report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", fwd_bwd(fn), 3 * logits_bytes, error=error)
+        except Exception as e:  # noqa: BLE001 (a peer's failure is a row of the report)
+            why = f"failed: {e!r}"[:160]
+    if why:
+        report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", None, 3 * logits_bytes, skip=why)
     else:
-        report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", None, 3 * logits_bytes, skip=liger)
+        report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", fwd_bwd(fn), 3 * logits_bytes, error=error)
     del logits, leaf, exact
 
 
@@ -251,11 +254,9 @@ def fused_linear_cases(report, n, h, v, chunk_sweep=()):
              ("torch_materialized_logits", materialized)]
     impls += [(f"pyrl_triton chunk_size={c}", lambda c=c: fused_linear_logprobs(hidden, weight, labels, chunk_size=c))
               for c in chunk_sweep]
-    liger = _missing("liger_kernel")
-    if liger is None:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-        loss = LigerFusedLinearCrossEntropyLoss(reduction="none")
-        impls.append(("liger_fused_linear_cross_entropy", lambda: -loss(weight, hidden, labels)))
+    liger, why = peer(peers.fused_linear_logprobs_fn, dev)
+    if liger is not None:
+        impls.append(("liger_fused_linear_cross_entropy", lambda: liger(hidden, weight, labels)))
     for impl, fn in impls:
         try:
             with torch.no_grad():
@@ -266,8 +267,8 @@ def fused_linear_cases(report, n, h, v, chunk_sweep=()):
             report.add("fused_linear_logprobs fwd+bwd", shape, impl, None, nbytes, nflops, skip=f"failed: {e!r}"[:160])
             continue
         report.add("fused_linear_logprobs fwd+bwd", shape, impl, fwd_bwd(fn), nbytes, nflops, error=err)
-    if liger:
-        report.add("fused_linear_logprobs fwd+bwd", shape, "liger_fused_linear_cross_entropy", None, nbytes, nflops, skip=liger)
+    if why:
+        report.add("fused_linear_logprobs fwd+bwd", shape, "liger_fused_linear_cross_entropy", None, nbytes, nflops, skip=why)
     del hidden, weight
 
 
@@ -471,7 +472,8 @@ def main():
     meta = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "triton": __import__("triton").__version__, "seconds": time.time() - start,
             "copy_bytes_per_s": bandwidth, "bf16_matmul_flops": flops,
-            "fp32_accumulating_mm": sys.modules["pyrl.ops.fused_linear_logprobs"]._FP32_ACCUMULATING_MM}
+            "fp32_accumulating_mm": DEVICE == "cuda" and sys.modules["pyrl.ops.fused_linear_logprobs"]
+            .fp32_accumulating_addmm(torch.device("cuda"))}
     print("grad_weight accumulated by torch.addmm(out_dtype=float32):", meta["fp32_accumulating_mm"])
     (out / "gpu_kernels.json").write_text(json.dumps({"meta": meta, "rows": report.rows}, indent=1))
     (out / "gpu_kernels.md").write_text(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}\n\n"

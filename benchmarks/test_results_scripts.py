@@ -1,8 +1,8 @@
 """Smoke runs of the scripts behind benchmarks/RESULTS.md that are not pytest benchmarks: each at its smallest
 settings in a fresh process, so that a section of RESULTS.md cannot rot into a script that no longer runs. They
 check that the script finishes and prints its table, not its numbers (those are measured by hand, on a quiet
-machine, and recorded with their spread). Collected by CI's benchmark stage (`pytest benchmarks`); gpu_kernels.py's CPU smoke run is in tests/, with its
-numbers checked."""
+machine, and recorded with their spread). Collected by CI's benchmark stage (`pytest benchmarks`); gpu_kernels.py's
+CPU smoke run is in tests/, with its numbers checked."""
 
 import os
 import pathlib
