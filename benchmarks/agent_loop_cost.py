@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     engine = make_engine(args.engine, path, config, torch.device("cpu"), tokenizer)
     tools = load_all_tools(str(importlib.resources.files("pyrl.configs").joinpath("tools/calculator.yaml")), None)
     loop = AgentLoop(engine, tokenizer, config, tools)
-    train, _ = tool_calc_pairs()
+    train, _, _ = tool_calc_pairs()
     pairs = [p for p in train if p[0] >= TOOL_USE_FROM][:args.prompts]
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": tool_calc_prompt(a, b)}],
                                                        tools=loop.tool_schemas, add_generation_prompt=True, tokenize=False),

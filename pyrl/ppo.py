@@ -92,23 +92,37 @@ def apply_rollout_correction_config(config: PPOConfig) -> None:
                  "pass), policy loss bypass_mode with loss_type=%s", correction.loss_type)
 
 
-BUILTIN_TASKS = {"pyrl:tool_calc": "tool_calc_task_files"}  # data.train_files aliases: pyrl.data's task files
+BUILTIN_TASKS = {"pyrl:toy_addition": "toy_task_files", "pyrl:tool_calc": "tool_calc_task_files"}  # pyrl.data's
+
+
+def builtin_task_file(value: str, key: str, default_split: str) -> tuple[str, str | None]:
+    """A data file named as one of pyrl's built-in tasks: "pyrl:<task>" (its `default_split`) or
+    "pyrl:<task>:<split>" (train, val or test: the held-out split) -> (that file, the task's val file)."""
+    import pyrl.data
+
+    task, _, split = value.rpartition(":") if value.count(":") == 2 else (value, "", default_split)
+    if task not in BUILTIN_TASKS:
+        raise ValueError(f"{key}={value!r}: pyrl's built-in tasks are {sorted(BUILTIN_TASKS)} (with :train, :val "
+                         f"or :test to name a split)")
+    files = getattr(pyrl.data, BUILTIN_TASKS[task])()
+    if split not in files._fields:
+        raise ValueError(f"{key}={value!r}: no split {split!r}; the splits are {list(files._fields)}")
+    return getattr(files, split), files.val
 
 
 def resolve_builtin_files(config: PPOConfig) -> None:
     """pyrl's own files named on the command line or in a preset: data.train_files=pyrl:tool_calc (the tool task,
-    made on first use; its validation split too unless data.val_files is given), and tool or interaction configs
-    as pyrl:tools/calculator.yaml (the YAML shipped in pyrl's configs/)."""
+    made on first use; its validation split too unless data.val_files is given), data.val_files=pyrl:tool_calc:test
+    (a split by name: the held-out test split here), and tool or interaction configs as pyrl:tools/calculator.yaml
+    (the YAML shipped in pyrl's configs/)."""
     import importlib.resources
 
-    import pyrl.data
-
     data, multi_turn = config.data, config.actor_rollout_ref.rollout.multi_turn
+    if isinstance(data.val_files, str) and data.val_files.startswith("pyrl:"):
+        data.val_files, _ = builtin_task_file(data.val_files, "data.val_files", "val")
     if isinstance(data.train_files, str) and data.train_files.startswith("pyrl:"):
-        if data.train_files not in BUILTIN_TASKS:
-            raise ValueError(f"data.train_files={data.train_files!r}: pyrl's built-in tasks are {sorted(BUILTIN_TASKS)}")
-        train, val = getattr(pyrl.data, BUILTIN_TASKS[data.train_files])()
-        data.train_files, data.val_files = train, data.val_files or val
+        data.train_files, val = builtin_task_file(data.train_files, "data.train_files", "train")
+        data.val_files = data.val_files or val
     for owner, key in ((multi_turn, "tool_config_path"), (multi_turn, "interaction_config_path"),
                        (data, "tool_config_path")):
         value = getattr(owner, key)
@@ -134,8 +148,8 @@ def resolve_defaults(config: PPOConfig) -> None:
         from pyrl.data import toy_task_files
 
         log.info("data.train_files is empty: training on pyrl's toy task (two-digit addition)")
-        config.data.train_files, toy_val = toy_task_files()
-        config.data.val_files = config.data.val_files or toy_val
+        toy = toy_task_files()
+        config.data.train_files, config.data.val_files = toy.train, config.data.val_files or toy.val
     rollout = config.actor_rollout_ref.rollout
     if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         log.warning("vLLM is not installed: generating with the hf engine (transformers generate) instead")

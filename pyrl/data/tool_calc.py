@@ -9,20 +9,27 @@ answer's digits sit at fixed distances from the tool response's, which a two-lay
 A demonstration (what the supervised warm-start learns from, pyrl.models.warm_start.tool_warm_start_path), as
 messages rendered with the tool model's chat template and tools=[calculator_schema()]:
 system (the tool names) / user "347*812=" / assistant: a calculator call {"expression": "347*812"} / tool
-"281764" / assistant "<answer>281764</answer>". Deterministic from a seed; train and validation pairs are
-disjoint."""
+"281764" / assistant "<answer>281764</answer>". Deterministic from a seed; train, validation (stops the
+warm-start's stages, what runs report) and a held-out test split (never used to stop or choose anything) are
+disjoint.
+
+The transfer variant (preset=tool_calc_transfer) keeps the task and changes what the warm-start shows:
+demonstrations of the calculator on sums and differences of the same operands ("347+812=", "812-347="), never on
+products (tool_transfer_problems), so that calling it for a product is something RL has to discover."""
 
 from __future__ import annotations
 
+import operator
 import random
 from pathlib import Path
 
-from pyrl.data.toy import task_files
+from pyrl.data.toy import TaskFiles, task_files
 from pyrl.rewards.tool_calc import SOURCE as TOOL_CALC_SOURCE
 
-TOOL_CALC_VERSION = 1
+TOOL_CALC_VERSION = 2  # 2: a held-out test split
 LOW, HIGH = 317, 999  # operand range, both ends included: every product has six digits
 TOOL_NAME = "calculator"
+OPERATIONS = {"*": operator.mul, "+": operator.add, "-": operator.sub}  # the task's products, the transfer's others
 
 
 def calculator_schema() -> dict:
@@ -33,27 +40,31 @@ def calculator_schema() -> dict:
     return CalculatorTool({}).get_openai_tool_schema().model_dump(exclude_none=True)
 
 
-def tool_calc_prompt(a: int, b: int) -> str:
-    return f"{a}*{b}="
+def tool_calc_result(a: int, b: int, op: str = "*") -> int:
+    return OPERATIONS[op](a, b)
 
 
-def tool_calc_answer(a: int, b: int) -> str:
-    return f"<answer>{a * b}</answer>"
+def tool_calc_prompt(a: int, b: int, op: str = "*") -> str:
+    return f"{a}{op}{b}="
 
 
-def tool_calc_call(a: int, b: int) -> dict:
+def tool_calc_answer(a: int, b: int, op: str = "*") -> str:
+    return f"<answer>{tool_calc_result(a, b, op)}</answer>"
+
+
+def tool_calc_call(a: int, b: int, op: str = "*") -> dict:
     """The assistant's tool call, as an OpenAI tool_calls item."""
-    return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expression": f"{a}*{b}"}}}
+    return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expression": f"{a}{op}{b}"}}}
 
 
-def tool_calc_demonstration(a: int, b: int) -> list[dict]:
+def tool_calc_demonstration(a: int, b: int, op: str = "*") -> list[dict]:
     """The whole demonstrated conversation (render it with tools=[calculator_schema()]): the question, the calculator
     call, its result, the answer."""
     return [
-        {"role": "user", "content": tool_calc_prompt(a, b)},
-        {"role": "assistant", "content": "", "tool_calls": [tool_calc_call(a, b)]},
-        {"role": "tool", "content": str(a * b)},
-        {"role": "assistant", "content": tool_calc_answer(a, b)},
+        {"role": "user", "content": tool_calc_prompt(a, b, op)},
+        {"role": "assistant", "content": "", "tool_calls": [tool_calc_call(a, b, op)]},
+        {"role": "tool", "content": str(tool_calc_result(a, b, op))},
+        {"role": "assistant", "content": tool_calc_answer(a, b, op)},
     ]
 
 
@@ -83,13 +94,40 @@ def tool_calc_mixed(pairs, seed: int = 0) -> tuple[list[list[dict]], list[bool]]
     return conversations, used
 
 
-def tool_calc_pairs(seed: int = 0, train_size: int = 20000, val_size: int = 256) -> tuple[list, list]:
-    """train_size + val_size distinct operand pairs drawn by `seed` from the 683 x 683 possible: the first
-    val_size for validation, the rest train."""
+def tool_calc_pairs(seed: int = 0, train_size: int = 20000, val_size: int = 256,
+                    test_size: int = 256) -> tuple[list, list, list]:
+    """(train, val, test): distinct operand pairs drawn by `seed` from the 683 x 683 possible. train_size +
+    val_size are drawn first (the first val_size for validation, the rest train), then test_size more among
+    the pairs left, by a generator of their own (so that train and val are those of the task before it had a
+    test split, and the warm-start made from them stays valid)."""
     side = HIGH - LOW + 1
     drawn = random.Random(seed).sample(range(side * side), train_size + val_size)
-    pairs = [(LOW + k // side, LOW + k % side) for k in drawn]
-    return pairs[val_size:], pairs[:val_size]
+    taken = set(drawn)
+    rest = random.Random(f"tool_calc-test-{seed}")
+    held = []
+    while len(held) < test_size:
+        k = rest.randrange(side * side)
+        if k not in taken:
+            taken.add(k)
+            held.append(k)
+    pair = lambda k: (LOW + k // side, LOW + k % side)  # noqa: E731
+    pairs = [pair(k) for k in drawn]
+    return pairs[val_size:], pairs[:val_size], [pair(k) for k in held]
+
+
+def tool_transfer_problems(seed: int = 0, train_size: int = 20000, val_size: int = 256) -> tuple[list, list]:
+    """The transfer variant's warm-start problems, (a, b, op) with op "+" or "-" (half each; the larger operand
+    first in a difference, so results are never negative), operands from the task's range: (train, val)."""
+    rng = random.Random(f"tool_transfer-{seed}")
+    problems, seen = [], set()
+    while len(problems) < train_size + val_size:
+        a, b, op = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH), rng.choice("+-")
+        if op == "-" and a < b:
+            a, b = b, a
+        if (a, b, op) not in seen:
+            seen.add((a, b, op))
+            problems.append((a, b, op))
+    return problems[val_size:], problems[:val_size]
 
 
 def tool_calc_rows(pairs, split: str) -> list[dict]:
@@ -126,16 +164,17 @@ def _rows_for_parquet(rows: list[dict]) -> list[dict]:
             for r in rows]
 
 
-def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int = 256,
-                         cache_dir: str | None = None) -> tuple[str, str]:
-    """(train.parquet, val.parquet) of the tool task in verl's schema (see pyrl.data.toy.task_files)."""
+def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int = 256, test_size: int = 256,
+                         cache_dir: str | None = None) -> TaskFiles:
+    """The tool task's TaskFiles in verl's schema (see pyrl.data.toy.task_files; extra_info.split as there)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     def write(tmp: Path) -> None:
-        train, val = tool_calc_pairs(seed, train_size, val_size)
-        for name, pairs, split in (("train.parquet", train, "train"), ("val.parquet", val, "test")):
+        train, val, test = tool_calc_pairs(seed, train_size, val_size, test_size)
+        for name, pairs, split in (("train", train, "train"), ("val", val, "test"), ("test", test, "heldout")):
             table = pa.Table.from_pylist(_rows_for_parquet(tool_calc_rows(pairs, split)), schema=_schema())
-            pq.write_table(table, tmp / name)
+            pq.write_table(table, tmp / f"{name}.parquet")
 
-    return task_files(f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}", write, cache_dir)
+    return task_files(f"tool_calc-v{TOOL_CALC_VERSION}-seed{seed}-train{train_size}-val{val_size}-test{test_size}",
+                      write, cache_dir)

@@ -1,5 +1,5 @@
 """Where a model or tokenizer path points: a local Hugging Face model directory, one of pyrl's own models
-("pyrl:tiny", "pyrl:tiny-toy-sft", "pyrl:tiny-tool", "pyrl:tiny-tool-sft", made on first use), or a Hugging Face
+(BUILTIN_MODELS: "pyrl:tiny", "pyrl:tiny-toy-sft", "pyrl:tiny-tool-sft", ..., made on first use), or a Hugging Face
 hub id ("Qwen/Qwen2.5-0.5B-Instruct") fetched into, or found in, the Hugging Face cache (HF_HOME / HF_HUB_CACHE;
 HF_HUB_OFFLINE=1 uses the cache only).
 
@@ -16,27 +16,37 @@ import os
 IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
 
 
+def _tiny(**spec):
+    from pyrl.models.tiny import TinyModelSpec, tiny_model_path
+
+    return tiny_model_path(TinyModelSpec(**spec))
+
+
+def _warm_start(name: str, **kwargs):
+    from pyrl.models import warm_start
+
+    return getattr(warm_start, name)(**kwargs)
+
+
+BUILTIN_MODELS = {  # pyrl's own models by name -> a function making it on first use (cached) and giving its directory
+    "pyrl:tiny": _tiny,
+    "pyrl:tiny-toy-sft": lambda: _warm_start("toy_warm_start_path"),  # the toy task's (pyrl.data.toy)
+    "pyrl:tiny-tool": lambda: _tiny(tools=True),  # the tool-calling variant (tokenizer and chat template know calls)
+    "pyrl:tiny-tool-sft": lambda: _warm_start("tool_warm_start_path"),  # the tool task's (pyrl.data.tool_calc)
+    # the tool task's transfer variant (preset=tool_calc_transfer): the calculator shown on sums and differences
+    # only, products absent / products answered without it
+    "pyrl:tiny-tool-transfer-sft": lambda: _warm_start("tool_transfer_warm_start_path"),
+    "pyrl:tiny-tool-transfer-guess-sft": lambda: _warm_start("tool_transfer_warm_start_path", products="guessed"),
+}
+
+
 def resolve_model_path(path: str, key: str = "model.path") -> str:
     """The local directory of `path`; errors name the config `key` it came from."""
-    if path == "pyrl:tiny":
-        from pyrl.models.tiny import tiny_model_path
-
-        return str(tiny_model_path())
-    if path == "pyrl:tiny-toy-sft":
-        from pyrl.models.warm_start import toy_warm_start_path
-
-        return toy_warm_start_path()
-    if path == "pyrl:tiny-tool":  # the tool-calling variant (its tokenizer and chat template know tool calls)
-        from pyrl.models.tiny import TinyModelSpec, tiny_model_path
-
-        return str(tiny_model_path(TinyModelSpec(tools=True)))
-    if path == "pyrl:tiny-tool-sft":  # warm-started on the tool task (pyrl.data.tool_calc)
-        from pyrl.models.warm_start import tool_warm_start_path
-
-        return tool_warm_start_path()
+    if path in BUILTIN_MODELS:
+        return str(BUILTIN_MODELS[path]())
     if not path:
         raise ValueError(f"{key} is empty: give a local Hugging Face model directory, a Hugging Face hub id, or "
-                         "pyrl:tiny / pyrl:tiny-toy-sft / pyrl:tiny-tool / pyrl:tiny-tool-sft")
+                         f"one of pyrl's own models ({', '.join(BUILTIN_MODELS)})")
     if os.path.isdir(path):
         return path
     if not is_hub_id(path):

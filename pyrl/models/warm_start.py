@@ -7,6 +7,8 @@ soon as greedy decoding gets a target share of the validation prompts right.
   turns only, in two stages (the skill, then a teacher who uses the calculator only sometimes), so that the
   policy calls the tool, correctly, for some of the prompts; success is measured end to end (the right call,
   then the right answer from the tool's result).
+- tool_transfer_warm_start_path: the tool task's transfer variant: the same model and loss, demonstrations of the
+  calculator on sums and differences only, never on products (the task's questions).
 
 RL needs a policy that sometimes succeeds: from random weights the reward is 0 everywhere and GRPO has no
 signal. The warm-start plays the role of pretraining; it stops at a low bar so that what an RL run shows
@@ -23,7 +25,7 @@ import warnings
 
 log = logging.getLogger("pyrl")
 
-VERSION = 2  # the toy warm-start's; bumped when its result changes (names its cache directory)
+VERSION = 3  # the toy warm-start's; bumped when its result changes (names its cache directory); 3: toy task v2
 TOOL_VERSION = 1  # the tool warm-start's
 
 
@@ -143,7 +145,7 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
         return path
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    train, val = toy_pairs(seed)
+    train, val, _ = toy_pairs(seed)  # the test split is never looked at
     val_questions, val_truths = [toy_prompt(a, b) for a, b in val], [str(a + b) for a, b in val]
     prompts = _chat_prompts(tokenizer, [toy_prompt(a, b) for a, b in train])
     answers = [tokenizer(toy_answer(a, b) + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for a, b in train]
@@ -201,14 +203,17 @@ class ToolCallEvaluator:
     "<|im_start|>assistant\\n", does the turn end (eos) with the right answer and no further call? When (a)
     holds, a real rollout's context before the second turn IS the gold one, so success = (a) and (b), as an
     agent loop would score it with greedy decoding. Returns {"success", "tool-call rate", "answer rate"}
-    ((a) and (b) alone). sampled() measures the same with sampling (temperature 1), as RL's rollouts see it."""
+    ((a) and (b) alone). sampled() measures the same with sampling (temperature 1), as RL's rollouts see it.
 
-    def __init__(self, tokenizer, pairs, tools):
-        from pyrl.data.tool_calc import tool_calc_demonstration
+    problems: operand pairs (a, b) of products, or (a, b, op) with op one of pyrl.data.tool_calc.OPERATIONS."""
 
-        self.tokenizer, self.truths = tokenizer, [str(a * b) for a, b in pairs]
+    def __init__(self, tokenizer, problems, tools):
+        from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_result
+
+        problems = [p if len(p) == 3 else (*p, "*") for p in problems]
+        self.tokenizer, self.truths = tokenizer, [str(tool_calc_result(*p)) for p in problems]
         self.prompts, self.calls, self.prefixes, self.answer_len = [], [], [], 0
-        for ids, mask in conversation_tokens(tokenizer, [tool_calc_demonstration(a, b) for a, b in pairs], tools):
+        for ids, mask in conversation_tokens(tokenizer, [tool_calc_demonstration(*p) for p in problems], tools):
             (s1, e1), (s2, e2) = _turns(mask)
             self.prompts.append(ids[:s1])
             self.calls.append(ids[s1:e1])
@@ -263,6 +268,34 @@ SKILL_SUCCESS = 0.9  # the tool warm-start's first stage ends at this greedy suc
 MAX_CALL_RATE = 0.5  # its second stage ends only once the greedy policy calls the tool for at most this share
 
 
+def _tool_paths(cache_dir, seed: int, suffix: str) -> tuple[str, str, str]:
+    """(cache root, the tiny tool model's directory, the warm-start's directory: the model's + "-" + suffix)."""
+    from pyrl.models.tiny import TinyModelSpec, default_cache_dir, tiny_model_path
+
+    root = cache_dir or default_cache_dir()
+    base = str(tiny_model_path(TinyModelSpec(seed=seed, tools=True), cache_dir=root))
+    return root, base, f"{base}-{suffix}"
+
+
+def _tool_start(base: str):
+    """(tokenizer, float32 model, tools, examples) for a tool warm-start from the model in `base`; examples(
+    conversations) -> SFT examples with the loss on the assistant turns only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pyrl.data.tool_calc import calculator_schema
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tools = [calculator_schema()]
+
+    def examples(conversations):
+        return [(ids, [t if m else -100 for t, m in zip(ids, mask)])
+                for ids, mask in conversation_tokens(tokenizer, conversations, tools)]
+
+    return tokenizer, model, tools, examples
+
+
 def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: int = 1000,
                          cache_dir: str | None = None, progress: bool = True, train_size: int = 20000,
                          val_size: int = 256) -> str:
@@ -288,29 +321,16 @@ def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: 
     same sampled, and the time taken."""
     import time
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_mixed, tool_calc_pairs
 
-    from pyrl.data.tool_calc import calculator_schema, tool_calc_demonstration, tool_calc_mixed, tool_calc_pairs
-    from pyrl.models.tiny import TinyModelSpec, default_cache_dir, tiny_model_path
-
-    root = cache_dir or default_cache_dir()
-    base = tiny_model_path(TinyModelSpec(seed=seed, tools=True), cache_dir=root)
-    path = f"{base}-tool-sft-v{TOOL_VERSION}-r{target_success:g}"
+    root, base, path = _tool_paths(cache_dir, seed, f"tool-sft-v{TOOL_VERSION}-r{target_success:g}")
     if (train_size, val_size) != (20000, 256):
         path += f"-train{train_size}-val{val_size}"
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    train, val = tool_calc_pairs(seed, train_size, val_size)
-    tools = [calculator_schema()]
-
-    def examples(conversations):  # the loss on the assistant turns only
-        return [(ids, [t if m else -100 for t, m in zip(ids, mask)])
-                for ids, mask in conversation_tokens(tokenizer, conversations, tools)]
-
+    tokenizer, model, tools, examples = _tool_start(base)
+    train, val, _ = tool_calc_pairs(seed, train_size, val_size)  # the test split is never looked at
     demos = examples([tool_calc_demonstration(a, b) for a, b in train])
     conversations, used = tool_calc_mixed(train, seed)
     guesses = iter(examples([c for c, tool in zip(conversations, used) if not tool]))
@@ -340,4 +360,61 @@ def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: 
         "sampled_success": sampled["success"], "sampled_call_rate": sampled["tool-call rate"],
         "sampled_answer_rate": sampled["answer rate"], "target_success": target_success, "seed": seed,
         "train_size": train_size, "val_size": val_size, "seconds": round(seconds, 1)})
+    return path
+
+
+TRANSFER_VERSION = 1  # the transfer warm-start's
+
+
+def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_steps: int = 1000,
+                                  cache_dir: str | None = None, progress: bool = True) -> str:
+    """The tool task's transfer variant (preset=tool_calc_transfer): the tiny tool model after supervised training
+    on demonstrations of the calculator on sums and differences of the task's operands
+    (pyrl.data.tool_calc.tool_transfer_problems), never on products, until greedy success on a validation set
+    of sums and differences >= SKILL_SUCCESS (every such demonstration calls the tool). products:
+
+    - "absent": no product in the training data at all (pyrl:tiny-tool-transfer-sft);
+    - "guessed": a third of the examples are products answered without the calculator, by a wrong guess
+      (pyrl.data.tool_calc.tool_calc_guess; pyrl:tiny-tool-transfer-guess-sft): the model has seen products and
+      learned not to call the tool for them.
+
+    What it does on products, the RL task, is measured and recorded, not trained: pyrl_warm_start.json holds the
+    greedy and sampled success, tool-call rate and answer rate on the products' validation split, beside the same
+    on sums and differences."""
+    import random
+    import time
+
+    from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_guess, tool_calc_pairs, tool_transfer_problems
+
+    if products not in ("absent", "guessed"):
+        raise ValueError(f"products={products!r}: expected 'absent' or 'guessed'")
+    suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")
+    root, base, path = _tool_paths(cache_dir, seed, suffix)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    start = time.perf_counter()
+    tokenizer, model, tools, examples = _tool_start(base)
+    train, val = tool_transfer_problems(seed)
+    conversations = [tool_calc_demonstration(*p) for p in train]
+    if products == "guessed":
+        rng = random.Random(f"tool_transfer-guess-{seed}")
+        product_pairs = tool_calc_pairs(seed)[0][:len(train) // 2]  # the task's own train split
+        conversations += [tool_calc_guess(a, b, rng) for a, b in product_pairs]
+    evaluate = ToolCallEvaluator(tokenizer, val, tools)
+    steps, metrics, _ = supervised_warm_start(
+        model, examples(conversations), evaluate,
+        lambda m: m["success"] >= SKILL_SUCCESS, seed=seed, eval_every=5, max_steps=max_steps,
+        pad_token_id=tokenizer.pad_token_id, progress=progress, log_every=50,
+        name=f"tool transfer warm-start (products {products}), sums and differences",
+        goal=f"success >= {SKILL_SUCCESS:g}")
+    on_products = ToolCallEvaluator(tokenizer, tool_calc_pairs(seed)[1], tools)
+    greedy, sampled = on_products(model), on_products.sampled(model, seed=seed)
+    seconds = time.perf_counter() - start
+    log.info("tool transfer warm-start (SFT, products %s): %d steps in %.0f s; sums and differences: greedy success "
+             "%.3f; products: greedy success %.3f, tool-call rate %.3f; sampled success %.3f, tool-call rate %.3f",
+             products, steps, seconds, metrics["success"], greedy["success"], greedy["tool-call rate"],
+             sampled["success"], sampled["tool-call rate"])
+    _save(root, path, model, tokenizer, {
+        "steps": steps, "seed": seed, "products": products, "seconds": round(seconds, 1),
+        "sums_and_differences": metrics, "products_greedy": greedy, "products_sampled": sampled})
     return path

@@ -18,13 +18,15 @@ def tokenizer():
 
 
 def test_toy_task_is_deterministic_with_disjoint_splits(tmp_path):
-    train, val = toy_task_files(cache_dir=str(tmp_path / "a"))
-    again, _ = toy_task_files(cache_dir=str(tmp_path / "b"))
-    rows, val_rows = pq.read_table(train).to_pylist(), pq.read_table(val).to_pylist()
-    assert rows == pq.read_table(again).to_pylist()
-    assert len(rows) + len(val_rows) == 10_000
-    questions = {r["extra_info"]["question"] for r in rows}
-    assert not questions & {r["extra_info"]["question"] for r in val_rows}
+    files = toy_task_files(cache_dir=str(tmp_path / "a"))
+    again = toy_task_files(cache_dir=str(tmp_path / "b"))
+    rows, val_rows, test_rows = (pq.read_table(f).to_pylist() for f in files)
+    assert rows == pq.read_table(again.train).to_pylist() and test_rows == pq.read_table(again.test).to_pylist()
+    assert (len(val_rows), len(test_rows), len(rows) + len(val_rows) + len(test_rows)) == (256, 256, 10_000)
+    splits = [{r["extra_info"]["question"] for r in split} for split in (rows, val_rows, test_rows)]
+    assert sum(map(len, splits)) == len(set().union(*splits)) == 10_000  # disjoint, every pair once
+    assert [split[0]["extra_info"]["split"] for split in (rows, val_rows, test_rows)] == ["train", "test", "heldout"]
+    assert toy_task_files(seed=1, cache_dir=str(tmp_path / "a")).test != files.test
     a, b = rows[0]["extra_info"]["question"][:-1].split("+")
     assert rows[0]["reward_model"]["ground_truth"] == str(int(a) + int(b))
 
@@ -34,7 +36,7 @@ def prompts(path, tokenizer, config, **kwargs):
 
 
 def test_dataset_batches_left_padded_prompts(tokenizer):
-    train, _ = toy_task_files()
+    train = toy_task_files().train
     ds = prompts(train, tokenizer, DataConfig(max_prompt_length=32))
     batch = ds.batch([0, 5], tokenizer.pad_token_id)
     ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pyrl.data.tool_calc import (HIGH, LOW, TOOL_USE_FROM, calculator_schema, tool_calc_demonstration,
-                                 tool_calc_mixed, tool_calc_pairs, tool_calc_task_files)
+                                 tool_calc_mixed, tool_calc_pairs, tool_calc_task_files, tool_transfer_problems)
 from pyrl.models.tiny import CHAT_TEMPLATE, TOOL_TOKENS, TinyModelSpec, make_tokenizer, tiny_model_path
 from pyrl.models.warm_start import assistant_mask, conversation_tokens
 from pyrl.rewards.scorers import default_compute_score
@@ -131,11 +131,14 @@ def test_scorer(response, score):
 
 
 def test_pairs_split_disjoint_and_deterministic():
-    train, val = tool_calc_pairs(0, 500, 64)
-    assert (train, val) == tool_calc_pairs(0, 500, 64)
-    assert len(train) == 500 and len(val) == 64 and not set(train) & set(val) and len(set(train)) == 500
-    assert all(LOW <= a <= HIGH and LOW <= b <= HIGH and 100000 <= a * b <= 999999 for a, b in train + val)
-    assert tool_calc_pairs(1, 500, 64) != (train, val)
+    train, val, test = tool_calc_pairs(0, 500, 64, 32)
+    assert (train, val, test) == tool_calc_pairs(0, 500, 64, 32)
+    assert (len(set(train)), len(set(val)), len(set(test))) == (500, 64, 32)
+    assert not set(train) & set(val) and not set(test) & (set(train) | set(val))
+    assert all(LOW <= a <= HIGH and LOW <= b <= HIGH and 100000 <= a * b <= 999999 for a, b in train + val + test)
+    assert tool_calc_pairs(1, 500, 64, 32) != (train, val, test)
+    # the test split is drawn after train and val: those stay the ones the cached warm-starts were made from
+    assert tool_calc_pairs(0, 500, 64, 0) == (train, val, [])
     conversations, used = tool_calc_mixed(train, 0)
     assert (conversations, used) == tool_calc_mixed(train, 0)
     high = [u for (a, _), u in zip(train, used) if a >= TOOL_USE_FROM]
@@ -147,17 +150,34 @@ def test_pairs_split_disjoint_and_deterministic():
             assert len(conversation) == 2 and compute_score(conversation[1]["content"], a * b) == 0.0
 
 
+def test_transfer_problems_are_sums_and_differences_only():
+    """The transfer warm-start's problems: never a product, results never negative, deterministic, train and val
+    disjoint; a demonstration's call and tool result are the problem's own operation."""
+    train, val = tool_transfer_problems(0, 400, 40)
+    assert (train, val) == tool_transfer_problems(0, 400, 40) and not set(train) & set(val)
+    assert {op for _, _, op in train + val} == {"+", "-"} and len(set(train)) == 400
+    assert all(LOW <= a <= HIGH and LOW <= b <= HIGH and (op == "+" or a >= b) for a, b, op in train + val)
+    assert 0.4 < sum(op == "+" for _, _, op in train) / 400 < 0.6
+    user, call, tool, answer = tool_calc_demonstration(900, 347, "-")
+    assert user["content"] == "900-347=" and call["tool_calls"][0]["function"]["arguments"] == {"expression": "900-347"}
+    assert tool["content"] == "553" and answer["content"] == "<answer>553</answer>"
+
+
 def test_task_files(tmp_path):
     from pyrl.config import DataConfig
     from pyrl.data import RLHFDataset
 
     config = DataConfig()
-    train_file, val_file = tool_calc_task_files(seed=0, train_size=100, val_size=16, cache_dir=str(tmp_path))
-    assert tool_calc_task_files(seed=0, train_size=100, val_size=16, cache_dir=str(tmp_path)) == (train_file, val_file)
+    files = tool_calc_task_files(seed=0, train_size=100, val_size=16, test_size=8, cache_dir=str(tmp_path))
+    assert tool_calc_task_files(seed=0, train_size=100, val_size=16, test_size=8, cache_dir=str(tmp_path)) == files
     assert not [f for f in os.listdir(tmp_path / "data") if f.startswith(".")]  # written through a temp dir
-    train, val = tool_calc_pairs(0, 100, 16)
+    train_file, val_file, test_file = files
+    train, val, test = tool_calc_pairs(0, 100, 16, 8)
     dataset = RLHFDataset([train_file], None, config)
     assert len(dataset) == 100 and len(RLHFDataset([val_file], None, config)) == 16
+    held = RLHFDataset([test_file], None, config)
+    assert [held[i]["raw_prompt"][0]["content"] for i in range(8)] == [f"{a}*{b}=" for a, b in test]
+    assert held[0]["extra_info"]["split"] == "heldout"
     item = dataset[3]
     a, b = train[3]
     assert item["data_source"] == "pyrl/tool_calc"

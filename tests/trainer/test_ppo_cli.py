@@ -176,7 +176,7 @@ def test_a_verl_command_line_trains_with_verls_defaults(engine, tmp_path, ray_se
     from pyrl.data import toy_task_files
     from pyrl.ppo import run_ppo
 
-    train, val = toy_task_files()
+    train, val, _ = toy_task_files()
     config = compose(f"data.train_files={train}", f"data.val_files={val}", "data.val_max_samples=16",
                      "data.max_prompt_length=32", "data.max_response_length=8", "data.train_batch_size=4",
                      "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -270,6 +270,30 @@ def test_verl_command_lines_are_accepted():
     assert config.trainer.logger == ["wandb"] and config.critic.model.path == config.actor_rollout_ref.model.path
     assert config.actor_rollout_ref.rollout.prompt_length == config.data.max_prompt_length
     assert config.reward.custom_reward_function.name == "compute_reward"
+
+
+def test_builtin_task_files_by_name_and_split():
+    """data.train_files=pyrl:<task> is the task's train split (and its val split for validation unless
+    data.val_files is given); pyrl:<task>:<split> names a split, the held-out test one included; unknown tasks and
+    splits stop the run naming the key and what exists."""
+    from pyrl.data import tool_calc_task_files, toy_task_files
+    from pyrl.ppo import resolve_builtin_files
+
+    tool, toy = tool_calc_task_files(), toy_task_files()
+    for overrides, train, val in ((["data.train_files=pyrl:tool_calc"], tool.train, tool.val),
+                                  (["data.train_files=pyrl:tool_calc", "data.val_files=pyrl:tool_calc:test"],
+                                   tool.train, tool.test),
+                                  (["data.train_files=pyrl:toy_addition:train", "data.val_files=pyrl:toy_addition:test"],
+                                   toy.train, toy.test),
+                                  (["data.train_files=/data/x.parquet", "data.val_files=pyrl:toy_addition:val"],
+                                   "/data/x.parquet", toy.val)):
+        config = compose(*overrides)
+        resolve_builtin_files(config)
+        assert (config.data.train_files, config.data.val_files) == (train, val), overrides
+    for override, message in (("data.train_files=pyrl:sudoku", "data.train_files='pyrl:sudoku': pyrl's built-in tasks"),
+                              ("data.val_files=pyrl:tool_calc:dev", "data.val_files='pyrl:tool_calc:dev': no split 'dev'")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            resolve_builtin_files(compose(override))
 
 
 @pytest.mark.parametrize("override", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",

@@ -42,7 +42,7 @@ def tool_config(tool_model, engine: str, *overrides: str):
 def task_pairs(rows: int, tool_users: int) -> list[tuple[int, int]]:
     """Validation pairs: `tool_users` whose first operand makes the warm-started model call the calculator
     (it calls it, greedily, only from TOOL_USE_FROM up; RL teaches the rest), then others, alternating."""
-    _, val = tool_calc_pairs()
+    _, val, _ = tool_calc_pairs()
     users = [p for p in val if p[0] >= TOOL_USE_FROM][:tool_users]
     others = [p for p in val if p[0] < TOOL_USE_FROM][:rows - tool_users]
     mixed = [p for pair in zip(users, others) for p in pair]
