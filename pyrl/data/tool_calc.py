@@ -130,6 +130,21 @@ def tool_transfer_problems(seed: int = 0, train_size: int = 20000, val_size: int
     return problems[val_size:], problems[:val_size]
 
 
+def tool_transfer_conversations(problems, products: str, seed: int = 0) -> list[list[dict]]:
+    """The transfer warm-start's training conversations: a calculator demonstration of each (a, b, op) problem
+    (sums and differences, tool_transfer_problems), and with products="guessed" half as many products of the task's
+    train split answered without the calculator (tool_calc_guess); products="absent": no product at all."""
+    if products not in ("absent", "guessed"):
+        raise ValueError(f"products={products!r}: expected 'absent' or 'guessed'")
+    if any(op == "*" for _, _, op in problems):
+        raise ValueError("the transfer warm-start never demonstrates the calculator on a product")
+    conversations = [tool_calc_demonstration(*p) for p in problems]
+    if products == "guessed":
+        rng = random.Random(f"tool_transfer-guess-{seed}")
+        conversations += [tool_calc_guess(a, b, rng) for a, b in tool_calc_pairs(seed)[0][:len(problems) // 2]]
+    return conversations
+
+
 def tool_calc_rows(pairs, split: str) -> list[dict]:
     """verl's schema, as its multi-turn datasets carry it: extra_info.tools_kwargs (the calculator needs no
     per-sample arguments: empty)."""

@@ -367,7 +367,8 @@ TRANSFER_VERSION = 1  # the transfer warm-start's
 
 
 def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_steps: int = 1000,
-                                  cache_dir: str | None = None, progress: bool = True) -> str:
+                                  cache_dir: str | None = None, progress: bool = True, train_size: int = 20000,
+                                  val_size: int = 256) -> str:
     """The tool task's transfer variant (preset=tool_calc_transfer): the tiny tool model after supervised training
     on demonstrations of the calculator on sums and differences of the task's operands
     (pyrl.data.tool_calc.tool_transfer_problems), never on products, until greedy success on a validation set
@@ -375,31 +376,27 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
 
     - "absent": no product in the training data at all (pyrl:tiny-tool-transfer-sft);
     - "guessed": a third of the examples are products answered without the calculator, by a wrong guess
-      (pyrl.data.tool_calc.tool_calc_guess; pyrl:tiny-tool-transfer-guess-sft): the model has seen products and
-      learned not to call the tool for them.
+      (pyrl:tiny-tool-transfer-guess-sft): the model has seen products and learned not to call the tool for them.
+
+    (pyrl.data.tool_calc.tool_transfer_conversations.)
 
     What it does on products, the RL task, is measured and recorded, not trained: pyrl_warm_start.json holds the
     greedy and sampled success, tool-call rate and answer rate on the products' validation split, beside the same
     on sums and differences."""
-    import random
     import time
 
-    from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_guess, tool_calc_pairs, tool_transfer_problems
+    from pyrl.data.tool_calc import tool_calc_pairs, tool_transfer_conversations, tool_transfer_problems
 
-    if products not in ("absent", "guessed"):
-        raise ValueError(f"products={products!r}: expected 'absent' or 'guessed'")
     suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")
+    if (train_size, val_size) != (20000, 256):
+        suffix += f"-train{train_size}-val{val_size}"
     root, base, path = _tool_paths(cache_dir, seed, suffix)
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     start = time.perf_counter()
     tokenizer, model, tools, examples = _tool_start(base)
-    train, val = tool_transfer_problems(seed)
-    conversations = [tool_calc_demonstration(*p) for p in train]
-    if products == "guessed":
-        rng = random.Random(f"tool_transfer-guess-{seed}")
-        product_pairs = tool_calc_pairs(seed)[0][:len(train) // 2]  # the task's own train split
-        conversations += [tool_calc_guess(a, b, rng) for a, b in product_pairs]
+    train, val = tool_transfer_problems(seed, train_size, val_size)
+    conversations = tool_transfer_conversations(train, products, seed)
     evaluate = ToolCallEvaluator(tokenizer, val, tools)
     steps, metrics, _ = supervised_warm_start(
         model, examples(conversations), evaluate,
@@ -407,7 +404,7 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
         pad_token_id=tokenizer.pad_token_id, progress=progress, log_every=50,
         name=f"tool transfer warm-start (products {products}), sums and differences",
         goal=f"success >= {SKILL_SUCCESS:g}")
-    on_products = ToolCallEvaluator(tokenizer, tool_calc_pairs(seed)[1], tools)
+    on_products = ToolCallEvaluator(tokenizer, tool_calc_pairs(seed, val_size=val_size)[1], tools)
     greedy, sampled = on_products(model), on_products.sampled(model, seed=seed)
     seconds = time.perf_counter() - start
     log.info("tool transfer warm-start (SFT, products %s): %d steps in %.0f s; sums and differences: greedy success "

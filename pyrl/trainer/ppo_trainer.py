@@ -126,13 +126,16 @@ def filter_groups(batch: DataProto, metric: str) -> DataProto:
 
 
 def skips_old_log_prob(config) -> bool:
-    """Each sample is used by exactly one optimizer step and nothing else needs the old log-probs before the update
-    (the KL in the reward, the optimal token baseline, the check against the rollout engine's log-probs): the
-    old-log-prob forward is skipped, the update's own log-probs serve."""
+    """Each sample is used by exactly one optimizer step and nothing needs the old log-probs before the update
+    (the KL in the reward, the optimal token baseline, rollout correction's IS weights or rejection): the
+    old-log-prob forward is skipped, the update's own log-probs serve. With the rollout engine's log-probs
+    (rollout.calculate_log_probs), the update returns its own, taken before its optimizer step, and the
+    rollout-vs-trainer metrics come from them (the same numbers the extra pass would give)."""
     algorithm, rollout_n = config.algorithm, config.actor_rollout_ref.rollout.n
+    correction = algorithm.rollout_correction
     return (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
             and not algorithm.use_kl_in_reward and algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS
-            and not config.actor_rollout_ref.rollout.calculate_log_probs)
+            and not (correction.rollout_is or correction.rollout_rs))
 
 
 class PPOTrainer:
@@ -165,7 +168,8 @@ class PPOTrainer:
                                            self.total_steps)
         if self.on_policy:
             log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
-                     "update's own log-probs serve as old_log_probs")
+                     "update's own log-probs serve as old_log_probs%s", " and give the rollout-vs-trainer metrics"
+                     if config.actor_rollout_ref.rollout.calculate_log_probs else "")
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
@@ -297,15 +301,21 @@ class PPOTrainer:
                 metrics.update(apply_kl_penalty(batch, self.kl_ctrl, algorithm.kl_penalty))
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            if "rollout_log_probs" in batch.batch and not self.correction.bypass_mode:
-                metrics.update(apply_rollout_correction(batch, self.correction))
+            if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch and not self.correction.bypass_mode:
+                metrics.update(apply_rollout_correction(batch, self.correction))  # IS weights, rejections: before
             metrics.update(compute_advantage(batch, algorithm))
         if self.use_critic:
             with M.timer("update_critic", timing):
                 metrics.update(M.reduce_metrics(self.workers.critic.update_critic(packed_tokens(batch)).meta_info["metrics"]))
         if cfg.trainer.critic_warmup <= self.global_steps:
             with M.timer("update_actor", timing):
-                metrics.update(M.reduce_metrics(actor.update_actor(packed_tokens(batch)).meta_info["metrics"]))
+                updated = actor.update_actor(packed_tokens(batch))
+                metrics.update(M.reduce_metrics(updated.meta_info["metrics"]))
+            if "old_log_probs" in updated.batch:  # on-policy: the update's own, from before its optimizer step, give
+                batch.batch["old_log_probs"] = updated.batch["old_log_probs"]  # what the skipped pass would have
+                metrics.update(rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                                  batch.batch["response_mask"]))
+                metrics.update(apply_rollout_correction(batch, self.correction))  # metrics only: no IS, no rejection
             if self.one_step_off is None:
                 with M.timer("update_weights", timing):
                     metrics["perf/update_weights_bytes"] = self.push_weights()

@@ -64,6 +64,9 @@ def load_policy(model_config):
     return lm, ResponseLogProbs(lm, model_config.use_fused_kernels)
 
 
+ROW = "_update_row"  # update_actor's own column: each row's place in its batch
+
+
 def is_on_policy(actor_config, rollout_n: int, rows: int) -> bool:
     """Whether an update of `rows` samples takes exactly one optimizer step on each (one epoch, one mini-batch),
     so that its old log-probs equal its own."""
@@ -317,21 +320,36 @@ class ActorRolloutRefWorker(Worker):
                            f"{len(data) * self.world_size} rows")
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         response_length = data.batch["responses"].shape[-1]
+        # on-policy with the rollout engine's log-probs to compare against: this update's own, taken before its one
+        # optimizer step, are the old-log-prob pass's numbers; they go back to the trainer (own_log_probs[row])
+        own_log_probs = torch.zeros(len(data), response_length) if on_policy and "rollout_log_probs" in data.batch \
+            else None
+        if own_log_probs is not None:
+            data.batch[ROW] = torch.arange(len(data))
 
         def micro_step(mini: DataProto, idx: list, info: dict) -> dict:
-            return self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, on_policy)
+            return self._micro_step(mini, idx, response_length, temperature, policy_loss_fn, info, on_policy,
+                                    own_log_probs)
 
-        metrics = run_update(self.policy, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp_config, self.device,
-                             self.world_size, self.lm.config, self.compute_dtype, micro_step)
+        try:
+            metrics = run_update(self.policy, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp_config,
+                                 self.device, self.world_size, self.lm.config, self.compute_dtype, micro_step)
+        finally:
+            if own_log_probs is not None:
+                data.pop([ROW])
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         metrics.update(perf.memory_metrics(self.device))
-        return DataProto(meta_info={"metrics": metrics})
+        if own_log_probs is None:
+            return DataProto(meta_info={"metrics": metrics})
+        return DataProto.from_dict({"old_log_probs": own_log_probs}, meta_info={"metrics": metrics})
 
-    def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, on_policy) -> dict:
+    def _micro_step(self, mini: DataProto, idx, response_length, temperature, policy_loss_fn, info, on_policy,
+                    own_log_probs=None) -> dict:
         """Forward and backward of one micro-batch; returns its shares of the mini-batch metrics (actor/ names
         without the prefix). The loss shares are scaled by dp_size for gradient averaging (see agg_loss), so
-        their metric shares are divided by it."""
+        their metric shares are divided by it. own_log_probs: where this forward's log-probs go, by the rows'
+        ROW column (see update_actor)."""
         cfg = self.config.actor
         # on-policy there was no old-log-prob pass to report actor/entropy: the update does
         need_entropy = cfg.entropy_coeff != 0 or cfg.calculate_entropy or on_policy
@@ -340,6 +358,8 @@ class ActorRolloutRefWorker(Worker):
         inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=cfg.use_prefix_grouper)
         out = self.policy(inputs, temperature, need_entropy)
         logp, entropy = out if need_entropy else (out, None)
+        if own_log_probs is not None and idx:
+            own_log_probs[tensors[ROW], :logp.shape[1]] = logp.detach().float().cpu()
         mask = to("response_mask").float() * (1.0 if idx else 0.0)  # an empty micro-batch adds zero gradient
         if cfg.policy_loss.loss_mode == "bypass_mode":
             old = to("rollout_log_probs").float()

@@ -8,7 +8,8 @@ import torch
 
 from pyrl.data.tool_calc import calculator_schema, tool_calc_pairs
 from pyrl.models.tiny import TinyModelSpec, make_tokenizer
-from pyrl.models.warm_start import ToolCallEvaluator, supervised_warm_start, tool_warm_start_path
+from pyrl.models.warm_start import (ToolCallEvaluator, supervised_warm_start, tool_transfer_warm_start_path,
+                                    tool_warm_start_path)
 
 transformers = pytest.importorskip("transformers")
 
@@ -113,3 +114,32 @@ def test_tool_warm_start_smoke(tmp_path):
     assert tokenizer.convert_ids_to_tokens(tokenizer("<tool_call>", add_special_tokens=False)["input_ids"]) == [
         "<tool_call>"]
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+def test_transfer_warm_start_smoke_and_what_it_shows(tmp_path):
+    """The transfer variant's warm-start: a few steps, saved with a record of its success on sums and differences
+    and on products (greedy and sampled); its training conversations never call the calculator on a product, and
+    with products="guessed" the products it shows are answered without it, never rightly."""
+    from pyrl.data.tool_calc import tool_transfer_conversations, tool_transfer_problems
+    from pyrl.rewards.tool_calc import compute_score
+
+    problems = tool_transfer_problems(0, 64, 8)[0]
+    for products in ("absent", "guessed"):
+        conversations = tool_transfer_conversations(problems, products)
+        calls = [c for c in conversations if any("tool_calls" in m for m in c)]
+        assert len(calls) == 64 and len(conversations) == (64 if products == "absent" else 96)
+        assert not [c for c in calls if "*" in c[1]["tool_calls"][0]["function"]["arguments"]["expression"]]
+        for c in conversations:
+            if "*" in c[0]["content"]:
+                a, b = map(int, c[0]["content"][:-1].split("*"))
+                assert len(c) == 2 and compute_score(c[1]["content"], a * b) == 0.0
+    with pytest.raises(ValueError, match="products='some'"):
+        tool_transfer_conversations(problems, "some")
+    kwargs = dict(max_steps=2, cache_dir=str(tmp_path), progress=False, train_size=64, val_size=8, products="guessed")
+    with pytest.warns(UserWarning, match="not reached after 2 steps"):
+        path = tool_transfer_warm_start_path(**kwargs)
+    assert tool_transfer_warm_start_path(**kwargs) == path and path.endswith("-tool-transfer-sft-v1-guess-train64-val8")
+    info = json.load(open(os.path.join(path, "pyrl_warm_start.json")))
+    assert info["steps"] == 2 and info["products"] == "guessed"
+    for key in ("sums_and_differences", "products_greedy", "products_sampled"):
+        assert set(info[key]) == {"success", "tool-call rate", "answer rate"}, key

@@ -86,21 +86,25 @@ def test_decoupled_correction_rejects_tokens_and_adds_weights():
     assert "rollout_corr/chi2_seq" in metrics
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_engines_log_probs_match_the_trainer_after_updates(engine, tmp_path, ray_session):
+@pytest.mark.parametrize("engine,update", [("hf", "2 epochs"), ("vllm", "2 epochs"), ("vllm", "on-policy")])
+def test_engines_log_probs_match_the_trainer_after_updates(engine, update, tmp_path, ray_session):
     """Both rollout engines return the log-probs of what they sampled; after several updates and weight pushes
-    they still match the trainer's in fp32 (the check verl logs as training/rollout_probs_diff_*)."""
+    they still match the trainer's in fp32 (the check verl logs as training/rollout_probs_diff_*). On-policy
+    (one epoch, one mini-batch) there is no old-log-prob pass: the update's own log-probs give the check."""
     if engine == "vllm":
         pytest.importorskip("vllm")
     from pyrl.ppo import run_ppo
 
+    sizes = ["actor_rollout_ref.actor.ppo_epochs=2"] if update == "2 epochs" else [
+        "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # 8 = train_batch_size
     config = compose(*SMALL, f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                     "actor_rollout_ref.actor.ppo_epochs=2", "trainer.total_training_steps=3",
+                     *sizes, "trainer.total_training_steps=3",
                      "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
                      f"trainer.default_local_dir={tmp_path}")
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert_rollout_matches_trainer(rows, 3)
+    assert all(("timing_s/old_log_prob" in row) == (update == "2 epochs") for row in rows)
     for row in rows:
         assert abs(row["rollout_corr/kl"]) < 1e-4 and "rollout_corr/training_ppl" in row
     assert rows[-1]["actor/lr"] > 0 and rows[0]["actor/pg_clipfrac"] >= 0

@@ -265,21 +265,35 @@ def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, mon
                                        msg=lambda m, name=name, param=param: f"{name}: {param}: {m}")
 
 
-def test_on_policy_update_skips_old_log_probs(train_batch):
+@pytest.mark.parametrize("micro", [None, 3], ids=["one_micro_batch", "micro_batches_of_3"])
+def test_on_policy_update_skips_old_log_probs(train_batch, micro):
     """ppo_epochs=1 and one mini-batch: update_actor needs no old_log_probs (its own detached log-probs stand in,
-    so the ratio is 1 and nothing clips) and moves the weights exactly as with the extra pass."""
-    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8").actor_rollout_ref
-    digests, metrics = [], []
+    so the ratio is 1 and nothing clips) and moves the weights exactly as with the extra pass. With the rollout
+    engine's log-probs in the batch it returns its own, taken before its optimizer step: the extra pass's."""
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.shuffle=true",
+                      *([f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}"] if micro else [])
+                      ).actor_rollout_ref
+    digests, metrics, outputs = [], [], []
     for with_old in (True, False):
         worker = ActorRolloutRefWorker(cfg, "actor")
         worker.init_model()
         batch = train_batch.select_idxs(list(range(ROWS)))
+        batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"]  # any engine's numbers: only compared
         if with_old:
-            batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
+            extra_pass = worker.compute_log_prob(batch).batch["old_log_probs"]
+            batch.batch["old_log_probs"] = extra_pass
         else:
             batch.pop(["old_log_probs"])
-        metrics.append(worker.update_actor(batch).meta_info["metrics"])
+        keys = sorted(batch.batch)
+        outputs.append(worker.update_actor(batch))
+        assert sorted(batch.batch) == keys  # the update's row column is gone again
+        metrics.append(outputs[-1].meta_info["metrics"])
         digests.append(worker.state_digest())
+    assert "old_log_probs" not in outputs[0].batch  # it had them
+    own = outputs[1].batch["old_log_probs"]
+    mask = train_batch.batch["response_mask"].bool()
+    assert own.shape == extra_pass.shape and not own[~mask].any()
+    torch.testing.assert_close(own[mask], extra_pass[mask], atol=1e-6, rtol=0)
     for name, value in digests[0]["params"].items():
         torch.testing.assert_close(digests[1]["params"][name], value, atol=1e-6, rtol=0, msg=name)
     assert metrics[1]["actor/pg_clipfrac"] == 0 and metrics[1]["actor/ppo_kl"] == pytest.approx(0, abs=1e-7)
