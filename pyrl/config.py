@@ -51,7 +51,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = True
-    use_fused_kernels: bool = False  # true: log-probs from hidden states without [tokens, vocab] logits
+    # true: log-probs from hidden states without [tokens, vocab] logits; null (pyrl's default; verl's is false): true
+    # for the actor and reference, which have an LM head, false for the critic and reward model (pyrl.ppo.resolve_fast_paths)
+    use_fused_kernels: Optional[bool] = None
     override_config: dict = field(default_factory=dict)
     custom_chat_template: Optional[str] = None  # a Jinja chat template used instead of the tokenizer's
     # LoRA through PEFT (pyrl/workers/lora.py), verl's keys: rank 0 trains the whole model
@@ -116,8 +118,9 @@ class ActorConfig:
     calculate_sum_pi_squared: bool = False
     use_kl_loss: bool = False
     # each prompt's tokens run once for all its samples in the actor's and the reference's forwards (needs
-    # model.use_remove_padding); the batch is balanced by prompt group so samples of a prompt stay together
-    use_prefix_grouper: bool = False
+    # model.use_remove_padding); the batch is balanced by prompt group so samples of a prompt stay together.
+    # null (pyrl's default; verl's is false): true when rollout.n > 1 and model.use_remove_padding (resolve_fast_paths)
+    use_prefix_grouper: Optional[bool] = None
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -485,7 +488,7 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),
     "reward.reward_manager.module.name": (("custom_reward_manager",), "only with reward.reward_manager.source=importlib"),
     # the critic and the reward model score the actor's tokens: no LM head, no chat template of their own
-    **{f"{role}.use_fused_kernels": ((False,), "no LM head: nothing to fuse") for role in ("critic.model",
+    **{f"{role}.use_fused_kernels": ((False, None), "no LM head: nothing to fuse") for role in ("critic.model",
                                                                                            "reward_model.model")},
     **{f"{role}.custom_chat_template": ((None,), "the prompts are the actor's (actor_rollout_ref.model."
                                                  "custom_chat_template)") for role in ("critic.model", "reward_model.model")},

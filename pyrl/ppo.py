@@ -133,6 +133,29 @@ def resolve_builtin_files(config: PPOConfig) -> None:
             setattr(owner, key, str(path))
 
 
+def resolve_fast_paths(config: PPOConfig) -> None:
+    """pyrl's fast paths where the config leaves them null (its default; verl 0.9.1's are false): they change speed
+    and memory, not results (tests/workers/test_actor_worker.py checks log-probs, losses and an optimizer step
+    against the plain paths, 1 and 2 ranks, packed and padded). model.use_fused_kernels: log-probs straight from
+    the hidden states, no [tokens, vocab] logits, for the actor and reference (the critic and reward model have no
+    LM head); actor.use_prefix_grouper: each prompt's tokens run once for its samples, when there are several
+    (rollout.n > 1) and sequences are packed (model.use_remove_padding). An explicit true or false is kept."""
+    rollout, actor_model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
+    actor, chosen = config.actor_rollout_ref.actor, []
+    if actor_model.use_fused_kernels is None:
+        actor_model.use_fused_kernels = True
+        chosen.append("actor_rollout_ref.model.use_fused_kernels=true")
+    for model in (config.critic.model, config.reward_model.model):
+        model.use_fused_kernels = bool(model.use_fused_kernels)
+    if actor.use_prefix_grouper is None:
+        actor.use_prefix_grouper = rollout.n > 1 and actor_model.use_remove_padding
+        if actor.use_prefix_grouper:
+            chosen.append("actor_rollout_ref.actor.use_prefix_grouper=true")
+    if chosen:
+        log.info("pyrl's fast paths (same numbers, less time and memory; verl 0.9.1 defaults them off, set them false "
+                 "to match): %s", ", ".join(chosen))
+
+
 def resolve_defaults(config: PPOConfig) -> None:
     """Fill what depends on this machine (the toy task files, the rollout engine, the step count, local model
     paths) and check every value that needs no model."""
@@ -161,6 +184,7 @@ def resolve_defaults(config: PPOConfig) -> None:
         if optim.total_training_steps < 0 and optim_steps:
             optim.total_training_steps = optim_steps
     apply_rollout_correction_config(config)
+    resolve_fast_paths(config)
     check_config(config)  # names and batch sizes: before any model is downloaded or built
     resolve_model_paths(config)  # hub ids, pyrl:tiny... -> local directories, once, before workers start
 

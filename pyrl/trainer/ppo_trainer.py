@@ -81,22 +81,22 @@ def packed_tokens(batch: DataProto) -> DataProto:
 
 def balance_batch(batch: DataProto, world_size: int, by_group: bool = False) -> dict:
     """Reorder rows so each data-parallel rank gets the same count and near-equal token sums. by_group
-    (actor.use_prefix_grouper, as verl): whole uid groups are balanced, each group's rows kept together."""
+    (actor.use_prefix_grouper, as verl): whole uid groups are balanced, each group's rows kept together, when the
+    groups can give every rank the same rows; otherwise rows are balanced, and a group split over two ranks
+    shares its prompt within each rank's part (the same numbers, a little less saved)."""
     lengths = batch.batch["attention_mask"].sum(-1)
+    parts = None
     if by_group:
         groups: dict = {}
         for row, uid in enumerate(batch.non_tensor_batch["uid"]):
             groups.setdefault(uid, []).append(row)
         members = list(groups.values())
-        if len(members) % world_size:
-            raise ValueError(f"actor.use_prefix_grouper with trainer.balance_batch: {len(members)} prompt groups do not "
-                             f"split evenly over {world_size} ranks; make data.train_batch_size a multiple of the ranks")
-        picked = balanced_partitions([int(lengths[rows].sum()) for rows in members], world_size, equal_size=True)
-        parts = [[row for g in part for row in members[g]] for part in picked]
-        if len({len(part) for part in parts}) > 1:
-            raise ValueError(f"actor.use_prefix_grouper with trainer.balance_batch: prompt groups of unequal sizes "
-                             f"({sorted({len(rows) for rows in members})} samples) cannot give every rank the same rows")
-    else:
+        if len(members) % world_size == 0:
+            picked = balanced_partitions([int(lengths[rows].sum()) for rows in members], world_size, equal_size=True)
+            parts = [[row for g in part for row in members[g]] for part in picked]
+            if len({len(part) for part in parts}) > 1:  # groups of unequal sizes
+                parts = None
+    if parts is None:
         parts = balanced_partitions(lengths.tolist(), world_size, equal_size=True)
     batch.reorder(torch.as_tensor([i for part in parts for i in part]))
     sums = [int(lengths[part].sum()) for part in parts]

@@ -272,6 +272,33 @@ def test_verl_command_lines_are_accepted():
     assert config.reward.custom_reward_function.name == "compute_reward"
 
 
+def test_fast_paths_default_on_where_they_give_the_same_numbers(caplog):
+    """model.use_fused_kernels and actor.use_prefix_grouper default to null, resolved at start: fused log-probs for
+    the actor (the critic has no LM head), shared prompts when there are several samples of packed sequences; an
+    explicit value is kept; one log line names what was chosen."""
+    import logging
+
+    from pyrl.ppo import resolve_fast_paths
+
+    def resolved(*overrides):
+        config = compose("data.train_files=d.parquet", "actor_rollout_ref.model.path=m", *overrides)
+        with caplog.at_level(logging.INFO, logger="pyrl"):
+            caplog.clear()
+            resolve_fast_paths(config)
+        return (config.actor_rollout_ref.model.use_fused_kernels, config.actor_rollout_ref.actor.use_prefix_grouper,
+                config.critic.model.use_fused_kernels, caplog.text)
+
+    fused, shared, critic, text = resolved("actor_rollout_ref.rollout.n=8")
+    assert (fused, shared, critic) == (True, True, False)
+    assert "actor_rollout_ref.model.use_fused_kernels=true, actor_rollout_ref.actor.use_prefix_grouper=true" in text
+    assert resolved()[:3] == (True, False, False)  # n = 1: nothing to share
+    assert resolved("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.model.use_remove_padding=false")[:3] == (
+        True, False, False)
+    fused, shared, _, text = resolved("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.model.use_fused_kernels=false",
+                                      "actor_rollout_ref.actor.use_prefix_grouper=false")
+    assert (fused, shared, text) == (False, False, "")
+
+
 def test_builtin_task_files_by_name_and_split():
     """data.train_files=pyrl:<task> is the task's train split (and its val split for validation unless
     data.val_files is given); pyrl:<task>:<split> names a split, the held-out test one included; unknown tasks and

@@ -205,10 +205,12 @@ def _with_shared_prompts(batch):
     return batch
 
 
-def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, monkeypatch):
-    """actor.use_prefix_grouper: each prompt runs once for its samples, in the log-prob pass and the update (groups
-    kept whole in token-budget micro-batches); log-probs, metrics and the trained weights equal the unshared run's,
-    on 1 rank and on 2 (packed transport, as the trainer sends), with loss-mask holes."""
+def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch):
+    """pyrl's fast paths, on by default (pyrl.ppo.resolve_fast_paths), against verl's plain ones (unfused, unshared,
+    1 rank): model.use_fused_kernels (packed and padded) and actor.use_prefix_grouper (each prompt runs once for
+    its samples, in the log-prob pass and the update, groups kept whole in token-budget micro-batches) give the
+    same log-probs, metrics and trained weights, on 1 rank and on 2 (packed transport, as the trainer sends), with
+    loss-mask holes."""
     from pyrl.workers.batching import ModelInputs
 
     batch = _with_loss_mask_holes(_with_shared_prompts(train_batch))
@@ -221,14 +223,18 @@ def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, mon
 
     monkeypatch.setattr(ModelInputs, "_share_prompts", classmethod(counted))
     results = {}
-    for name, ranks, extra in (("plain", 1, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]),
-                               ("shared", 1, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]),
-                               ("shared-2-ranks", 2, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
-                                                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
-                                                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
-                                                      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30"])):
-        grouper = f"actor_rollout_ref.actor.use_prefix_grouper={name != 'plain'}"
-        cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8", grouper, *extra).actor_rollout_ref
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+    for name, ranks, extra in (("plain", 1, [micro]),
+                               ("fused", 1, [micro]),
+                               ("fused-padded", 1, [micro, "actor_rollout_ref.model.use_remove_padding=false"]),
+                               ("shared", 1, [micro]),
+                               ("shared-fused-2-ranks", 2, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                                            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
+                                                            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                                                            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30"])):
+        paths = [f"actor_rollout_ref.actor.use_prefix_grouper={name.startswith('shared')}",
+                 f"actor_rollout_ref.model.use_fused_kernels={'fused' in name}"]
+        cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8", *paths, *extra).actor_rollout_ref
         if ranks == 1:
             worker = ActorRolloutRefWorker(cfg, "actor")
             worker.init_model()
@@ -249,7 +255,7 @@ def test_prefix_grouper_equals_the_unshared_update(ray_session, train_batch, mon
     assert tokens and sum(run for run, _ in tokens) < sum(unshared for _, unshared in tokens)  # prompts did run once
     seen = batch.batch["attention_mask"][:, -6:].bool()
     plain_logp, plain_metrics, plain_digest = results["plain"]
-    for name in ("shared", "shared-2-ranks"):
+    for name in ("fused", "fused-padded", "shared", "shared-fused-2-ranks"):
         logp, metrics, digest = results[name]
         torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
         for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
