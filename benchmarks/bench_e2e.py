@@ -56,7 +56,8 @@ PHASES = ("gen", "old_log_prob", "update", "sync", "other")
 _VLLM, _HF = "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=hf"
 _PADDED, _SHARED = "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_prefix_grouper=true"
 PYRL_SYSTEMS = {"pyrl-vllm": [_VLLM], "pyrl-vllm-shared": [_VLLM, _SHARED], "pyrl-vllm-padded": [_VLLM, _PADDED],
-                "pyrl-hf": [_HF], "pyrl-hf-shared": [_HF, _SHARED], "pyrl-hf-padded": [_HF, _PADDED]}  # -> overrides
+                "pyrl-hf": [_HF], "pyrl-hf-shared": [_HF, _SHARED], "pyrl-hf-padded": [_HF, _PADDED],
+                "pyrl-verl-defaults": []}  # -> overrides (pyrl-verl-defaults: verl_defaults_command)
 SYSTEMS = [*PYRL_SYSTEMS, "trl", "trl-vllm"]  # the default run order
 WORKLOADS = ("uniform", "longtail")
 # fp32: both sides in float32. bf16: pyrl's FSDP mixed precision (fsdp_config.dtype=bfloat16, on CPUs with native
@@ -65,7 +66,7 @@ WORKLOADS = ("uniform", "longtail")
 PRECISIONS = ("fp32", "bf16")
 # smoke mode (CI) starts pyrl once per workload, ~30 s each: together they cover both engines, both padding
 # paths, EOS ignored and EOS-ended responses; TRL runs there too when it is installed (CI lacks it)
-SMOKE_SYSTEMS = {"uniform": ("pyrl-vllm", "trl"), "longtail": ("pyrl-hf-padded", "trl")}
+SMOKE_SYSTEMS = {"uniform": ("pyrl-vllm", "pyrl-verl-defaults", "trl"), "longtail": ("pyrl-hf-padded", "trl")}
 # words of the tiny tokenizer's training text, so prompts tokenize like text, not like bytes
 WORDS = ["what", "is", "the", "sum", "of", "answer", "compute", "number", "please", "think", "step", "by", "and",
          "equals", "result", "add", "minus", "times", "target"]
@@ -189,7 +190,30 @@ def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") 
 
 
 # ---- pyrl ----
+def verl_defaults_command(prep: Prepared, run_dir: str) -> list[str]:
+    """A verl user's command line (pyrl-verl-defaults): data, model, batch sizes, n, lr and adv_estimator=grpo;
+    the workload's lengths, EOS setting and reward; the precision; the run's length, logging and this machine's
+    one CPU worker. Every other key is verl 0.9.1's default: no micro-batch size, gradient checkpointing on,
+    calculate_log_probs on, the fused log-probs and shared prompts off in verl (pyrl's null: on)."""
+    w, dtype = prep.workload, "bfloat16" if prep.precision == "bf16" else "float32"
+    return [sys.executable, "-m", "pyrl.ppo",
+            f"data.train_files={prep.train_file}", "data.shuffle=false",
+            f"data.max_prompt_length={max(w.prompt_lengths)}", f"data.max_response_length={w.response_length}",
+            f"data.train_batch_size={w.prompts}", f"actor_rollout_ref.model.path={prep.model_path}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={w.prompts}", f"actor_rollout_ref.rollout.n={w.n}",
+            f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "algorithm.adv_estimator=grpo",
+            f"actor_rollout_ref.rollout.ignore_eos={str(w.ignore_eos).lower()}",
+            f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
+            f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}", f"actor_rollout_ref.rollout.dtype={dtype}",
+            f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+            "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=0",
+            "trainer.n_cpu_workers_per_node=1"]
+
+
 def pyrl_command(prep: Prepared, system: str, run_dir: str) -> list[str]:
+    if system == "pyrl-verl-defaults":
+        return verl_defaults_command(prep, run_dir)
     w = prep.workload
     return [sys.executable, "-m", "pyrl.ppo",
             f"data.train_files={prep.train_file}", "data.shuffle=false",
