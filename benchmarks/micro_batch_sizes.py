@@ -1,18 +1,16 @@
 """Update cost per token across micro-batch sizes on CPU (issue 25 item 1): the actor's update forward (packed,
 ResponseLogProbs) + backward over the same 256 rows of uniform 16-token prompts and 32-token responses, cut into
-micro-batches of 16, 32, 64, 128 or 256 rows, with bench_e2e's ~24M-parameter Qwen2 (pyrl.models.BENCH_SPEC),
-float32, in a fresh process per allocator setting:
+micro-batches of 16, 32, 64, 128 or 256 rows (256: what a verl command line without ppo_micro_batch_size_per_gpu
+runs), with bench_e2e's ~24M-parameter Qwen2 (pyrl.models.BENCH_SPEC), float32, for both log-prob paths:
 
-  glibc defaults   what a plain `python` process gets: blocks over malloc's dynamic mmap threshold are mmapped
-                   fresh, freed heap tops go back to the OS
-  pyrl workers     the environment pyrl's CPU workers start with (pyrl.trainer.workers.CPU_MALLOC_ENV): fixed
-                   thresholds that keep a micro-batch's activations on the heap, reused
+  fused     model.use_fused_kernels (pyrl's default): log-probs from the hidden states, no [tokens, vocab] logits
+  unfused   verl's default: the logits materialized, then log-softmax and gather
 
     python benchmarks/micro_batch_sizes.py [--rounds 3] [--repeats 2] [--rows 16 32 64 128 256] [--quick]
 
-Rounds alternate the two settings (rotated); each child times every size `repeats` times after a warm-up and keeps
-the fastest. Reported: seconds for the 256 rows, median (min-max) over rounds, and each size's time per token
-against the best size of the same setting (target: within 1.10x from 16 to 256 rows).
+Each path runs in a fresh process per round (rounds rotate the order); a process times every size `repeats` times
+after a warm-up and keeps the fastest. Reported: seconds for the 256 rows, median (min-max) over rounds, and each
+size's time per token against the path's best size (target: within 1.10x from 16 to 256 rows).
 """
 
 from __future__ import annotations
@@ -28,9 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from spread import ratio, rotated, show, spread  # noqa: E402
 
 PROMPT, RESPONSE, ROWS = 16, 32, 256
+PATHS = ["fused", "unfused"]
 
 
-def child(sizes: list[int], repeats: int, quick: bool) -> dict:
+def child(sizes: list[int], repeats: int, quick: bool, fused: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -42,7 +41,7 @@ def child(sizes: list[int], repeats: int, quick: bool) -> dict:
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_path(TinyModelSpec() if quick else BENCH_SPEC),
                                               dtype=torch.float32, attn_implementation=varlen_attention.register())
-    policy = ResponseLogProbs(lm)
+    policy = ResponseLogProbs(lm, use_fused_kernels=fused)
     ids = torch.randint(3, lm.config.vocab_size, (ROWS, PROMPT + RESPONSE))
     mask = torch.ones_like(ids)
     tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1}
@@ -61,49 +60,39 @@ def child(sizes: list[int], repeats: int, quick: bool) -> dict:
     return out
 
 
-SETTINGS = ["glibc defaults", "pyrl workers"]
-
-
-def environment(setting: str) -> dict:
-    from pyrl.trainer.workers import CPU_MALLOC_ENV
-
-    env = {k: v for k, v in os.environ.items() if k not in CPU_MALLOC_ENV}
-    return env if setting == "glibc defaults" else {**env, **CPU_MALLOC_ENV}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     parser.add_argument("--quick", action="store_true", help="the tiny model, one round, one repeat")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.repeats = 1, 1
     if args.child:
-        print(json.dumps(child(args.rows, args.repeats, args.quick)))
+        print(json.dumps(child(args.rows, args.repeats, args.quick, args.child == "fused")))
         return
-    times: dict = {(setting, size): [] for setting in SETTINGS for size in args.rows}
-    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats), "--rows", *map(str, args.rows)]
+    times: dict = {(path, size): [] for path in PATHS for size in args.rows}
     for r in range(args.rounds):
-        for setting in rotated(SETTINGS, r):
-            done = subprocess.run(command + (["--quick"] if args.quick else []), capture_output=True, text=True,
-                                  env=environment(setting))
+        for path in rotated(PATHS, r):
+            command = [sys.executable, __file__, "--child", path, "--repeats", str(args.repeats), "--rows",
+                       *map(str, args.rows), *(["--quick"] if args.quick else [])]
+            done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
-                raise SystemExit(f"{setting}: the child failed:\n{done.stderr[-3000:]}")
+                raise SystemExit(f"{path}: the child failed:\n{done.stderr[-3000:]}")
             for size, seconds in json.loads(done.stdout.strip().splitlines()[-1]).items():
-                times[(setting, int(size))].append(seconds)
-            print(f"round {r + 1}, {setting}: " + ", ".join(f"{size} rows {times[(setting, size)][-1]:.2f} s"
-                                                           for size in args.rows), flush=True)
+                times[(path, int(size))].append(seconds)
+            print(f"round {r + 1}, {path}: " + ", ".join(f"{size} rows {times[(path, size)][-1]:.2f} s"
+                                                        for size in args.rows), flush=True)
     print(f"\nseconds for {ROWS} rows of {PROMPT}+{RESPONSE} tokens, fwd + bwd, median (min-max) over {args.rounds} "
-          f"round(s); x: time per token over the setting's best size\n")
-    print("| rows per micro-batch | " + " | ".join(SETTINGS) + " | pyrl / glibc |")
-    print("|---|" + "---|" * (len(SETTINGS) + 1))
-    best = {setting: min(spread(times[(setting, size)])[0] for size in args.rows) for setting in SETTINGS}
+          f"round(s); x: time per token over the path's best size\n")
+    print("| rows per micro-batch | " + " | ".join(PATHS) + " | fused / unfused |")
+    print("|---|" + "---|" * (len(PATHS) + 1))
+    best = {path: min(spread(times[(path, size)])[0] for size in args.rows) for path in PATHS}
     for size in args.rows:
-        cells = [f"{show(times[(s, size)])} ({spread(times[(s, size)])[0] / best[s]:.2f}x)" for s in SETTINGS]
-        print(f"| {size} | " + " | ".join(cells) + f" | {ratio(times[(SETTINGS[1], size)], times[(SETTINGS[0], size)])} |")
+        cells = [f"{show(times[(p, size)])} ({spread(times[(p, size)])[0] / best[p]:.2f}x)" for p in PATHS]
+        print(f"| {size} | " + " | ".join(cells) + f" | {ratio(times[('fused', size)], times[('unfused', size)])} |")
 
 
 if __name__ == "__main__":

@@ -95,19 +95,6 @@ def threads_per_process(pool, groups: int) -> int:
     return max(1, int(cpus // groups))
 
 
-# glibc's malloc serves a block over its mmap threshold (dynamic, <= 32 MiB) with a fresh mmap and hands freed
-# memory at the heap's top back to the OS past 128 KiB: a large micro-batch's activations are then page-faulted
-# and zeroed anew at every forward and backward (256 rows x 48 tokens of bench_e2e's 24M model: 1.3x the time per
-# token of 128 rows; benchmarks/micro_batch_sizes.py). Fixed thresholds keep them on the heap, reused: the
-# process keeps its peak (as a GPU's caching allocator does), no more. A value the user set wins.
-CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-
-
-def cpu_malloc_env() -> dict:
-    """The CPU workers' glibc malloc settings (CPU_MALLOC_ENV), or the user's own where set."""
-    return {key: os.environ.get(key, value) for key, value in CPU_MALLOC_ENV.items()}
-
-
 def build_workers(config) -> Workers:
     import torch
 
@@ -150,7 +137,6 @@ def build_workers(config) -> Workers:
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     if gpus == 0:
         env["OMP_NUM_THREADS"] = threads_per_process(pool, groups)
-        env.update(cpu_malloc_env())
     group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
     role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
         else "actor_rollout"
