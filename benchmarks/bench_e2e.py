@@ -6,9 +6,10 @@ prompt, response limit, temperature 1, learning rate, precision, one PPO epoch o
 step, the same micro-batch size, no KL/reference model and the same reward (benchmarks/e2e_reward.py).
 Precision: fp32 on both sides, or (--precision bf16 / PYRL_BENCH_PRECISION=bf16) bf16 compute on both.
 What differs is the trainer: pyrl runs `python -m pyrl.ppo` (vLLM or HF rollout, packed or padded
-training: `actor_rollout_ref.model.use_remove_padding`; `-shared`: each prompt's tokens run once for its
-samples, `actor_rollout_ref.actor.use_prefix_grouper`), TRL its GRPOTrainer with HF generate (and, once, with
-vLLM colocated, which fails on CPU). Each run is a fresh subprocess.
+training: `actor_rollout_ref.model.use_remove_padding`; packed, pyrl's default runs each prompt's tokens once for
+its samples, `-unshared` turns that off: `actor_rollout_ref.actor.use_prefix_grouper=false`; `pyrl-verl-defaults`
+is a verl user's command line, every other key at verl 0.9.1's default), TRL its GRPOTrainer with HF generate
+(and, once, with vLLM colocated, which fails on CPU). Each run is a fresh subprocess.
 
 Workloads: `uniform` (32 prompts x 8 samples, 16 prompt tokens, 32 response tokens, EOS ignored) and
 `longtail` (16 prompts x 4, prompt lengths log-normal with median 74 and max 384 tokens, responses up
@@ -54,9 +55,10 @@ REWARD_FILE = HERE / "e2e_reward.py"
 LEARNING_RATE = 1e-6
 PHASES = ("gen", "old_log_prob", "update", "sync", "other")
 _VLLM, _HF = "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=hf"
-_PADDED, _SHARED = "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_prefix_grouper=true"
-PYRL_SYSTEMS = {"pyrl-vllm": [_VLLM], "pyrl-vllm-shared": [_VLLM, _SHARED], "pyrl-vllm-padded": [_VLLM, _PADDED],
-                "pyrl-hf": [_HF], "pyrl-hf-shared": [_HF, _SHARED], "pyrl-hf-padded": [_HF, _PADDED],
+# pyrl's defaults share each prompt's tokens among its samples (actor.use_prefix_grouper, on when n > 1 and packed)
+_PADDED, _UNSHARED = "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_prefix_grouper=false"
+PYRL_SYSTEMS = {"pyrl-vllm": [_VLLM], "pyrl-vllm-unshared": [_VLLM, _UNSHARED], "pyrl-vllm-padded": [_VLLM, _PADDED],
+                "pyrl-hf": [_HF], "pyrl-hf-unshared": [_HF, _UNSHARED], "pyrl-hf-padded": [_HF, _PADDED],
                 "pyrl-verl-defaults": []}  # -> overrides (pyrl-verl-defaults: verl_defaults_command)
 SYSTEMS = [*PYRL_SYSTEMS, "trl", "trl-vllm"]  # the default run order
 WORKLOADS = ("uniform", "longtail")
