@@ -123,6 +123,7 @@ class Isolation:
     seccomp: bool = False  # the worker loads the seccomp filter (libseccomp)
     cgroup: "_cgroup.Hierarchy | None" = None  # where the run's memory and process cgroups are made
     missing: tuple[str, ...] = ()  # what the kernel refused, for the default-deny message
+    landlock: int = 0  # the Landlock ABI version the worker restricts itself with (0: none)
 
     @property
     def kernel_boundary(self) -> bool:
@@ -138,6 +139,7 @@ class Isolation:
         parts.append("a uid of its own" if self.drop_uid else
                      ("no capabilities" if self.userns else f"uid {os.geteuid()}"))
         parts.append("seccomp filter" if self.seccomp else "no seccomp filter")
+        parts.append(f"Landlock ABI {self.landlock}" if self.landlock else "no Landlock")
         parts.append(f"cgroup v{self.cgroup.version} memory and process limits over the tree" if self.cgroup
                      else "per-process memory and process limits (no cgroup)")
         return ", ".join(parts) + ", audit hook"
@@ -170,12 +172,24 @@ def isolation() -> Isolation:
     if hierarchy is not None and _probe(Isolation(namespace, drop, bool(namespace) and not root, False,
                                                   hierarchy)) is not None:
         hierarchy = None
+    landlock = _landlock_abi()
+    if landlock and _probe(Isolation(namespace, drop, bool(namespace) and not root, False, None,
+                                     landlock=landlock)) is not None:
+        landlock = 0
     found = Isolation(namespace, drop, bool(namespace) and not root, seccomp_error is None, hierarchy,
-                      tuple(missing))
+                      tuple(missing), landlock)
     log.info("pyrl.sandbox: %s", found.describe())
     if not namespace:
         _remove_stale_directories()
     return found
+
+
+def _landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers (landlock_create_ruleset's version query), 0 without one."""
+    import ctypes
+
+    version = ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), 1)  # ..._VERSION
+    return max(0, version)
 
 
 def _probe(candidate: Isolation) -> str | None:
@@ -363,7 +377,7 @@ class _Run:
                         "seccomp": iso.seccomp, "cgroups": group.procs if group else [],
                         "mount_base": MOUNT_BASE if iso.namespace else None, "work": work,
                         "disk_bytes": self.limits.max_disk_bytes, "rlimits": self.rlimits(count_processes),
-                        "audit_hook": self.audit_hook}
+                        "audit_hook": self.audit_hook, "landlock": iso.landlock}
             settings_fd = _memfd("pyrl-sandbox-settings", marshal.dumps(settings))
             fds.append(settings_fd)
             stdin_fd = _memfd("pyrl-sandbox-stdin", self.stdin.encode("utf-8"))  # a file: no deadlock on large input
@@ -408,6 +422,8 @@ class _Run:
             for fd in fds:
                 os.close(fd)
             if uid is not None:
+                if not iso.namespace and group is None:  # nothing else ends a daemon that left the process group
+                    _kill_uid(uid)
                 _release_uid(uid)
             if group is not None and not group.remove():
                 log.warning("pyrl.sandbox: could not remove cgroup %s", ", ".join(group.paths))
@@ -417,7 +433,7 @@ class _Run:
     def rlimits(self, count_processes: bool) -> dict[str, int]:
         limits = self.limits
         rlimits = {"RLIMIT_CPU": self.cpu_limit, "RLIMIT_AS": limits.memory_mb << 20,
-                   "RLIMIT_FSIZE": limits.max_file_bytes, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.max_open_files}
+                   "RLIMIT_FSIZE": min(limits.max_file_bytes, limits.max_disk_bytes), "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.max_open_files}
         if count_processes:  # root is exempt from RLIMIT_NPROC: nothing to set
             rlimits["RLIMIT_NPROC"] = limits.max_processes
         return rlimits
@@ -526,6 +542,9 @@ class _Run:
             returncode = None
         elif reason == "cancelled":
             status, message, returncode = "killed", "cancelled by the caller: the process was killed", None
+        elif kind == "disk" and value.isdigit():
+            status, message = "killed", (f"disk quota of {limits.max_disk_bytes >> 20} MiB exceeded ({int(value) >> 20}"
+                                         " MiB in its directory): the process was killed")
         elif returncode is None:
             status, message = "killed", "the process ended without reporting how (killed from outside)"
         elif returncode < 0 and not (group is not None and group.oom_killed()):
@@ -550,6 +569,14 @@ class _Run:
         return SandboxResult(status=status, returncode=returncode, stdout=stdout.decode("utf-8", "replace"),
                              stderr=stderr.decode("utf-8", "replace"), wall_s=time.monotonic() - start,
                              message=message)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of a run's uid (root only), as the supervisor does when it can (_child.kill_uid): for an
+    unisolated run without a cgroup whose supervisor was killed first (timeout, output cap, cancellation)."""
+    sweep = f"import os\nos.setgroups([])\nos.setgid({uid})\nos.setuid({uid})\nfor _ in range(3): os.kill(-1, 9)"
+    subprocess.run([PYTHON, "-I", "-S", "-c", sweep], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd="/", env={}, timeout=30)  # started as root: the binary is readable
 
 
 def _pidfd(pid: int) -> int | None:

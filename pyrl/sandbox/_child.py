@@ -36,6 +36,7 @@ SETUP_EXIT = 70  # pyrl.sandbox.SETUP_EXIT: setting up the run failed (the statu
 BLOCK_PREFIX = "pyrl.sandbox: "  # the parent recognises a blocked operation by this prefix in the last stderr line
 WORK, WRITABLE = "/sandbox", ("/sandbox", "/tmp", "/dev/shm")  # namespace mode's work dir and writable places
 DEVICES = ("null", "zero", "full", "random", "urandom")
+DISK_POLL_S = 0.005  # unisolated: how often the supervisor measures the run's directory against its disk quota
 
 # events refused outright: starting programs, network access, and ways to reach the hook's state or lift limits
 DENIED = frozenset({
@@ -118,15 +119,20 @@ REFUSED_SYSCALLS = (
 # without a memory cgroup, memory these hold is charged to no rlimit: refused then (a tmpfs file, bounded by the
 # disk quota, does what a memfd or a SysV segment would)
 UNCOUNTED_MEMORY_SYSCALLS = ("memfd_create", "shmget", "msgget", "semget")
+# without network and IPC namespaces, the host's SysV IPC objects and unix sockets (pathname or abstract) are the
+# host's: refused then, every way an address can be named (socketpair and send/recv on its ends stay usable)
+HOST_IPC_SYSCALLS = ("shmget", "msgget", "semget", "connect", "bind", "sendmsg", "sendmmsg")
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 TIOCSTI = 0x5412
 
 
-def load_seccomp(counted_memory: bool) -> None:
-    """Refuse REFUSED_SYSCALLS (and UNCOUNTED_MEMORY_SYSCALLS unless a cgroup counts memory), device nodes (mknod of character/block devices), sockets other than AF_UNIX,
-    clone into new namespaces, clone3 (its flags cannot be inspected: ENOSYS makes libc fall back to clone) and
-    terminal input injection. Also sets no_new_privs (libseccomp's default)."""
+def load_seccomp(counted_memory: bool, host_ipc: bool) -> None:
+    """Refuse REFUSED_SYSCALLS (UNCOUNTED_MEMORY_SYSCALLS unless a cgroup counts memory; HOST_IPC_SYSCALLS and
+    sendto to an address when the run shares the host's network and IPC namespaces), device nodes (mknod of
+    character/block devices), sockets other than AF_UNIX, clone into new namespaces, clone3 (its flags cannot be
+    inspected: ENOSYS makes libc fall back to clone) and terminal input injection. Also sets no_new_privs
+    (libseccomp's default)."""
     libc()
 
     class ArgCmp(ctypes.Structure):
@@ -156,8 +162,11 @@ def load_seccomp(counted_memory: bool) -> None:
         if result != 0:
             raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
 
-    for name in REFUSED_SYSCALLS + (() if counted_memory else UNCOUNTED_MEMORY_SYSCALLS):
+    for name in dict.fromkeys(REFUSED_SYSCALLS + (() if counted_memory else UNCOUNTED_MEMORY_SYSCALLS) +
+                              (HOST_IPC_SYSCALLS if host_ipc else ())):  # each once
         rule(name, errno.EPERM)
+    if host_ipc:
+        rule("sendto", errno.EPERM, (4, SCMP_CMP_NE, 0))  # a destination address given
     for kind in (S_IFCHR, S_IFBLK):
         rule("mknod", errno.EPERM, (1, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
         rule("mknodat", errno.EPERM, (2, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
@@ -170,6 +179,78 @@ def load_seccomp(counted_memory: bool) -> None:
     result = lib.seccomp_load(ctypes.c_void_p(ctx))
     if result != 0:
         raise OSError(-result, f"seccomp_load: {os.strerror(-result)}")
+
+
+# ---- Landlock: which files the worker may read, write or run, in the kernel, whatever its uid ----
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446  # every architecture
+LANDLOCK_RULE_PATH_BENEATH = 1
+# access rights to files, by the ABI version that introduced them
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+LL_DIR_CHANGES = sum(1 << k for k in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
+LL_MAKE_CHAR, LL_MAKE_BLOCK = 1 << 6, 1 << 11
+LL_REFER, LL_TRUNCATE, LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # ABI 2, 3, 5
+LL_BIND_TCP, LL_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4: with no rule, no TCP at all
+LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6: nothing outside the run's domain
+ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group", "hosts", "nsswitch.conf")  # unisolated: host /etc
+
+
+def landlock_rules(writable: tuple, isolated: bool) -> list:
+    """(path, "read" | "write" | "device") the worker may use; nothing else of the file system can be opened. The
+    isolated root already holds nothing else (this then only repeats it in a second layer); unisolated, it is what
+    keeps the host's /tmp, /dev/shm, /proc, the project and its data out of reach."""
+    rules = [(p, "read") for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")]
+    rules += [(p, "read") for p in (sys.executable, *sys.path)]  # the interpreter (which may run itself again) and
+    # its standard library (also where a /proc/self/fd path stands for a directory)
+    if isolated:
+        rules += [("/etc", "read"), ("/proc", "read")]  # the run's own /etc and its PID namespace's /proc
+    else:
+        rules += [("/etc/" + name, "read") for name in ETC_FILES]
+    rules += [("/dev/" + name, "device") for name in DEVICES]
+    return rules + [(p, "write") for p in writable]
+
+
+def landlock_prepare(abi: int, rules: list) -> int:
+    """A Landlock ruleset (its descriptor) handling every right ABI `abi` knows, granting `rules`. Built before the
+    uid drop, so that every path in `rules` can still be opened; landlock_restrict_self applies it later."""
+    libc()
+    fs = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_READ_DIR | LL_DIR_CHANGES
+    fs |= (LL_REFER if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0) | (LL_IOCTL_DEV if abi >= 5 else 0)
+    attr = (ctypes.c_uint64 * 3)(fs, LL_BIND_TCP | LL_CONNECT_TCP if abi >= 4 else 0,
+                                 LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc().syscall(SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+    file_rights = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (fs & (LL_TRUNCATE | LL_IOCTL_DEV))
+    grants = {"read": read, "device": LL_READ_FILE | LL_WRITE_FILE | (fs & LL_TRUNCATE),
+              "write": fs & ~(LL_MAKE_CHAR | LL_MAKE_BLOCK | LL_IOCTL_DEV)}
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    for path, kind in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:  # not on this machine (/lib32, a missing sys.path entry)
+            continue
+        try:
+            allowed = grants[kind]
+            if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                allowed &= file_rights  # rights on a directory's entries cannot be given on a file
+            rule = PathBeneath(allowed, fd)
+            if libc().syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0):
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
+    return ruleset
+
+
+def landlock_restrict(ruleset: int) -> None:
+    """Apply the ruleset to this process and every process it starts (needs no_new_privs, set before)."""
+    _check(libc().syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
 
 
 # ---- the run's file system ----
@@ -465,6 +546,8 @@ def drop_privileges_and_limit(settings: dict) -> tuple[str, tuple]:
         writable = (work,)
         if uid is not None:
             keep_imports_reachable()
+    ruleset = landlock_prepare(settings["landlock"], landlock_rules(writable, isolated)) \
+        if settings["landlock"] else None
     if uid is not None:
         for cap in range(CAP_LAST + 1):
             libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
@@ -476,8 +559,10 @@ def drop_privileges_and_limit(settings: dict) -> tuple[str, tuple]:
     for name, value in settings["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     _check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if ruleset is not None:
+        landlock_restrict(ruleset)
     if settings["seccomp"]:
-        load_seccomp(counted_memory=bool(settings["cgroups"]))
+        load_seccomp(counted_memory=bool(settings["cgroups"]), host_ipc=not isolated)
     return work, writable
 
 
@@ -546,17 +631,69 @@ def main() -> None:
     os.write(go_w, b"1")
     os.close(go_w)
     pidfd = os.pidfd_open(worker)
+    unisolated = settings["mount_base"] is None
     while True:
-        ready, _, _ = select.select([pidfd, lifeline_fd], [], [])
+        ready, _, _ = select.select([pidfd, lifeline_fd], [], [], DISK_POLL_S if unisolated else None)
         if pidfd in ready:
             break
         if lifeline_fd in ready and not os.read(lifeline_fd, 1):  # the parent is gone: so is the run
-            if settings["mount_base"] is None:
-                os.killpg(0, 9)  # SIGKILL (the signal module costs an import)
+            if unisolated:
+                end_unisolated_tree(settings["uid"])
             os._exit(71)
+        if unisolated:
+            used = disk_usage(settings["work"])
+            if used > settings["disk_bytes"]:
+                os.write(status_fd, f"disk {used}".encode())
+                end_unisolated_tree(settings["uid"])
     _, status = os.waitpid(worker, 0)
     report = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
     os.write(status_fd, report.encode())
+    if unisolated and settings["uid"] is not None:  # whatever the code left running, wherever it moved
+        kill_uid(settings["uid"])
+
+
+def disk_usage(top: str) -> int:
+    """Bytes the run's directory holds: allocated blocks, and at least a block per file, directory or link (so that
+    a million empty files count too). Unisolated runs only, whose writes Landlock keeps to that directory."""
+    used, todo = 0, [top]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    try:
+                        used += max(entry.stat(follow_symlinks=False).st_blocks * 512, 4096)
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+    return used
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of the run's uid (a daemon that left the process group and session too): a child that
+    takes the uid sends kill(-1), which reaches exactly the processes of its uid. A process forked during a pass
+    is appended to the kernel's task list, so the same pass reaches it; the later passes are a margin."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for _ in range(3):
+                os.kill(-1, 9)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
+def end_unisolated_tree(uid) -> None:
+    """No PID namespace ends this run's processes: the run's uid is swept (root), then the process group (this
+    supervisor included)."""
+    if uid is not None:
+        kill_uid(uid)
+    os.killpg(0, 9)  # SIGKILL (the signal module costs an import)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,13 @@ harness lines, reading the tests, hostile output (never an exception: a counted 
 reward manager (the count becomes the metric reward/code_hostile_outputs), Sandbox Fusion, and the reward and
 advantage stages of a GRPO step, where the early-exit sample must get no reward.
 
+Each test runs in both of the sandbox's modes (tests/sandbox/sandbox_leftovers.isolation_for): "isolated" (what
+this machine allows: namespaces, the run's uid, seccomp, Landlock, a cgroup) and "unisolated" (the same without
+namespaces, what a machine without unshare runs when the user opts in): the scoring must hold in both.
 Every sandbox run costs ~0.1 s: the cases are few."""
 
 import json
+import pathlib
 import sys
 import types
 
@@ -14,9 +18,30 @@ import numpy as np
 import pytest
 import torch
 
+import pyrl.sandbox as sandbox
 from pyrl.rewards import assert_cases, code_exec, counts
 from pyrl.rewards.code_exec import HOSTILE, compute_score
 from test_code_exec import fenced, fusion  # noqa: F401 - the fusion fixture
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "sandbox"))
+from sandbox_leftovers import isolation_for, unavailable  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=["isolated", "unisolated"])
+def sandbox_mode(request, monkeypatch):
+    """Runs in this process use the mode's isolation; unisolated runs as a user who opted in
+    (reward.sandbox.allow_unisolated=true), so that the scoring, not the default deny, is what is tested."""
+    mode = request.param
+    if unavailable(mode):
+        pytest.skip(unavailable(mode))
+    if mode == "unisolated" and "fusion" in request.fixturenames:
+        pytest.skip("Sandbox Fusion runs the programs on its server: one mode is enough")
+    iso = isolation_for(mode)
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    if mode == "unisolated":
+        check = sandbox._check_isolation
+        monkeypatch.setattr(sandbox, "_check_isolation", lambda found, allow: check(found, True))
+    return mode
 
 ADD = "def add(a, b):\n    return a + b"
 ASSERTS = {"assert_case": ["assert add(1, 2) == 3", "assert add(20, 22) == 42"]}
@@ -375,7 +400,7 @@ class PromptsDataset:
 
 
 def test_a_grpo_step_never_rewards_the_early_exit():
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "trainer"))
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
     from trainer_helpers import compose
 
     from pyrl.rewards.managers import load_reward_manager

@@ -50,34 +50,34 @@ REFUSED = {errno.EPERM, errno.EACCES, errno.EAFNOSUPPORT, errno.ENOSYS}  # how t
 # attack -> (isolated, unisolated, hook-only)
 EXPECTED = {
     # 1. the audit hook bypassed wholesale, then the kernel's turn
-    "past the hook: write a file in host /tmp": (C, E, E),
-    "past the hook: write a file in host /dev/shm (POSIX shared memory)": (C, E, E),
+    "past the hook: write a file in host /tmp": (C, C, E),
+    "past the hook: write a file in host /dev/shm (POSIX shared memory)": (C, C, E),
     "past the hook: write a file in the repository": (C, C, E),
     "past the hook: write a file in the home directory": (C, C, E),
-    "past the hook: SysV message queue": (C, E, E),
+    "past the hook: SysV message queue": (C, C, E),
     "past the hook: a daemon (double fork, setsid) outliving the run": (C, C, E),
     "past the hook: 4 processes x 200 MB against a 256 MB limit": (C, C, E),
-    "past the hook: connect to a world-writable unix socket in host /tmp": (C, E, E),
-    "past the hook: connect to an abstract unix socket of the host": (C, E, E),
+    "past the hook: connect to a world-writable unix socket in host /tmp": (C, C, E),
+    "past the hook: connect to an abstract unix socket of the host": (C, C, E),
     "past the hook: TCP to a listener on 127.0.0.1": (C, C, E),
     "past the hook: UDP to a socket on 127.0.0.1": (C, C, E),
     # 2. climbing out of the work directory with dir_fd= (the "open" audit event carries no dir_fd)
-    "dir_fd climb: write in host /tmp": (C, E, E),
-    "dir_fd climb: write in host /dev/shm": (C, E, E),
+    "dir_fd climb: write in host /tmp": (C, C, E),
+    "dir_fd climb: write in host /dev/shm": (C, C, E),
     "dir_fd climb: write in the repository": (C, C, E),
     "dir_fd climb: write in the home directory": (C, C, E),
     # 3. writers in C that raise no audit event
-    "sqlite ATTACH DATABASE in host /tmp": (C, E, E),
-    "sqlite VACUUM INTO host /tmp": (C, E, E),
-    "readline.write_history_file in host /tmp": (C, E, E),
-    "_posixshmem.shm_open (host /dev/shm)": (C, E, E),
-    "a fresh posix module (_imp.create_builtin): mkfifo in host /tmp": (C, E, E),
+    "sqlite ATTACH DATABASE in host /tmp": (C, C, E),
+    "sqlite VACUUM INTO host /tmp": (C, C, E),
+    "readline.write_history_file in host /tmp": (C, C, E),
+    "_posixshmem.shm_open (host /dev/shm)": (C, C, E),
+    "a fresh posix module (_imp.create_builtin): mkfifo in host /tmp": (C, C, E),
     "a fresh posix module: mknod of /dev/kmsg (1, 11), then writing to the host's kernel log": (C, C, E),
     # 4. reads
     "read /etc/shadow": (C, C, E),
     "read a bystander's /proc/<pid>/environ": (C, C, E),
-    "find a secret on a host command line (/proc/*/cmdline)": (C, E, E),
-    "read a file of the repository (README.md)": (C, E, E),
+    "find a secret on a host command line (/proc/*/cmdline)": (C, C, E),
+    "read a file of the repository (README.md)": (C, C, E),
     "read a file in the home directory": (C, C, E),
     # 5. signalling processes outside, forging the supervisor's report
     "kill a bystander (os.kill, the hook in the way)": (C, C, C),
@@ -88,7 +88,7 @@ EXPECTED = {
     # 6. two runs at once
     "a run finds or changes the files of a run going on at the same time": (C, C, E),
     # 7. disk
-    "write 128 MiB with a disk quota of 32 MiB": (C, E, E),
+    "write 128 MiB with a disk quota of 32 MiB": (C, C, C),  # hook-only: the hook keeps its writes in its directory
     # 8. the kernel's attack surface (evidence: the error number inside the run)
     "past the hook: ptrace (attach to its own child)": (C, C, E),
     "past the hook: unshare(CLONE_NEWUSER)": (C, C, E),
@@ -109,15 +109,28 @@ EXPECTED = {
     "leftovers after a normal run": (C, C, C),
     "past the hook: children of a run killed at its wall-clock limit": (C, C, C),
     "past the hook: children of a run whose parent is SIGKILLed": (C, C, C),
+    "past the hook: a daemon (setsid) of a run killed at its wall-clock limit": (C, C, E),
+    "past the hook: a daemon (setsid) of a run whose parent is SIGKILLed": (C, C, E),
 }
 # Contained only through the run's cgroup (memory over the whole tree; the members killed at the end where no PID
 # namespace does it): where this machine gives no cgroup (not root, no delegated subtree) these escape in those modes.
 NEEDS_CGROUP = {"past the hook: 4 processes x 200 MB against a 256 MB limit": ("isolated", "unisolated"),
                 "past the hook: a daemon (double fork, setsid) outliving the run": ("unisolated",)}
+# Contained without namespaces only by Landlock (the run's file system access; its disk quota is measured on the one
+# directory Landlock lets it write): on a kernel without Landlock these escape in the unisolated mode.
+NEEDS_LANDLOCK = {"past the hook: write a file in host /tmp", "past the hook: write a file in host /dev/shm (POSIX "
+                  "shared memory)", "dir_fd climb: write in host /tmp", "dir_fd climb: write in host /dev/shm",
+                  "sqlite ATTACH DATABASE in host /tmp", "sqlite VACUUM INTO host /tmp",
+                  "readline.write_history_file in host /tmp", "_posixshmem.shm_open (host /dev/shm)",
+                  "a fresh posix module (_imp.create_builtin): mkfifo in host /tmp",
+                  "find a secret on a host command line (/proc/*/cmdline)", "read a file of the repository (README.md)",
+                  "write 128 MiB with a disk quota of 32 MiB"}
 
 
 def expected(attack: str, mode: str) -> str:
     if mode in NEEDS_CGROUP.get(attack, ()) and isolation_for(mode).cgroup is None:
+        return E
+    if mode == "unisolated" and attack in NEEDS_LANDLOCK and not isolation_for(mode).landlock:
         return E
     return EXPECTED[attack][MODES.index(mode)]
 
@@ -722,8 +735,14 @@ except OSError as e:
                                               max_file_bytes=16 << 20))
     mib = result.stdout.count("+")
     evidence = f"{mib} MiB written: {result.stdout[-200:]!r} {result.message}"
+    # isolated: the tmpfs refuses the first byte past the quota. Without a mount namespace the supervisor measures
+    # the run's directory every DISK_POLL_S and kills the run once it is over: bounded by what 5 ms of writing adds
+    # (measured on this machine: 3-25 MiB at page-cache speed), so "contained" there is: stopped for its quota
+    # before twice the quota
+    allowed = (quota >> 20) + 1 if mode == "isolated" else 2 * (quota >> 20)
+    stopped = mode == "isolated" or "disk quota" in result.message
     return {"write 128 MiB with a disk quota of 32 MiB":
-            ("unclear", evidence) if mib < 16 else verdict(mib > (quota >> 20) + 1, evidence)}
+            ("unclear", evidence) if mib < 16 else verdict(mib > allowed or not stopped, evidence)}
 
 
 SYSCALLS = {
@@ -858,6 +877,8 @@ CHILDREN = r'''
 import os, time
 for _ in range(2):
     if os.fork() == 0:
+        if detach:  # a daemon: out of the run's process group and session
+            os.setsid()
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -866,16 +887,21 @@ time.sleep(30)
 '''
 
 
-@group("past the hook: children of a run killed at its wall-clock limit")
+@group("past the hook: children of a run killed at its wall-clock limit",
+       "past the hook: a daemon (setsid) of a run killed at its wall-clock limit")
 def timed_out(mode):
-    mark = token()
-    result, seen = watching(lambda: sleepers(mark), run_past_hook, CHILDREN,
-                            SandboxLimits(wall_s=2, cpu_s=5, memory_mb=256), mark=mark)
-    left = leftovers(mark, within_s=2)
-    kill_marked(mark)
-    evidence = f"children seen {sorted(seen)}, left {left}, {result.status}"
-    return {"past the hook: children of a run killed at its wall-clock limit":
-            ("unclear", evidence) if len(seen) < 2 else verdict(bool(left) or result.status != "timeout", evidence)}
+    observed = {}
+    for row, detach in (("past the hook: children of a run killed at its wall-clock limit", False),
+                        ("past the hook: a daemon (setsid) of a run killed at its wall-clock limit", True)):
+        mark = token()
+        result, seen = watching(lambda: sleepers(mark), run_past_hook, CHILDREN,
+                                SandboxLimits(wall_s=2, cpu_s=5, memory_mb=256), mark=mark, detach=detach)
+        left = leftovers(mark, within_s=2)
+        kill_marked(mark)
+        evidence = f"children seen {sorted(seen)}, left {left}, {result.status}"
+        observed[row] = ("unclear", evidence) if len(seen) < 2 else verdict(bool(left) or result.status != "timeout",
+                                                                             evidence)
+    return observed
 
 
 PARENT = r'''
@@ -889,16 +915,22 @@ with using(sys.argv[1]):
 '''
 
 
-@group("past the hook: children of a run whose parent is SIGKILLed")
+@group("past the hook: children of a run whose parent is SIGKILLed",
+       "past the hook: a daemon (setsid) of a run whose parent is SIGKILLed")
 def parent_killed(mode):
-    """A separate process runs the program (children sleeping past the hook); once they are seen it is SIGKILLed.
-    Within 5 s no process of the run may be left (the supervisor notices its parent's end on a pipe); the next
-    probe removes the run's host directory and cgroups."""
+    return {"past the hook: children of a run whose parent is SIGKILLed": parent_killed_with(mode, False),
+            "past the hook: a daemon (setsid) of a run whose parent is SIGKILLed": parent_killed_with(mode, True)}
+
+
+def parent_killed_with(mode, detach):
+    """A separate process runs the program (children sleeping past the hook; `detach`: each in a session of its
+    own); once they are seen it is SIGKILLed. Within 5 s no process of the run may be left (the supervisor notices
+    its parent's end on a pipe); the next probe removes the run's host directory and cgroups."""
     mark = token()
     before = ipc_objects()
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode, os.path.dirname(os.path.abspath(__file__))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    parent.stdin.write(past_hook(CHILDREN, mark=mark))
+    parent.stdin.write(past_hook(CHILDREN, mark=mark, detach=detach))
     parent.stdin.close()
     deadline = time.monotonic() + 15
     while len(sleepers(mark)) < 2 and time.monotonic() < deadline and parent.poll() is None:
@@ -918,8 +950,7 @@ def parent_killed(mode):
     evidence = (f"children seen {started}; left {left}; {len(orphaned)} directories and cgroups before the next "
                 f"probe, after it {stale}; ipc {changed}" +
                 ("" if len(started) >= 2 else f"; the parent's output: {output[-400:]}"))
-    return {"past the hook: children of a run whose parent is SIGKILLed":
-            ("unclear", evidence) if len(started) < 2 else verdict(bool(left or stale or changed), evidence)}
+    return ("unclear", evidence) if len(started) < 2 else verdict(bool(left or stale or changed), evidence)
 
 
 assert set(GROUPS) == set(EXPECTED), set(GROUPS) ^ set(EXPECTED)
