@@ -13,16 +13,21 @@ How a run is isolated (README, "The sandbox", has the table of what is enforced 
   of max_disk_bytes) and pivots into it: nothing else of the host is there, and nothing of the run is on the host's
   disk (code, files and stdin come through memfds);
 - it forks the worker, which drops to a uid of the run's own (root) or drops every capability (user namespace),
-  sets no_new_privs and its rlimits, loads a seccomp filter (libseccomp) and the audit hook (defence in depth), and
-  is moved into a cgroup of the run's own (memory and processes over the whole tree) before the code starts;
+  sets no_new_privs and its rlimits, confines its file access with Landlock (where the kernel has it), loads a
+  seccomp filter (libseccomp) and the audit hook (defence in depth), and is moved into a cgroup of the run's own
+  (memory and processes over the whole tree) before the code starts;
 - the parent kills the whole tree on timeout, output overflow or cancellation; the PID namespace ends with its
   init; a pipe whose write end only the parent holds ends the run when the parent dies, however it dies.
 What this machine allows is probed once per process by real runs (`isolation()`). Without the namespaces, the
 run's own uid (or a capability-less user namespace) and the seccomp filter, run_code refuses to run code
 (SandboxUnavailable, naming what is missing) unless the caller passes allow_unisolated=True: then the code runs in a
-host directory of its own with what remains (the uid drop as root, seccomp and the cgroup where they work, the audit
-hook, rlimits), one warning logged per process. Such a run's directory is removed afterwards, or, if its process
-was killed first, by the next process that probes; a killed process's cgroups likewise.
+host directory of its own with what remains (the uid drop as root; seccomp, then also refusing the host's SysV IPC
+and unix-socket addresses; Landlock, which keeps its writes to that directory and its reads to the interpreter's
+files; the cgroup; the audit hook; rlimits), one warning logged per process. The supervisor stands in for the
+missing PID namespace and tmpfs: it kills every process of the run's uid when the run or the parent ends, and
+measures the directory against the disk quota every DISK_POLL_S (_child.py). Such a run's directory is removed
+afterwards, or, if its process was killed first, by the next process that probes; a killed process's cgroups
+likewise.
 """
 
 from __future__ import annotations

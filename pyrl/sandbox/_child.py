@@ -5,8 +5,8 @@ The supervisor (this process) reads the run's settings, the code and its files f
 cgroups, and, when the parent asked for a kernel boundary (it runs under `unshare` in new mount, PID, network, IPC
 and UTS namespaces, and is the PID namespace's init), builds the run's file system and pivots into it. It then
 forks the worker and reports how the worker ended. The worker drops to the run's own uid (or, in a user namespace,
-drops every capability), lowers its resource limits, loads the seccomp filter, installs the audit hook and runs
-the code as `__main__`. What the worker needs is imported before the filter and the hook (whose checks would
+drops every capability), lowers its resource limits, restricts itself with Landlock, loads the seccomp filter,
+installs the audit hook and runs the code as `__main__`. What the worker needs is imported before the filter and the hook (whose checks would
 apply to it). Standard library only (ctypes for mount(2), pivot_root(2), capset(2) and libseccomp): the
 interpreter runs without site-packages. Every run pays for this script's imports, so it imports little (marshal,
 not json, for the settings; ctypes only where a namespace or the filter needs it; traceback on an error only).
@@ -103,6 +103,8 @@ def bind(source, target, writable=False, device=False):
 # ---- seccomp, through libseccomp (the filter's BPF, architecture checks and x32 handling are its) ----
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_NE, SCMP_CMP_MASKED_EQ = 1, 7
+SCMP_FLTATR_CTL_OPTIMIZE = 8  # libseccomp >= 2.5; older ones ignore it (the filter is then a linear list)
+NEWER_SYSCALLS = 128  # how many numbers past libseccomp's last known system call are refused (a decade of kernels)
 # system calls code execution never needs: kernel, namespace, tracing and device interfaces (refused with EPERM)
 REFUSED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare",
@@ -146,9 +148,12 @@ def load_seccomp(counted_memory: bool, host_ipc: bool) -> None:
                                            ctypes.POINTER(ArgCmp)]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_syscall_resolve_num_arch.argtypes = [ctypes.c_uint32, ctypes.c_int]
+    lib.seccomp_syscall_resolve_num_arch.restype = ctypes.c_void_p  # a name (never freed: the worker is short-lived)
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")
+    lib.seccomp_attr_set(ctypes.c_void_p(ctx), SCMP_FLTATR_CTL_OPTIMIZE, 2)  # a binary tree: ~8 tests per call
 
     def errno_action(code):
         return 0x00050000 | code
@@ -167,6 +172,13 @@ def load_seccomp(counted_memory: bool, host_ipc: bool) -> None:
         rule(name, errno.EPERM)
     if host_ipc:
         rule("sendto", errno.EPERM, (4, SCMP_CMP_NE, 0))  # a destination address given
+    # the rest is a deny list, except for what this libseccomp does not know: system calls numbered past the last it
+    # can name (added to the kernel after it was released) return ENOSYS, as on a kernel without them
+    last = max(n for n in range(1024) if lib.seccomp_syscall_resolve_num_arch(0, n))
+    for number in range(last + 1, last + 1 + NEWER_SYSCALLS):
+        result = lib.seccomp_rule_add_array(ctx, errno_action(errno.ENOSYS), number, 0, None)
+        if result != 0:
+            raise OSError(-result, f"seccomp rule for system call {number}: {os.strerror(-result)}")
     for kind in (S_IFCHR, S_IFBLK):
         rule("mknod", errno.EPERM, (1, SCMP_CMP_MASKED_EQ, S_IFMT, kind))
         rule("mknodat", errno.EPERM, (2, SCMP_CMP_MASKED_EQ, S_IFMT, kind))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import secrets
 import signal
 import socket
@@ -102,6 +103,7 @@ EXPECTED = {
     "past the hook: socket(AF_NETLINK)": (C, C, E),
     "past the hook: socket(AF_PACKET)": (C, C, E),
     "past the hook: io_setup (AIO contexts count against a host-wide limit)": (C, C, E),
+    "past the hook: listmount (Linux 6.8, newer than the libseccomp that builds the filter)": (C, C, E),
     # the audit hook's own refusals (defence in depth)
     "the hook refuses a subinterpreter (whose audit hooks would be its own)": (C, C, C),
     "the hook refuses _posixsubprocess loaded under another name": (C, C, C),
@@ -752,7 +754,9 @@ SYSCALLS = {
     "past the hook: perf_event_open": "perf_event_open", "past the hook: socket(AF_INET)": "AF_INET",
     "past the hook: socket(AF_NETLINK)": "AF_NETLINK", "past the hook: socket(AF_PACKET)": "AF_PACKET",
     "past the hook: io_setup (AIO contexts count against a host-wide limit)": "io_setup",
+    "past the hook: listmount (Linux 6.8, newer than the libseccomp that builds the filter)": "listmount",
 }
+LISTMOUNT = 458  # the same number on every architecture
 
 
 @group(*SYSCALLS)
@@ -773,7 +777,8 @@ try:
 except OSError:
     number = X86_64.__getitem__
 def call(name, *args):
-    result = libc.syscall(ctypes.c_long(number(name)), *(ctypes.c_long(a) for a in args))
+    result = libc.syscall(ctypes.c_long(number(name) if isinstance(name, str) else name),
+                          *(ctypes.c_long(a) for a in args))
     if result < 0:
         return ctypes.get_errno()
     if name == "clone":
@@ -804,6 +809,7 @@ trials = {
     "io_uring_setup": lambda: call("io_uring_setup", 1, 0),
     "perf_event_open": lambda: call("perf_event_open", 0, 0, -1, -1, 0),
     "io_setup": lambda: call("io_setup", 1, 0),  # no context pointer: EFAULT if the kernel gets to it
+    "listmount": lambda: call(listmount, 0, 0, 0, 0),  # no request: EFAULT if the kernel gets to it
     "AF_INET": lambda: open_socket(socket.AF_INET, socket.SOCK_STREAM),
     "AF_NETLINK": lambda: open_socket(socket.AF_NETLINK, socket.SOCK_RAW),
     "AF_PACKET": lambda: open_socket(socket.AF_PACKET, socket.SOCK_RAW),
@@ -821,7 +827,7 @@ for name, trial in trials.items():
     _, status = os.waitpid(pid, 0)
     print("trial", name, os.waitstatus_to_exitcode(status), flush=True)
 '''
-    result = run_past_hook(source)
+    result = run_past_hook(source, listmount=LISTMOUNT)
     codes = {}
     for line in result.stdout.splitlines():
         if line.startswith("trial "):
@@ -833,7 +839,12 @@ for name, trial in trials.items():
         evidence = f"{name}: " + ("no report: " + result.message + result.stderr[-300:] if code is None else
                                   "went through" if code == 0 else errno.errorcode.get(code, str(code)))
         observed[row] = ("unclear", evidence) if code is None else verdict(code not in REFUSED, evidence)
+    if tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) < (6, 8):
+        observed[LISTMOUNT_ROW] = ("n/a", "the kernel has no listmount (Linux < 6.8): nothing to refuse")
     return observed
+
+
+LISTMOUNT_ROW = "past the hook: listmount (Linux 6.8, newer than the libseccomp that builds the filter)"
 
 
 @group("the hook refuses a subinterpreter (whose audit hooks would be its own)",
