@@ -13,7 +13,6 @@ import ctypes
 import dataclasses
 import glob
 import os
-import tempfile
 import time
 
 import pyrl.sandbox as sandbox
@@ -109,7 +108,7 @@ def processes(*markers: str, root: int | None = None) -> list[int]:
 def directories(pid: int | None = None) -> list[str]:
     """Host directories of unisolated runs made by process `pid` (this one) still there."""
     pid = os.getpid() if pid is None else pid
-    return sorted(glob.glob(os.path.join(tempfile.gettempdir(), f"pyrl-sandbox-{pid}-*")))
+    return sorted(glob.glob(os.path.join(sandbox.work_base(), f"pyrl-sandbox-{pid}-*")))
 
 
 def cgroups(pid: int | None = None) -> list[str]:

@@ -90,6 +90,7 @@ EXPECTED = {
     "a run finds or changes the files of a run going on at the same time": (C, C, E),
     # 7. disk
     "write 128 MiB with a disk quota of 32 MiB": (C, C, C),  # hook-only: the hook keeps its writes in its directory
+    "write 192 MiB into files deleted while held open (quota 32 MiB, memory 96 MB)": (C, C, E),
     # 8. the kernel's attack surface (evidence: the error number inside the run)
     "past the hook: ptrace (attach to its own child)": (C, C, E),
     "past the hook: unshare(CLONE_NEWUSER)": (C, C, E),
@@ -127,6 +128,7 @@ NEEDS_LANDLOCK = {"past the hook: write a file in host /tmp", "past the hook: wr
                   "a fresh posix module (_imp.create_builtin): mkfifo in host /tmp",
                   "find a secret on a host command line (/proc/*/cmdline)", "read a file of the repository (README.md)",
                   "write 128 MiB with a disk quota of 32 MiB"}
+NEEDS_CGROUP["write 192 MiB into files deleted while held open (quota 32 MiB, memory 96 MB)"] = ("unisolated",)
 
 
 def expected(attack: str, mode: str) -> str:
@@ -745,6 +747,34 @@ except OSError as e:
     stopped = mode == "isolated" or "disk quota" in result.message
     return {"write 128 MiB with a disk quota of 32 MiB":
             ("unclear", evidence) if mib < 16 else verdict(mib > allowed or not stopped, evidence)}
+
+
+@group("write 192 MiB into files deleted while held open (quota 32 MiB, memory 96 MB)")
+def deleted_files(mode):
+    """Files unlinked while open are in no directory, so the unisolated mode's watchdog cannot see them: its
+    directory is on a tmpfs (/dev/shm) whose pages the kernel charges to the run's memory cgroup."""
+    source = r'''
+import os
+block = b"\0" * (1 << 20)
+held = []
+try:
+    for n in range(12):
+        fd = os.open(f"hidden-{n}", os.O_CREAT | os.O_RDWR)
+        os.unlink(f"hidden-{n}")
+        held.append(fd)
+        for _ in range(16):
+            if os.write(fd, block) < len(block):
+                raise OSError("short write")
+            os.write(1, b"+")
+except OSError as e:
+    print("\nstopped:", e)
+'''
+    result = run(source, limits=SandboxLimits(wall_s=20, cpu_s=10, memory_mb=96, max_disk_bytes=32 << 20,
+                                              max_file_bytes=16 << 20))
+    mib = result.stdout.count("+")
+    evidence = f"{mib} MiB written: {result.stdout[-120:]!r} {result.status}: {result.message}"
+    return {"write 192 MiB into files deleted while held open (quota 32 MiB, memory 96 MB)":
+            ("unclear", evidence) if mib < 16 else verdict(mib > 96, evidence)}
 
 
 SYSCALLS = {
