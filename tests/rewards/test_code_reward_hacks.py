@@ -34,8 +34,6 @@ def sandbox_mode(request, monkeypatch):
     mode = request.param
     if unavailable(mode):
         pytest.skip(unavailable(mode))
-    if mode == "unisolated" and "fusion" in request.fixturenames:
-        pytest.skip("Sandbox Fusion runs the programs on its server: one mode is enough")
     iso = isolation_for(mode)
     monkeypatch.setattr(sandbox, "isolation", lambda: iso)
     if mode == "unisolated":
