@@ -26,8 +26,8 @@ and unix-socket addresses; Landlock, which keeps its writes to that directory an
 files; the cgroup; the audit hook; rlimits), one warning logged per process. The supervisor stands in for the
 missing PID namespace and tmpfs: it kills every process of the run's uid when the run or the parent ends, and
 measures the directory against the disk quota every DISK_POLL_S (_child.py). Such a run's directory is removed
-afterwards, or, if its process was killed first, by the next process that probes; a killed process's cgroups
-likewise.
+afterwards, or, if its process was killed first, by its supervisor (failing that, by the next process that
+probes); a killed process's cgroups by the next process that probes.
 """
 
 from __future__ import annotations

@@ -649,8 +649,8 @@ def main() -> None:
         if pidfd in ready:
             break
         if lifeline_fd in ready and not os.read(lifeline_fd, 1):  # the parent is gone: so is the run
-            if unisolated:
-                end_unisolated_tree(settings["uid"])
+            if unisolated:  # and its host directory, which the parent would have removed
+                end_unisolated_tree(settings["uid"], settings["work"])
             os._exit(71)
         if unisolated:
             used = disk_usage(settings["work"])
@@ -700,12 +700,30 @@ def kill_uid(uid: int) -> None:
     os.waitpid(child, 0)
 
 
-def end_unisolated_tree(uid) -> None:
-    """No PID namespace ends this run's processes: the run's uid is swept (root), then the process group (this
-    supervisor included)."""
+def end_unisolated_tree(uid, work: str | None = None) -> None:
+    """No PID namespace ends this run's processes: the run's uid is swept (root), `work` removed when given, then
+    the process group (this supervisor included)."""
     if uid is not None:
         kill_uid(uid)
+    if work is not None:
+        remove_tree(work)
     os.killpg(0, 9)  # SIGKILL (the signal module costs an import)
+
+
+def remove_tree(top: str) -> None:
+    """Remove a directory tree without following links (the supervisor keeps the permissions to, whatever the code
+    did to its own); what cannot be removed is left to the next process's probe."""
+    for root, dirs, files in os.walk(top, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            try:
+                os.rmdir(path) if name in dirs and not os.path.islink(path) else os.unlink(path)
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

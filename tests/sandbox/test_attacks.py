@@ -966,7 +966,8 @@ def parent_killed(mode):
 def parent_killed_with(mode, detach):
     """A separate process runs the program (children sleeping past the hook; `detach`: each in a session of its
     own); once they are seen it is SIGKILLed. Within 5 s no process of the run may be left (the supervisor notices
-    its parent's end on a pipe); the next probe removes the run's host directory and cgroups."""
+    its parent's end on a pipe), nor its host directory (the supervisor removes it); the next probe removes the
+    run's cgroups."""
     mark = token()
     before = ipc_objects()
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode, os.path.dirname(os.path.abspath(__file__))],
@@ -984,14 +985,17 @@ def parent_killed_with(mode, detach):
     left = leftovers(mark, within_s=5).get("processes", [])
     kill_marked(mark)
     orphaned = directories(parent.pid) + cgroups(parent.pid)
+    directories_left = directories(parent.pid)
     sandbox._remove_stale_directories()  # what the next process's probe does
     cgroup.probe()
     stale = directories(parent.pid) + cgroups(parent.pid)
     changed = ipc_objects() ^ before
-    evidence = (f"children seen {started}; left {left}; {len(orphaned)} directories and cgroups before the next "
+    evidence = (f"children seen {started}; left {left}; host directories left {directories_left}; "
+                f"{len(orphaned)} directories and cgroups before the next "
                 f"probe, after it {stale}; ipc {changed}" +
                 ("" if len(started) >= 2 else f"; the parent's output: {output[-400:]}"))
-    return ("unclear", evidence) if len(started) < 2 else verdict(bool(left or stale or changed), evidence)
+    return ("unclear", evidence) if len(started) < 2 else verdict(bool(left or directories_left or stale or changed),
+                                                                  evidence)
 
 
 assert set(GROUPS) == set(EXPECTED), set(GROUPS) ^ set(EXPECTED)
