@@ -130,12 +130,19 @@ def tool_transfer_problems(seed: int = 0, train_size: int = 20000, val_size: int
     return problems[val_size:], problems[:val_size]
 
 
+TRANSFER_PRODUCTS = ("absent", "guessed")  # how the transfer variant's training data holds products
+
+
+def check_transfer_products(products: str) -> None:
+    if products not in TRANSFER_PRODUCTS:
+        raise ValueError(f"products={products!r}: expected one of {', '.join(map(repr, TRANSFER_PRODUCTS))}")
+
+
 def tool_transfer_conversations(problems, products: str, seed: int = 0) -> list[list[dict]]:
     """The transfer warm-start's training conversations: a calculator demonstration of each (a, b, op) problem
     (sums and differences, tool_transfer_problems), and with products="guessed" half as many products of the task's
     train split answered without the calculator (tool_calc_guess); products="absent": no product at all."""
-    if products not in ("absent", "guessed"):
-        raise ValueError(f"products={products!r}: expected 'absent' or 'guessed'")
+    check_transfer_products(products)
     if any(op == "*" for _, _, op in problems):
         raise ValueError("the transfer warm-start never demonstrates the calculator on a product")
     conversations = [tool_calc_demonstration(*p) for p in problems]

@@ -385,8 +385,10 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
     on sums and differences."""
     import time
 
-    from pyrl.data.tool_calc import tool_calc_pairs, tool_transfer_conversations, tool_transfer_problems
+    from pyrl.data.tool_calc import (check_transfer_products, tool_calc_pairs, tool_transfer_conversations,
+                                     tool_transfer_problems)
 
+    check_transfer_products(products)  # before the cache lookup: a misspelt value must not find another variant
     suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")
     if (train_size, val_size) != (20000, 256):
         suffix += f"-train{train_size}-val{val_size}"

@@ -70,6 +70,12 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
     return metrics
 
 
+def rollout_vs_trainer(batch: DataProto) -> dict:
+    """verl's training/rollout_probs_diff_* metrics: the trainer's old log-probs (from the old-log-prob pass, or on
+    policy from the update before its optimizer step) against the rollout engine's."""
+    return rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
+
+
 def packed_tokens(batch: DataProto) -> DataProto:
     """The batch as it travels to the model workers: prompt + response tokens (input_ids, position_ids) packed,
     the attention mask turned into their layout, and without the left-padded `prompts` (a copy of input_ids'
@@ -286,8 +292,7 @@ class PPOTrainer:
                 metrics["actor/entropy"] = entropy.item()
                 batch.union(old.select([key for key in ("old_log_probs", "sum_pi_squared") if key in old.batch]))
             if "rollout_log_probs" in batch.batch:  # weights pushed intact: both engines give the same log-probs
-                metrics.update(rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                  batch.batch["response_mask"]))
+                metrics.update(rollout_vs_trainer(batch))
         if self.use_ref:
             with M.timer("ref", timing):
                 ref = actor.compute_ref_log_prob(packed_tokens(batch))
@@ -313,8 +318,7 @@ class PPOTrainer:
                 metrics.update(M.reduce_metrics(updated.meta_info["metrics"]))
             if "old_log_probs" in updated.batch:  # on-policy: the update's own, from before its optimizer step, give
                 batch.batch["old_log_probs"] = updated.batch["old_log_probs"]  # what the skipped pass would have
-                metrics.update(rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                  batch.batch["response_mask"]))
+                metrics.update(rollout_vs_trainer(batch))
                 metrics.update(apply_rollout_correction(batch, self.correction))  # metrics only: no IS, no rejection
             if self.one_step_off is None:
                 with M.timer("update_weights", timing):

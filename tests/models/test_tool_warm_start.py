@@ -139,6 +139,8 @@ def test_transfer_warm_start_smoke_and_what_it_shows(tmp_path):
     with pytest.warns(UserWarning, match="not reached after 2 steps"):
         path = tool_transfer_warm_start_path(**kwargs)
     assert tool_transfer_warm_start_path(**kwargs) == path and path.endswith("-tool-transfer-sft-v1-guess-train64-val8")
+    with pytest.raises(ValueError, match="products='guesed'"):  # checked before the cache lookup
+        tool_transfer_warm_start_path(**{**kwargs, "products": "guesed"})
     info = json.load(open(os.path.join(path, "pyrl_warm_start.json")))
     assert info["steps"] == 2 and info["products"] == "guessed"
     for key in ("sums_and_differences", "products_greedy", "products_sampled"):
