@@ -350,6 +350,9 @@ class RewardModelConfig:
     reward_manager: Optional[str] = None
     # verl's DAPO recipe spelling of reward.reward_kwargs.overlong_buffer_cfg (moved there when enabled)
     overlong_buffer: dict = field(default_factory=lambda: {"enable": False, "len": 0, "penalty_factor": 1.0})
+    # verl's DAPO scripts' `+reward_model.reward_kwargs.*` (overlong_buffer_cfg, max_resp_len): moved to
+    # reward.reward_kwargs at start (verl 0.9.1's main_ppo drops them; only its fully-async entry moves them)
+    reward_kwargs: dict = field(default_factory=dict)
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(forward_only=True))
 
 
@@ -461,6 +464,25 @@ class RolloutPoolConfig:
 
 
 @dataclass
+class RayKwargsConfig:
+    """verl 0.9.1's ray_kwargs: ray_init is handed to ray.init (free-form, as in verl: num_cpus, runtime_env, and
+    whatever else a script adds with +ray_kwargs.ray_init.<key>); timeline_json_file: Ray's task timeline written there
+    when the run ends."""
+
+    ray_init: dict = field(default_factory=lambda: {"num_cpus": None, "runtime_env": {"py_executable": None}})
+    timeline_json_file: Optional[str] = None
+
+
+@dataclass
+class LegacySandboxFusionConfig:
+    """verl's top-level sandbox_fusion, its legacy spelling of reward.sandbox_fusion (moved there at start)."""
+
+    url: Optional[str] = None
+    max_concurrent: Optional[int] = None
+    memory_limit_mb: Optional[int] = None
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -473,6 +495,8 @@ class PPOConfig:
         default_factory=lambda: CustomRewardFunctionConfig(name=None))
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    sandbox_fusion: LegacySandboxFusionConfig = field(default_factory=LegacySandboxFusionConfig)
 
 
 FSDP2_STRATEGIES = ("fsdp", "fsdp2")  # verl's FSDP1 and FSDP2 both run FSDP2 here: the same numbers
@@ -562,6 +586,15 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
         if old_fn.reward_kwargs:
             reward.custom_reward_function.reward_kwargs = {**old_fn.reward_kwargs,
                                                            **reward.custom_reward_function.reward_kwargs}
+    if legacy.reward_kwargs:
+        for key, value in legacy.reward_kwargs.items():
+            if key in reward.reward_kwargs and reward.reward_kwargs[key] != value:
+                raise ValueError(f"reward_model.reward_kwargs.{key}={value!r} and reward.reward_kwargs.{key}="
+                                 f"{reward.reward_kwargs[key]!r} disagree: set only reward.reward_kwargs.{key}")
+        reward.reward_kwargs = {**legacy.reward_kwargs, **reward.reward_kwargs}
+    for name in ("url", "max_concurrent", "memory_limit_mb"):
+        move(f"sandbox_fusion.{name}", getattr(config.sandbox_fusion, name), f"reward.sandbox_fusion.{name}",
+             lambda v, name=name: setattr(reward.sandbox_fusion, name, v), getattr(reward.sandbox_fusion, name))
     if legacy.overlong_buffer.get("enable"):
         if "overlong_buffer_cfg" in reward.reward_kwargs:
             raise ValueError("reward_model.overlong_buffer and reward.reward_kwargs.overlong_buffer_cfg are both set: "
@@ -570,6 +603,67 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
                                 "overlong_buffer_cfg": dict(legacy.overlong_buffer)}
     # the worker reads its model where pyrl's reward_model section keeps it
     legacy.model.path = reward.reward_model.model_path or ""
+
+
+def unknown_keys(cfg, schema=None, path: str = "") -> list[str]:
+    """Keys of a composed config (a DictConfig or dict) that the schema (PPOConfig's dataclasses) does not have.
+    Hydra's `key=value` refuses those itself, but `+key=value` and `++key=value` add them to any node; so every
+    composed config is walked: a key is known where its dataclass has the field, and anything goes only inside
+    the free-form sections (fields typed dict or Any: override_config, engine_kwargs, reward_kwargs,
+    apply_chat_template_kwargs, ray_kwargs.ray_init, ...), as in verl 0.9.1."""
+    import dataclasses
+    import typing
+
+    schema = schema or PPOConfig
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key in cfg.keys():
+        name = f"{path}.{key}" if path else str(key)
+        if key not in hints:
+            found.append(name)
+            continue
+        kind = hints[key]
+        if typing.get_origin(kind) is typing.Union:  # Optional[X]
+            kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
+        value = cfg[key] if not hasattr(cfg, "_get_node") else cfg._get_node(key)
+        if dataclasses.is_dataclass(kind) and hasattr(value, "keys"):
+            found += unknown_keys(value, kind, name)
+    return found
+
+
+def check_known_keys(cfg) -> None:
+    """Stop with one line naming each key the schema lacks (unknown_keys), with the nearest known names."""
+    import difflib
+
+    unknown = unknown_keys(cfg)
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        parent, _, leaf = name.rpartition(".")
+        siblings = list(_fields_at(parent))
+        near = difflib.get_close_matches(leaf, siblings, n=3)
+        lines.append(f"{name}" + (f" (did you mean {', '.join(f'{parent}.{n}' if parent else n for n in near)}?)"
+                                  if near else ""))
+    raise ValueError(f"unknown config key{'s' if len(lines) > 1 else ''}: {'; '.join(lines)}. pyrl has verl 0.9.1's "
+                     "keys (pyrl/config.py); `+key=` / `++key=` add keys only inside free-form sections "
+                     "(override_config, engine_kwargs, reward_kwargs, ray_kwargs.ray_init, ...)")
+
+
+def _fields_at(path: str):
+    """The field names of the dataclass at `path` in PPOConfig (none where the path leaves the schema)."""
+    import dataclasses
+    import typing
+
+    schema = PPOConfig
+    for name in filter(None, path.split(".")):
+        kind = typing.get_type_hints(schema).get(name)
+        if typing.get_origin(kind) is typing.Union:
+            kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
+        if not dataclasses.is_dataclass(kind):
+            return []
+        schema = kind
+    return [f.name for f in dataclasses.fields(schema)]
 
 
 def _value(config, key: str):

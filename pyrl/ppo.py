@@ -15,7 +15,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import PPOConfig, check_supported, migrate_legacy_reward
+from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
 from pyrl.models import resolve_model_path
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
@@ -219,6 +219,10 @@ def run_ppo(config: PPOConfig) -> dict:
         trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers)
         final_val = trainer.fit()
     finally:
+        if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends
+            import ray
+
+            ray.timeline(filename=config.ray_kwargs.timeline_json_file)
         workers.shutdown()
         close_scoring_pools()
     outputs = {"run_dir": run_dir}
@@ -270,6 +274,7 @@ def run_from_hydra(cfg: DictConfig) -> None:
         log.info("no data and no model given: the toy preset (configs/preset/%s.yaml: GRPO on two-digit addition "
                  "with pyrl's tiny model); name data.train_files and actor_rollout_ref.model.path to train your own",
                  TOY_PRESET)
+    check_known_keys(cfg)  # `+key=` / `++key=` bypass Hydra's own check of the key's name
     config: PPOConfig = OmegaConf.to_object(cfg)  # resolves interpolations, checks every value's type
     run_ppo(config)
 

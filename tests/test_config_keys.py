@@ -200,3 +200,60 @@ def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
         check_supported(compose(f"{ENGINE}.backend={backend}"))
     with pytest.raises(ValueError, match=re.escape(f"{ENGINE}.{key}=") + ".* is not supported"):
         check_supported(compose(override))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+actor_rollout_ref.actor.bogus_key=3", r"unknown config key: actor_rollout_ref\.actor\.bogus_key\. "),
+    ("++actor_rollout_ref.actor.ppo_epoch=2",
+     r"actor_rollout_ref\.actor\.ppo_epoch \(did you mean actor_rollout_ref\.actor\.ppo_epochs\?\)"),
+    ("+trainer.bogus.deep=1", r"unknown config key: trainer\.bogus\. "),
+    ("+bogus=1", r"unknown config key: bogus\. "),
+    ("+critic.optim.warmup=1", r"unknown config key: critic\.optim\.warmup\b"),
+    ("+reward_model.overlong_buffr.enable=true", r"reward_model\.overlong_buffr \(did you mean reward_model\.overlong_buffer\?\)"),
+])
+def test_plus_overrides_go_through_the_key_check(override, message):
+    """`+key=` / `++key=` add keys Hydra would refuse as `key=`: the composed config is checked against the schema."""
+    from trainer.trainer_helpers import compose
+
+    with pytest.raises(ValueError, match=message):
+        compose("preset=toy", override)
+
+
+def test_plus_overrides_inside_free_form_sections_are_kept():
+    from trainer.trainer_helpers import compose
+
+    config = compose("preset=toy", "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
+                     "+reward.custom_reward_function.reward_kwargs.scale=2", "++actor_rollout_ref.actor.ppo_epochs=2",
+                     "+ray_kwargs.ray_init.log_to_driver=false", "+ray_kwargs.ray_init.runtime_env.env_vars.A=1")
+    assert config.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1}
+    assert config.reward.custom_reward_function.reward_kwargs == {"scale": 2}
+    assert config.actor_rollout_ref.actor.ppo_epochs == 2
+
+
+def test_ray_kwargs_reach_ray_init():
+    """verl 0.9.1's ray_kwargs.ray_init goes to ray.init as verl hands it over (unset entries dropped); num_cpus
+    while joining a cluster, or an address there, stops the run naming the key."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.workers import ray_init_kwargs
+
+    assert ray_init_kwargs(compose("preset=toy")) == {}
+    config = compose("preset=toy", "ray_kwargs.ray_init.num_cpus=3", "+ray_kwargs.ray_init.log_to_driver=false",
+                     "+ray_kwargs.ray_init.runtime_env.env_vars.A=1")
+    assert ray_init_kwargs(config) == {"num_cpus": 3, "log_to_driver": False, "runtime_env": {"env_vars": {"A": 1}}}
+    with pytest.raises(ValueError, match="ray_kwargs.ray_init.num_cpus sizes a local Ray instance"):
+        ray_init_kwargs(compose("preset=toy", "ray_kwargs.ray_init.num_cpus=3", "trainer.ray_address=auto"))
+    with pytest.raises(ValueError, match="ray_kwargs.ray_init.address: set trainer.ray_address"):
+        ray_init_kwargs(compose("preset=toy", "+ray_kwargs.ray_init.address=auto"))
+
+
+def test_the_command_line_refuses_an_added_unknown_key(tmp_path):
+    """The entry itself (not only the test helper) checks: the run stops before any worker, naming the key."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pyrl.ppo", "+actor_rollout_ref.actor.bogus_key=3"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "unknown config key: actor_rollout_ref.actor.bogus_key" in proc.stderr + proc.stdout
+    assert "ActorRolloutRefWorker" not in proc.stderr + proc.stdout  # no worker started

@@ -46,7 +46,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) 
     level = auth_log.level
     auth_log.setLevel(logging.ERROR)
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, **kwargs)
+        ray.init(**{"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": True,
+                    **kwargs})  # kwargs (ray_kwargs.ray_init) may override the last two
     finally:
         auth_log.setLevel(level)
 

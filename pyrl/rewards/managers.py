@@ -241,7 +241,11 @@ class RewardManager:
         if not extra_info:  # plain-number scores: verl 0.9.1's managers report each as "acc" (validation's core metric)
             extra_info["acc"] = values.tolist()
         if self.overlong_buffer.get("enable"):
-            values = values + self.overlong_penalty(np.asarray(lengths))
+            penalty = self.overlong_penalty(np.asarray(lengths))
+            values = values + penalty
+            if self.overlong_buffer.get("log"):  # verl's dapo manager's extra info
+                extra_info["overlong_reward"] = penalty.tolist()
+                extra_info["overlong"] = (penalty < 0).tolist()
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         last = torch.as_tensor(lengths) - 1
         has = last >= 0
@@ -296,6 +300,9 @@ class BatchRewardManager(RewardManager):
 MANAGERS = {"naive": RewardManager, "dapo": RewardManager, "batch": BatchRewardManager}
 
 
+OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")  # verl 0.9.1's overlong_buffer_cfg
+
+
 def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardManager:
     """The manager reward.reward_manager.name names, with reward.custom_reward_function if one is set (see
     pyrl.config.migrate_legacy_reward for the legacy spellings). Validation never applies the overlong penalty
@@ -317,7 +324,20 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
             default_compute_score, sandbox_fusion_url=sandbox.url, memory_limit_mb=sandbox.memory_limit_mb,
             allow_unisolated=reward.sandbox.allow_unisolated,
             max_concurrent=max(1, sandbox.max_concurrent // scoring_processes(reward.num_workers)))
-    overlong = dict(reward.reward_kwargs.get("overlong_buffer_cfg") or {}) if name == "dapo" and not validation else {}
+    unknown = sorted(set(reward.reward_kwargs) - {"overlong_buffer_cfg", "max_resp_len"})
+    if unknown:
+        raise ValueError(f"reward.reward_kwargs.{unknown[0]}: unknown key; the managers read overlong_buffer_cfg and "
+                         "max_resp_len (dapo); a custom function's keywords go in "
+                         "reward.custom_reward_function.reward_kwargs")
+    overlong = dict(reward.reward_kwargs.get("overlong_buffer_cfg") or {})
+    unknown = sorted(set(overlong) - set(OVERLONG_BUFFER_KEYS))
+    if unknown:
+        raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.{unknown[0]}: unknown key; verl's dapo manager "
+                         f"reads {', '.join(OVERLONG_BUFFER_KEYS)}")
+    if overlong.get("enable") and name != "dapo":
+        raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.enable=true is applied by the dapo manager only: "
+                         f"set reward.reward_manager.name=dapo (it is {name!r})")
+    overlong = overlong if not validation else {}
     max_resp_len = reward.reward_kwargs.get("max_resp_len")
     if overlong.get("enable") and max_resp_len is None:
         raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "

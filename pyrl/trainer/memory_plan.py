@@ -603,11 +603,11 @@ def cluster_capacity(config, device: str, per_node: int) -> Capacity:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pyrl.controller import init_ray
     from pyrl.controller.worker_group import PlacementError, alive_nodes, choose_nodes
+    from pyrl.trainer.workers import start_ray
 
     trainer = config.trainer
-    init_ray(trainer.ray_address)
+    start_ray(config)
     gpus = 1 if device == "cuda" else 0
     try:
         nodes = choose_nodes(alive_nodes(), [per_node] * trainer.nnodes, 1, gpus,

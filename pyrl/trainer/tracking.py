@@ -39,7 +39,48 @@ def check_backends(backends) -> list[str]:
         if module and importlib.util.find_spec(module) is None:
             raise ImportError(f"trainer.logger={backend} needs the {module} package, which the tracking extra brings: "
                               "pip install 'pyrl[tracking]' (pip install -e '.[tracking]' in a checkout)")
+    if "wandb" in backends:
+        check_wandb_credentials()
     return backends
+
+
+WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no server
+
+
+def check_wandb_credentials() -> None:
+    """trainer.logger includes wandb (verl's default, [console, wandb]): unless WANDB_MODE says offline, the
+    credentials wandb would find (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the host's entry in .netrc, an api_key in
+    wandb's settings files) must exist, or the run stops now, naming the remedies. Without this it stopped at the
+    first logged step, after the workers had started, with wandb's login traceback. Stopping rather than falling
+    back to offline: a run the user expects on their dashboard must not quietly log to local files instead."""
+    import configparser
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or \
+            os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    config_dir = os.environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    for path in (os.path.join(config_dir, "settings"), os.path.join("wandb", "settings")):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+        except configparser.Error:
+            continue
+        if parser.has_option("default", "api_key"):
+            return
+    raise ValueError(f"trainer.logger includes wandb (verl's default logger is [console, wandb]), but no wandb "
+                     f"credentials for {host} were found (WANDB_API_KEY, `wandb login`'s .netrc entry): log in, set "
+                     "WANDB_MODE=offline (sync later with `wandb sync`), or choose other loggers, e.g. "
+                     "trainer.logger=[console,jsonl]")
 
 
 def metrics_file(run_dir: str) -> str:

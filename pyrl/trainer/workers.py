@@ -95,10 +95,36 @@ def threads_per_process(pool, groups: int) -> int:
     return max(1, int(cpus // groups))
 
 
+def ray_init_kwargs(config) -> dict:
+    """ray_kwargs.ray_init as ray.init takes it (verl 0.9.1's main_ppo hands it over the same way): unset (null)
+    entries dropped, runtime_env's too. num_cpus is for a local instance: joining a cluster with it set stops here,
+    since Ray would refuse it after the cluster was contacted."""
+    ray_init = {key: value for key, value in config.ray_kwargs.ray_init.items() if value is not None}
+    runtime_env = {key: value for key, value in (ray_init.pop("runtime_env", None) or {}).items() if value is not None}
+    if runtime_env:
+        ray_init["runtime_env"] = runtime_env
+    if "address" in ray_init:
+        raise ValueError("ray_kwargs.ray_init.address: set trainer.ray_address (pyrl's key for the cluster to join)")
+    if ray_init.get("num_cpus") is not None and (config.trainer.ray_address or os.environ.get("RAY_ADDRESS")):
+        raise ValueError("ray_kwargs.ray_init.num_cpus sizes a local Ray instance; this run joins a cluster "
+                         "(trainer.ray_address or $RAY_ADDRESS), whose nodes have their own CPUs: unset it")
+    return ray_init
+
+
+def start_ray(config, processes: int = 1) -> None:
+    """Join the run's cluster or start a local Ray instance (pyrl.controller.init_ray) with ray_kwargs.ray_init;
+    a local one gets at least a CPU per worker process unless ray_init.num_cpus says otherwise."""
+    from pyrl.controller import init_ray
+
+    ray_init = ray_init_kwargs(config)
+    num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
+    init_ray(config.trainer.ray_address, num_cpus=num_cpus, **ray_init)
+
+
 def build_workers(config) -> Workers:
     import torch
 
-    from pyrl.controller import ResourcePool, WorkerGroup, init_ray
+    from pyrl.controller import ResourcePool, WorkerGroup
     from pyrl.workers.actor import ActorRolloutRefWorker
     from pyrl.workers.critic import CriticWorker
     from pyrl.workers.perf import peak_flops
@@ -113,7 +139,7 @@ def build_workers(config) -> Workers:
     groups = 1 + use_critic + use_rm
     per_node = workers_per_node(trainer)
     processes = per_node * trainer.nnodes + rollout_processes(config)  # the rollout's own workers too
-    init_ray(trainer.ray_address, num_cpus=max(os.cpu_count() or 1, processes))  # a local one's CPUs
+    start_ray(config, processes)
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
     pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=None,
                         max_colocate_count=groups)

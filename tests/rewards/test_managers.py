@@ -80,8 +80,12 @@ def test_dict_scores_batch_manager_and_overlong_penalty(tokenizer, tmp_path):
                             overlong_buffer={"enable": True, "len": 4, "penalty_factor": 1.0})
     data = rollout(tokenizer, ["a", "abcdefghijk"], ["", ""])
     lengths = data.batch["response_mask"].sum(-1).tolist()
-    scores, _, _ = manager(data)
-    assert scores.sum(-1).tolist() == pytest.approx([1.0 + min(0.0, -(n - 4) / 4) for n in lengths])
+    scores, extra, _ = manager(data)
+    expected = [min(0.0, -(n - 4) / 4) for n in lengths]
+    assert scores.sum(-1).tolist() == pytest.approx([1.0 + e for e in expected]) and "overlong" not in extra
+    manager.overlong_buffer["log"] = True  # verl's dapo manager: the penalty and whether it applied, per sample
+    _, extra, _ = manager(data)
+    assert extra["overlong_reward"] == pytest.approx(expected) and extra["overlong"] == [e < 0 for e in expected]
 
 
 def test_extra_fields_stay_aligned_when_a_dict_scorer_fails(tokenizer):
@@ -192,3 +196,61 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
                       "+reward.reward_kwargs.overlong_buffer_cfg.len=4")
     with pytest.raises(ValueError, match="needs reward.reward_kwargs.max_resp_len"):
         load_reward_manager(missing, None)
+
+
+DAPO_RECIPE = ("reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.log=false", "+reward_model.reward_kwargs.max_resp_len=8")
+
+
+def test_the_dapo_recipes_reward_kwargs_reach_the_manager():
+    """verl's DAPO scripts pass +reward_model.reward_kwargs.* (verl 0.9.1's main_ppo drops them, its fully-async
+    entry moves them to reward.reward_kwargs): pyrl moves them, so the overlong penalty is on as the script says;
+    given both ways they must agree. A key no manager reads, or the penalty asked of another manager, stops."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "trainer"))
+    from trainer_helpers import compose
+
+    from pyrl.config import migrate_legacy_reward
+    from pyrl.rewards.managers import load_reward_manager
+
+    def manager(*overrides):
+        config = compose("preset=toy", *overrides)
+        migrate_legacy_reward(config)
+        return load_reward_manager(config, None)
+
+    dapo = manager(*DAPO_RECIPE)
+    assert dapo.overlong_buffer == {"enable": True, "len": 4, "penalty_factor": 0.5, "log": False}
+    assert dapo.max_response_length == 8
+    assert manager(*DAPO_RECIPE, "+reward.reward_kwargs.max_resp_len=8").max_response_length == 8  # agreeing
+    with pytest.raises(ValueError, match="reward_model.reward_kwargs.max_resp_len=8 and reward.reward_kwargs."
+                                         "max_resp_len=16 disagree"):
+        manager(*DAPO_RECIPE, "+reward.reward_kwargs.max_resp_len=16")
+    with pytest.raises(ValueError, match="overlong_buffer_cfg.lenght: unknown key"):
+        manager(*DAPO_RECIPE, "+reward_model.reward_kwargs.overlong_buffer_cfg.lenght=4")
+    with pytest.raises(ValueError, match="reward.reward_kwargs.scale: unknown key"):
+        manager("+reward.reward_kwargs.scale=2")
+    with pytest.raises(ValueError, match="applied by the dapo manager only: set reward.reward_manager.name=dapo"):
+        manager(*DAPO_RECIPE[1:])
+
+
+def test_the_legacy_top_level_sandbox_fusion_moves_to_reward():
+    """verl's top-level sandbox_fusion.* (its legacy spelling) is moved to reward.sandbox_fusion, as verl's
+    migration does; given both ways with different values it is an error naming both."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "trainer"))
+    from trainer_helpers import compose
+
+    from pyrl.config import migrate_legacy_reward
+
+    config = compose("preset=toy", "sandbox_fusion.url=http://sandbox:8080/run_code", "sandbox_fusion.max_concurrent=4")
+    migrate_legacy_reward(config)
+    assert (config.reward.sandbox_fusion.url, config.reward.sandbox_fusion.max_concurrent,
+            config.reward.sandbox_fusion.memory_limit_mb) == ("http://sandbox:8080/run_code", 4, 1024)
+    clash = compose("preset=toy", "sandbox_fusion.url=http://a/run_code", "reward.sandbox_fusion.url=http://b/run_code")
+    with pytest.raises(ValueError, match="sandbox_fusion.url='http://a/run_code' and reward.sandbox_fusion.url="
+                                         "'http://b/run_code' disagree"):
+        migrate_legacy_reward(clash)

@@ -68,16 +68,22 @@ def test_tool_use_run_shortened(tmp_path):
 
 
 def test_two_runs_started_at_once_both_finish(tmp_path):
-    """Each run starts its own private Ray instance: two on one machine at the same moment do not meet."""
+    """Each run starts its own private Ray instance: two on one machine at the same moment do not meet. verl's
+    ray_kwargs reach ray.init (the first run's CPUs; a key a script adds with +) and the timeline is written."""
     import subprocess
 
+    ray_kwargs = [[f"ray_kwargs.timeline_json_file={tmp_path / 'timeline.json'}"],
+                  ["ray_kwargs.ray_init.num_cpus=3", "+ray_kwargs.ray_init.log_to_driver=false"]]
     procs = [subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *SMALL, "actor_rollout_ref.rollout.name=hf",
-                               "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / str(i)}"],
+                               "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / str(i)}",
+                               *ray_kwargs[i]],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
     assert [len(read_metrics(tmp_path / str(i))) for i in range(2)] == [1, 1]
+    events = json.loads((tmp_path / "timeline.json").read_text())
+    assert isinstance(events, list) and events  # Ray's chrome-tracing events of the run's tasks
 
 
 ESTIMATORS = sorted(ADV_ESTIMATOR_REGISTRY)

@@ -133,6 +133,38 @@ def test_missing_package_names_the_extra(monkeypatch):
         check_backends(["console", "mlflow"])
 
 
+def test_wandb_without_credentials_stops_before_the_run(tmp_path, monkeypatch):
+    """verl's default logger includes wandb: with no credentials anywhere wandb looks, the start-up check stops the
+    run naming the remedies; each source of credentials, or an offline mode, lets it through."""
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL",
+                 "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"no wandb credentials for api\.wandb\.ai .*WANDB_MODE=offline.*"
+                                         r"trainer\.logger=\[console,jsonl\]"):
+        check_backends(["console", "wandb"])
+    assert check_backends(["console", "jsonl"]) == ["console", "jsonl"]  # no wandb: nothing to check
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_MODE", "disabled"), ("WANDB_API_KEY", "k" * 40)):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            assert check_backends(["wandb"]) == ["wandb"]
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert check_backends(["wandb"]) == ["wandb"]
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")  # a server of one's own: its entry counts
+    with pytest.raises(ValueError, match=r"no wandb credentials for wandb\.example\.com"):
+        check_backends(["wandb"])
+    settings = tmp_path / ".config" / "wandb" / "settings"
+    settings.parent.mkdir(parents=True)
+    settings.write_text("[default]\napi_key = " + "k" * 40 + "\n")
+    assert check_backends(["wandb"]) == ["wandb"]
+
+
 def test_truncate_metrics_keeps_steps_up_to_the_checkpoint(tmp_path):
     tracker = Tracking(["jsonl"], str(tmp_path), "p", "e", {}, total_steps=3)
     log_steps(tracker)

@@ -50,9 +50,11 @@ def compose(*overrides, config_name="ppo_trainer"):
     from omegaconf import OmegaConf
 
     import pyrl.ppo  # noqa: F401 - registers the schema
+    from pyrl.config import check_known_keys
 
     with initialize_config_module("pyrl.configs", version_base=None):
         cfg = hydra_compose(config_name, overrides=list(overrides))
+    check_known_keys(cfg)  # as pyrl.ppo.run_from_hydra does
     return OmegaConf.to_object(cfg)
 
 
