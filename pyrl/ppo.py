@@ -214,6 +214,8 @@ def run_ppo(config: PPOConfig) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
+    global WORKERS_STARTED
+    WORKERS_STARTED = True
     workers = build_workers(config)
     try:
         trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers)
@@ -279,17 +281,30 @@ def run_from_hydra(cfg: DictConfig) -> None:
     run_ppo(config)
 
 
-def cli(hydra_main=None) -> None:
+def cli(hydra_main=None) -> int | None:
     """hydra_main: the Hydra entry to run (main; pyrl.experimental.one_step_off_policy.main_ppo's names its own
-    config)."""
+    config). An error found before any worker starts (a bad key or value, the data, a model, a batch that does not
+    split) is printed as one line, the last, without a traceback, and the exit code is 2; HYDRA_FULL_ERROR=1
+    shows the traceback, as Hydra's own switch does. Errors after the workers started keep theirs."""
     global AUTO_PRESET
     AUTO_PRESET = wants_toy_preset(sys.argv[1:])
     if AUTO_PRESET:
         sys.argv.append(f"preset={TOY_PRESET}")
-    (hydra_main or main)()
+    show_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors here instead of printing them
+    try:
+        (hydra_main or main)()
+    except Exception as e:  # noqa: BLE001 - shown as one line only when no worker had started
+        if show_traceback or WORKERS_STARTED:
+            raise
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        print(f"pyrl: stopped before any worker started: {type(e).__name__}: {message}", file=sys.stderr, flush=True)
+        return 2
+    return None
 
 
 AUTO_PRESET = False
+WORKERS_STARTED = False  # set as run_ppo starts the workers: from then on errors keep their tracebacks
 
 if __name__ == "__main__":
     sys.exit(cli())

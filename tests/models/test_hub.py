@@ -61,7 +61,7 @@ def test_hub_id_loads_offline_from_the_cache(hub_cache):
 def test_missing_hub_id_stops_the_run_before_workers_start(hub_cache, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pyrl.ppo", "actor_rollout_ref.model.path=nobody/no-such-model",
                            f"trainer.default_local_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **hub_cache.env})
+                          text=True, timeout=300, env={**os.environ, **hub_cache.env, "WANDB_MODE": "offline"})
     assert proc.returncode != 0
     assert "actor_rollout_ref.model.path='nobody/no-such-model' is neither a local directory nor" in proc.stderr
     assert "HF_HUB_OFFLINE=1" in proc.stderr

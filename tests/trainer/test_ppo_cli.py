@@ -370,14 +370,18 @@ def good_row(content="03+47="):
             "reward_model": {"style": "rule", "ground_truth": "50"}}
 
 
-@pytest.mark.parametrize("case", ["unknown_key", "ill_typed", "missing_prompt", "wrong_type", "empty_file",
-                                  "empty_table", "overlong_error"])
+@pytest.mark.parametrize("case", ["unknown_key", "added_unknown_key", "ill_typed", "missing_prompt", "wrong_type",
+                                  "empty_file", "empty_table", "overlong_error", "full_error"])
 def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
+    """Each error found before the workers start is the last line of stderr, alone, with no traceback, and the
+    exit code is 2; HYDRA_FULL_ERROR=1 brings the traceback back."""
     run_dir = tmp_path / "run"
     args = [*SMALL, f"trainer.default_local_dir={run_dir}"]
     data = tmp_path / "train.parquet"
     expect = {
         "unknown_key": (["data.nope=1"], "nope"),
+        "added_unknown_key": (["+data.nope=1"], "unknown config key: data.nope"),
+        "full_error": (["+data.nope=1"], "unknown config key: data.nope"),
         "ill_typed": (["data.train_batch_size=abc"], "train_batch_size"),
         "missing_prompt": ([], "missing column 'prompt'"),
         "wrong_type": ([], "row 0: column 'prompt' must be a non-empty list"),
@@ -395,14 +399,19 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
         pq.write_table(pa.table({"data_source": pa.array([], pa.string()), "prompt": pa.array([], pa.string())}), data)
     else:
         write_parquet(data, [good_row("1234567890 " * 3), good_row()])
-    if case not in ("unknown_key", "ill_typed"):
+    if case not in ("unknown_key", "added_unknown_key", "ill_typed", "full_error"):
         args += [f"data.train_files={data}", f"data.val_files={data}"]
-    proc = run_cli(args + expect[0], cwd=tmp_path, timeout=300)
+    proc = run_cli(args + expect[0], cwd=tmp_path, timeout=300,
+                   env={"HYDRA_FULL_ERROR": "1" if case == "full_error" else "0"})
     assert proc.returncode != 0
-    assert expect[1] in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    if case == "full_error":
+        assert "Traceback" in proc.stderr and expect[1] in last
+    else:
+        assert proc.returncode == 2 and last.startswith("pyrl: stopped before any worker started: "), proc.stderr[-2000:]
+        assert expect[1] in last and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     if case in ("missing_prompt", "empty_file", "wrong_type"):
-        assert str(data) in proc.stderr  # the message names the file
-    assert "Traceback" not in proc.stderr.splitlines()[-1]
+        assert str(data) in last  # the message names the file
     assert not run_dir.exists()
 
 

@@ -20,8 +20,8 @@ def main(cfg: DictConfig) -> None:
     ppo.run_from_hydra(cfg)
 
 
-def cli() -> None:
-    ppo.cli(main)
+def cli() -> int | None:
+    return ppo.cli(main)
 
 
 if __name__ == "__main__":
