@@ -17,11 +17,13 @@ from pyrl.algos import get_adv_estimator_fn, get_kl_controller
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
 from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
+from pyrl.trainer import checkpoints
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
 from pyrl.workers.actor import is_on_policy
+from pyrl.workers.checkpoint import save_failed
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
 
 log = logging.getLogger("pyrl")
@@ -379,8 +381,12 @@ class PPOTrainer:
 
     # ---- checkpoints ----
     def save_checkpoint(self) -> None:
-        step_dir = os.path.join(self.run_dir, f"global_step_{self.global_steps}")
-        os.makedirs(step_dir, exist_ok=True)
+        """The workers' shards, then data.pt, then the manifest (pyrl.trainer.checkpoints), last: a directory
+        without one is an unfinished save. A directory of this step left by an earlier attempt (a run resumed from
+        before it) is removed first, so that nothing of it is listed as this save's."""
+        step_dir = checkpoints.step_dir(self.run_dir, self.global_steps)
+        shutil.rmtree(step_dir, ignore_errors=True)
+        os.makedirs(step_dir)
         self.workers.actor.save_checkpoint(os.path.join(step_dir, "actor"))
         if self.use_critic:
             self.workers.critic.save_checkpoint(os.path.join(step_dir, "critic"))
@@ -389,8 +395,12 @@ class PPOTrainer:
             state.update(self.one_step_off.state_dict())  # waits for it: its collection draws from the sampler
         state.update(sampler=self.sampler.state_dict(), kl_ctrl=self.kl_ctrl.state_dict())
         tmp = os.path.join(step_dir, "data.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, os.path.join(step_dir, "data.pt"))
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, os.path.join(step_dir, "data.pt"))
+            checkpoints.write_manifest(step_dir)
+        except Exception as e:  # noqa: BLE001 - a full disk, said plainly (torch says "unexpected pos")
+            raise save_failed(step_dir, e) from e
 
     def commit_checkpoint(self) -> None:
         """Make the saved step the one to resume from, once its metrics are logged (a run killed between
@@ -401,11 +411,14 @@ class PPOTrainer:
             f.write(str(self.global_steps))
         os.replace(latest_tmp, os.path.join(self.run_dir, LATEST))
         keep = self.config.trainer.max_actor_ckpt_to_keep
-        if keep:  # this one and the keep - 1 before it
-            older = sorted(step for d in os.listdir(self.run_dir) if d.startswith("global_step_")
-                           and (step := int(d.rsplit("_", 1)[1])) < self.global_steps)
+        if keep:  # this one and the keep - 1 before it, once this one is there whole (never the newest intact one)
+            problem = checkpoints.damage(checkpoints.step_dir(self.run_dir, self.global_steps), digests=False)
+            if problem is not None:
+                log.warning("keeping every older checkpoint: the one just saved is not intact (%s)", problem)
+                return
+            older = [step for step in checkpoints.saved_steps(self.run_dir) if step < self.global_steps]
             for old in older[:max(len(older) - keep + 1, 0)]:
-                shutil.rmtree(os.path.join(self.run_dir, f"global_step_{old}"), ignore_errors=True)
+                shutil.rmtree(checkpoints.step_dir(self.run_dir, old), ignore_errors=True)
 
     def checkpoint_to_resume(self) -> str | None:
         trainer = self.config.trainer
@@ -415,6 +428,9 @@ class PPOTrainer:
             if not trainer.resume_from_path or not os.path.exists(os.path.join(trainer.resume_from_path, "data.pt")):
                 raise FileNotFoundError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not a "
                                         "global_step_<k> checkpoint directory (no data.pt)")
+            problem = checkpoints.damage(trainer.resume_from_path)
+            if problem is not None:
+                raise ValueError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not intact: {problem}")
             return trainer.resume_from_path
         if trainer.resume_mode != "auto":
             raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
@@ -422,7 +438,11 @@ class PPOTrainer:
         if not os.path.exists(latest):
             return None
         with open(latest) as f:
-            return os.path.join(self.run_dir, f"global_step_{int(f.read().strip())}")
+            committed = int(f.read().strip())
+        found = checkpoints.newest_intact(self.run_dir, committed)  # logs each damaged one it skips
+        if found is None:
+            log.warning("%s names step %d, but %s holds no checkpoint: starting over", LATEST, committed, self.run_dir)
+        return found
 
     def load_checkpoint(self) -> None:
         """Resume from the checkpoint trainer.resume_mode picks; metrics.jsonl keeps the steps up to it (a

@@ -3,6 +3,7 @@ schedule and RNG, and Hugging Face export."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from typing import Iterable
@@ -29,6 +30,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
     With `peft_model` (LoRA, pyrl.workers.lora) only the trainable weights (the adapters) are saved, in the shards
     and as a PEFT adapter in PATH/lora_adapter (its base: `base_model_path`); hf_weights are merged."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     path = os.path.abspath(path)
     tmp = path + ".tmp"
@@ -36,9 +38,12 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     barrier()
-    dcp.save(_checkpoint_state(model, optimizer, trainable_only=peft_model is not None)[0], checkpoint_id=tmp)
-    extra = {**(extra or {}), "lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state()}
-    torch.save(extra, os.path.join(tmp, f"extra_rank{rank}.pt"))
+    try:
+        dcp.save(_checkpoint_state(model, optimizer, trainable_only=peft_model is not None)[0], checkpoint_id=tmp)
+        extra = {**(extra or {}), "lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state()}
+        torch.save(extra, os.path.join(tmp, f"extra_rank{rank}.pt"))
+    except (Exception, CheckpointException) as e:  # torch reports a full disk as "unexpected pos": say so
+        raise save_failed(tmp, e) from e
     if peft_model is not None:
         lora.save_adapter(os.path.join(tmp, lora.ADAPTER_DIR), peft_model, model, strip_prefix, rank, base_model_path)
     if hf_model is not None:
@@ -54,6 +59,20 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
     barrier()
+
+
+def save_failed(path: str, error: Exception) -> OSError:
+    """The error to raise when writing a checkpoint into PATH failed: it names the path, and says when the file
+    system is full (torch's writers report that as "unexpected pos ...", losing the errno)."""
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC or free is not None and free < (1 << 20)
+    reason = f"{os.strerror(errno.ENOSPC)} ({free} bytes free there)" if full else f"{type(error).__name__}: {error}"
+    return OSError(errno.ENOSPC if full else getattr(error, "errno", None) or errno.EIO,
+                   f"saving the checkpoint into {path} failed: {reason}; the last committed checkpoint is untouched")
 
 
 def _checkpoint_state(model: nn.Module, optimizer, trainable_only: bool):
