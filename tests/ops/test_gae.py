@@ -34,10 +34,13 @@ def _oracle_scan(r, v, m, gamma, lam):
 
 
 def _oracle_whiten(adv, m):
-    """(A - mean) / sqrt(var + 1e-8) at every position; mean and unbiased variance over the unmasked tokens."""
+    """(A - mean) / sqrt(var + 1e-8) at every position; mean and unbiased variance over the unmasked tokens, each
+    mean dividing by count + 1e-8 as verl's masked_mean does (with a spread small against the mean, leaving that
+    out moves the whitened values by more than 1e-7)."""
     valid = [a for a, k in zip(adv, m) if k]
-    mean = math.fsum(valid) / len(valid)
-    var = math.fsum((a - mean) ** 2 for a in valid) / (len(valid) - 1)
+    n = len(valid)
+    mean = math.fsum(valid) / (n + 1e-8)
+    var = math.fsum((a - mean) ** 2 for a in valid) / (n + 1e-8) * n / (n - 1)
     return [(a - mean) / math.sqrt(var + 1e-8) for a in adv]
 
 
@@ -189,7 +192,7 @@ def test_reference_matches_independent_oracle(whiten):
             mask[0, :] = 1
         for got, want in zip(ref.compute_gae(rewards, values, mask, gamma, lam, whiten),
                              oracle_gae(rewards, values, mask, gamma, lam, whiten)):
-            torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)  # masked_whiten adds 1e-8 to the counts
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     cu = torch.tensor([0, 3, 4, 4, 11, 12])
     rewards, values = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
     mask = (torch.rand(12) > 0.2).double()
@@ -197,7 +200,7 @@ def test_reference_matches_independent_oracle(whiten):
     for m in (mask, None):
         for got, want in zip(ref.compute_gae_packed(rewards, values, cu, 0.97, 0.9, m, whiten),
                              oracle_gae(rewards, values, m, 0.97, 0.9, whiten, cu_seqlens=cu)):
-            torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7)
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 def test_all_masked_batch_cannot_be_whitened(backend, device):
