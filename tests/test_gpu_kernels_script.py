@@ -3,6 +3,7 @@ code path on tiny CPU shapes, pyrl's rows within float64 tolerance, the report w
 script that works, not one that fails at its first line."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -27,3 +28,21 @@ def test_gpu_kernels_smoke_cpu(tmp_path):
             # bf16 inputs round the log-prob gradient (and the fused head's matmul) to bf16: ~1e-3
             assert row["rel_error_vs_float64"] < (5e-3 if "bf16" in row["shape"] else 1e-5), row
     assert (tmp_path / "gpu_kernels.md").read_text().count("\n|") == len(rows) + 2
+
+
+def test_gpu_update_smoke_cpu(tmp_path):
+    """benchmarks/gpu_update.py on a tiny model on the CPU: every worker and workload cell runs the real update and
+    reports its time, MFU and memory."""
+    env = {**os.environ, "PYRL_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_update.py"), "--smoke-cpu", "--rounds", "1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((tmp_path / "gpu_update.json").read_text())["rows"]
+    cells = {(r["worker"], r["workload"], r["micro_rows"]) for r in rows}
+    workers = ("bf16 packed fused", "bf16 padded fused", "bf16 packed logits", "fp32 packed fused", "fp32 padded fused")
+    assert {(w, load, 4) for w in workers for load in ("uniform", "long-tailed")} | {("bf16 packed fused", "uniform", 2)} == cells
+    for row in rows:
+        assert len(row["seconds"]) == 1 and row["seconds"][0] > 0, row
+        assert all(0 < m < 1 for m in row["mfu_measured_peak"] + row["verl_mfu_datasheet"]), row
+        assert row["real_tokens"] <= row["padded_tokens"], row
+    assert (tmp_path / "gpu_update.md").read_text().count("\n|") == len(rows) + 2

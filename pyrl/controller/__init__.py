@@ -8,7 +8,19 @@ of Ray workers; @register says how each call's data is split across ranks and ga
 
 from pyrl.controller.decorator import Dispatch, Execute, register, register_dispatch_mode
 from pyrl.controller.worker import Worker
-from pyrl.controller.worker_group import ResourcePool, WorkerError, WorkerGroup, init_ray
+
+_NEED_RAY = ("ResourcePool", "WorkerError", "WorkerGroup", "init_ray")
+
+
+def __getattr__(name):
+    # the groups need Ray; a worker class alone does not, so a worker runs in a process without Ray installed
+    # (a single-process reference, a GPU machine with torch only)
+    if name in _NEED_RAY:
+        from pyrl.controller import worker_group
+
+        return getattr(worker_group, name)
+    raise AttributeError(f"module 'pyrl.controller' has no attribute {name!r}")
+
 
 __all__ = ["Dispatch", "Execute", "ResourcePool", "Worker", "WorkerError", "WorkerGroup", "init_ray", "register",
            "register_dispatch_mode"]
