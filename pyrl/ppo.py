@@ -285,7 +285,9 @@ def cli(hydra_main=None) -> int | None:
     """hydra_main: the Hydra entry to run (main; pyrl.experimental.one_step_off_policy.main_ppo's names its own
     config). An error found before any worker starts (a bad key or value, the data, a model, a batch that does not
     split) is printed as one line, the last, without a traceback, and the exit code is 2; HYDRA_FULL_ERROR=1
-    shows the traceback, as Hydra's own switch does. Errors after the workers started keep theirs."""
+    shows the traceback, as Hydra's own switch does. Errors after the workers started keep theirs, except a worker's
+    failure and Ctrl-C: the trainer logs the whole account and the run ends with one line, the last, saying at which
+    step, why, and where a rerun resumes (exit code 1, or 130 for Ctrl-C)."""
     global AUTO_PRESET
     AUTO_PRESET = wants_toy_preset(sys.argv[1:])
     if AUTO_PRESET:
@@ -294,6 +296,14 @@ def cli(hydra_main=None) -> int | None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors here instead of printing them
     try:
         (hydra_main or main)()
+    except SystemExit as e:
+        if not hasattr(e, "line"):  # pyrl.trainer.ppo_trainer.RunStopped's line: the run's last word
+            raise
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()  # Ray's buffered worker output comes out now, before the line
+        sys.stdout.flush()
+        print(f"pyrl: {e.line}", file=sys.stderr, flush=True)
+        return e.code
     except Exception as e:  # noqa: BLE001 - shown as one line only when no worker had started
         if show_traceback or WORKERS_STARTED:
             raise

@@ -3,9 +3,56 @@
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import socket
 import traceback
+
+FAULT_DIR_ENV = "PYRL_WORKER_FAULT_DIR"  # set by WorkerGroup: where each worker's fatal-signal report goes
+
+
+def oom_kill_file() -> str | None:
+    """The file whose `oom_kill N` line counts the kernel's OOM kills in this process's memory cgroup: memory.events
+    (cgroup v2) or memory.oom_control (v1; its count is the cgroup's own, a child's kills are not in it), found
+    through /proc/self/cgroup and the cgroup mounts; None where there is none."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = {}
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for name in controllers.split(",") if controllers else [""]:
+                    own[name] = path
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except (OSError, ValueError):
+        return None
+    for fields in mounts:
+        fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
+        key, name = ("", "memory.events") if fstype == "cgroup2" else ("memory", "memory.oom_control")
+        if fstype not in ("cgroup", "cgroup2") or key not in own or (fstype == "cgroup" and "memory" not in options):
+            continue
+        root, path = fields[3], own[key]
+        if root != "/" and not (path == root or path.startswith(root + "/")):
+            continue
+        candidate = os.path.join(fields[4] + (path[len(root):] if root != "/" else path).rstrip("/"), name)
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def oom_kill_count(path: str | None) -> int | None:
+    """The `oom_kill` count in `path` (oom_kill_file's), or None."""
+    try:
+        with open(path) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), None)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def fault_file(directory: str, pid: int) -> str:
+    """Where worker process `pid` writes what Python's faulthandler saw if a fatal signal (SIGSEGV, SIGFPE,
+    SIGABRT, SIGBUS, SIGILL) ends it: the driver reads it to name the signal."""
+    return os.path.join(directory, f"{pid}.txt")
 
 
 def _free_port() -> int:
@@ -36,6 +83,10 @@ class Worker:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if os.environ.get(FAULT_DIR_ENV):  # started by a WorkerGroup: a crash must say which signal ended it
+            os.makedirs(os.environ[FAULT_DIR_ENV], exist_ok=True)
+            self._fault_report = open(fault_file(os.environ[FAULT_DIR_ENV], os.getpid()), "w")  # noqa: SIM115
+            faulthandler.enable(self._fault_report, all_threads=True)
 
     def call_method(self, method: str, *args, **kwargs):
         """How the driver calls every worker method: `method(*args, **kwargs)`, any exception it raises turned
@@ -77,8 +128,9 @@ class Worker:
         return backend
 
     def placement(self) -> dict:
-        """Where this rank runs: rank, local rank, Ray node id and IP, host name, process id, device, and the
-        torch.distributed backend and world size once set up (None before)."""
+        """Where this rank runs: rank, local rank, Ray node id and IP, host name, process id, device, the
+        torch.distributed backend and world size once set up (None before), and its memory cgroup's OOM kill count
+        file and count (None where there is none)."""
         import torch
         import torch.distributed as dist
 
@@ -90,7 +142,9 @@ class Worker:
             node_id, node_ip = "local", "127.0.0.1"
         device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         initialized = dist.is_available() and dist.is_initialized()
+        oom_file = oom_kill_file()  # so the driver can tell an OOM kill from another SIGKILL after this process is gone
         return {"rank": self.rank, "local_rank": self.local_rank, "node_id": node_id, "node_ip": node_ip,
                 "hostname": socket.gethostname(), "pid": os.getpid(), "device": device,
                 "backend": dist.get_backend() if initialized else None,
-                "dist_world_size": dist.get_world_size() if initialized else None}
+                "dist_world_size": dist.get_world_size() if initialized else None,
+                "oom_file": oom_file, "oom_kills": oom_kill_count(oom_file)}

@@ -2,8 +2,10 @@
 
 Every @register'ed method of the worker class becomes a WorkerGroup method: the driver calls
 `group.method(data)`, the dispatch mode splits `data` across the ranks, every rank runs, and the
-collect function merges the results. A worker that raises, or whose process dies, ends the call with
-a WorkerError naming the worker class, rank and method.
+collect function merges the results. A worker that raises, or whose process dies or is stopped, ends the
+call with a WorkerError naming the group, rank, node, process and method; for a process that died, what ended it
+(the fatal signal its faulthandler reported, the kernel's OOM killer, Ray's memory monitor, or a signal nothing
+could catch such as SIGKILL), and for one stopped (SIGSTOP) longer than dist_timeout_s, that.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import functools
 import inspect
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -21,11 +25,55 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
-from pyrl.controller.worker import RemoteError
+from pyrl.controller.worker import FAULT_DIR_ENV, RemoteError, fault_file, oom_kill_count
+
+log = logging.getLogger("pyrl")
 
 
 class WorkerError(RuntimeError):
-    """A worker failed; the message names its class, rank and the method."""
+    """A worker failed; the message's first line names its group, rank, node, process and the method."""
+
+
+PROBE_S = 2.0  # while a call is outstanding, how often the pending ranks' processes are looked at
+# faulthandler's words for the fatal signals it reports
+FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Floating-point exception": "SIGFPE", "Aborted": "SIGABRT",
+                 "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
+
+
+def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dict:
+    """What this node says of process `pid`: its state letter from /proc (R, S, D, T stopped, t traced, Z) or
+    None when it is gone, the first line its faulthandler wrote (a fatal signal) or "", and the OOM kill count in
+    oom_file (its memory cgroup's, from its placement). Runs on the driver for its own node, as a Ray task on any
+    other."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        state = None
+    fault = ""
+    try:
+        with open(fault_file(fault_dir, pid)) as f:
+            fault = next((line.strip() for line in f if line.strip()), "")
+    except OSError:
+        pass
+    return {"state": state, "fault": fault, "oom_kills": oom_kill_count(oom_file)}
+
+
+def death_cause(report: dict | None, placement: dict, ray_detail: str) -> str:
+    """Why a worker's process ended, from the evidence there is: its faulthandler's report, Ray's memory monitor,
+    its memory cgroup's OOM kill count against the one at its placement."""
+    if report and report["fault"]:
+        for words, name in FATAL_SIGNALS.items():
+            if words in report["fault"]:
+                return f"killed by {name} (its faulthandler: {report['fault']!r})"
+        return f"its faulthandler reported {report['fault']!r}"
+    if "memory monitor" in ray_detail or "low on memory" in ray_detail:
+        return "killed by Ray's memory monitor (the node ran low on memory)"
+    before, after = placement.get("oom_kills"), (report or {}).get("oom_kills")
+    if before is not None and after is not None and after > before:
+        return (f"killed by the kernel's OOM killer (SIGKILL: its memory cgroup's oom_kill count rose from {before} to "
+                f"{after}, {placement['oom_file']})")
+    return "ended by a signal no handler sees (SIGKILL), or exited without a Python error"
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
@@ -217,10 +265,15 @@ def _without_others(nodes: list[Node]) -> list[Node]:
 
 class WorkerGroup:
     def __init__(self, resource_pool: ResourcePool, worker_cls, *args, init_distributed: bool = True,
-                 env: dict | None = None, dist_timeout_s: float = 600.0, **kwargs):
+                 env: dict | None = None, dist_timeout_s: float = 600.0, group_name: str | None = None, **kwargs):
         """dist_timeout_s: how long a collective may wait for the other ranks before failing (verl's
-        actor_rollout_ref.nccl_timeout)."""
+        actor_rollout_ref.nccl_timeout), and how long a stopped (SIGSTOP) worker is waited for. group_name: the role
+        the errors name (e.g. "actor_rollout_ref"; default the worker class's name)."""
         self.worker_cls = worker_cls
+        self.name = group_name or worker_cls.__name__
+        self.dist_timeout_s = dist_timeout_s
+        self.fault_dir = tempfile.mkdtemp(prefix="pyrl-worker-faults-")
+        self.placements: list = []
         self.resource_pool = resource_pool
         self.world_size = resource_pool.world_size
         share = 1.0 / resource_pool.max_colocate_count
@@ -230,7 +283,7 @@ class WorkerGroup:
         for pg in resource_pool.placement_groups():
             for bundle_index in range(pg.bundle_count):
                 env_vars = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(bundle_index),
-                            **{k: str(v) for k, v in (env or {}).items()}}
+                            FAULT_DIR_ENV: self.fault_dir, **{k: str(v) for k, v in (env or {}).items()}}
                 options = {
                     "num_cpus": resource_pool.cpus_per_process * share,
                     "num_gpus": resource_pool.gpus_per_process * share,
@@ -257,13 +310,19 @@ class WorkerGroup:
 
     # ---- calling workers ----
     def _gather(self, refs, method: str, ranks=None):
-        """Results in rank order; the first failure (exception or dead process) raises a WorkerError at
-        once, without waiting for ranks that may be blocked in a collective with the failed one."""
+        """Results in rank order; the first failure (exception, dead process, or a process stopped for longer than
+        dist_timeout_s) raises a WorkerError at once, without waiting for ranks that may be blocked in a collective
+        with the failed one."""
         ranks = list(range(len(refs))) if ranks is None else ranks
         rank_of = {ref: r for ref, r in zip(refs, ranks)}
         results, pending = {}, list(refs)
+        stopped_since: dict[int, float] = {}  # rank -> when its process was first seen stopped
+        next_probe: dict[int, float] = {}  # rank on another node -> when its process is next looked at
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=PROBE_S)
+            if not ready:
+                self._check_stopped([rank_of[ref] for ref in pending], stopped_since, next_probe, method)
+                continue
             ref = ready[0]
             rank = rank_of[ref]
             try:
@@ -273,11 +332,84 @@ class WorkerGroup:
                 detail = f"{type(cause).__name__}: {cause}"
                 if isinstance(cause, RemoteError):
                     detail = f"{cause}\n--- the worker's traceback ---\n{cause.traceback_text.rstrip()}"
-                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} raised in {method}(): {detail}") from None
+                raised = f"{self.where(rank)} raised in {method}(): {detail}"
+                culprit = self._dead_or_stopped([rank_of[r] for r in pending])
+                if culprit is None:
+                    raise WorkerError(raised) from None
+                # a collective failing on this rank because another one died or stopped: the cause comes first
+                other, report = culprit
+                first = self._stopped_line(other, method, report) if report["state"] in ("T", "t") else \
+                    self._died_line(other, method, report, "")
+                raise WorkerError(f"{first}\nthen {raised}") from None
             except ray.exceptions.RayActorError as e:
-                raise WorkerError(f"{self.worker_cls.__name__} rank {rank} died during {method}() "
-                                  f"(its process exited): {e}") from e
+                log.error("%s: Ray's account: %s", self.where(rank), " ".join(str(e).split()))
+                raise WorkerError(self._died_line(rank, method, self._report(rank), str(e))) from None
         return [results[ref] for ref in refs]
+
+    def where(self, rank: int) -> str:
+        """'<group> rank R (node ID8, IP, host, pid P)': as much as is known (placements come after start-up)."""
+        if rank < len(self.placements):
+            p = self.placements[rank]
+            return (f"{self.name} rank {rank} (node {p['node_id'][:8]}, {p['node_ip']}, {p['hostname']}, "
+                    f"pid {p['pid']})")
+        return f"{self.name} rank {rank}"
+
+    def _report(self, rank: int) -> dict | None:
+        """process_report for rank's process, read where it ran; None before placements are known or when its
+        node does not answer within PROBE_S."""
+        if rank >= len(self.placements):
+            return None
+        p = self.placements[rank]
+        if self._is_local(rank):
+            return process_report(p["pid"], self.fault_dir, p.get("oom_file"))
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(num_cpus=0)(process_report).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(p["node_id"], soft=False))
+        try:
+            return ray.get(probe.remote(p["pid"], self.fault_dir, p.get("oom_file")), timeout=PROBE_S)
+        except Exception:  # noqa: BLE001 - the node itself may be gone: no evidence, not an error of its own
+            return None
+
+    def _is_local(self, rank: int) -> bool:
+        return rank < len(self.placements) and \
+            self.placements[rank]["node_id"] in ("local", ray.get_runtime_context().get_node_id())
+
+    def _check_stopped(self, ranks: list, stopped_since: dict, next_probe: dict, method: str) -> None:
+        """Raise once a pending rank's process has been stopped (state T or t) for dist_timeout_s: it answers
+        nothing, and the ranks in a collective with it would only fail later, naming themselves. A process on
+        another node is looked at every dist_timeout_s / 4 (the bound then stretches by as much)."""
+        now = time.monotonic()
+        for rank in ranks:
+            if not self._is_local(rank):  # another node's process is looked at by a Ray task, less often
+                if now < next_probe.get(rank, 0.0):
+                    continue
+                next_probe[rank] = now + max(PROBE_S, self.dist_timeout_s / 4)
+            report = self._report(rank)
+            if not report or report["state"] not in ("T", "t"):
+                stopped_since.pop(rank, None)
+                continue
+            since = stopped_since.setdefault(rank, now)
+            if now - since >= self.dist_timeout_s:
+                raise WorkerError(self._stopped_line(rank, method, report)
+                                  + f" for {now - since:.0f} s (dist_timeout_s={self.dist_timeout_s:g}, verl's "
+                                    "actor_rollout_ref.nccl_timeout)")
+
+    def _died_line(self, rank: int, method: str, report: dict | None, ray_detail: str) -> str:
+        placement = self.placements[rank] if rank < len(self.placements) else {}
+        return f"{self.where(rank)} died during {method}(): {death_cause(report, placement, ray_detail)}"
+
+    def _stopped_line(self, rank: int, method: str, report: dict) -> str:
+        return (f"{self.where(rank)} stopped responding during {method}(): its process is stopped (SIGSTOP, "
+                f"state {report['state']})")
+
+    def _dead_or_stopped(self, ranks: list):
+        """(rank, its process_report) of the first of these ranks whose process is gone or stopped, else None."""
+        for rank in ranks:
+            report = self._report(rank)
+            if report and report["state"] in (None, "Z", "T", "t"):
+                return rank, report
+        return None
 
     def _submit(self, method: str, per_rank_args, per_rank_kwargs, ranks):
         return [self.workers[r].call_method.remote(method, *per_rank_args[i], **per_rank_kwargs[i])
@@ -317,6 +449,7 @@ class WorkerGroup:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []
+        shutil.rmtree(self.fault_dir, ignore_errors=True)
         self.resource_pool._users -= 1
         if self.resource_pool._users == 0:
             self.resource_pool.release()

@@ -96,7 +96,7 @@ def build_rollout_workers(config, pool, env: dict):
     gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
     env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
     tensor_parallel = config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
-    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout",
+    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", group_name="rollout",
                         init_distributed=tensor_parallel, env=env, dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
     group.init_model()
     log.info("rollout workers (one-step-off-policy): %d process(es) x %s", pool.world_size,

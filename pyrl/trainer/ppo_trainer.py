@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from pyrl import ops
+from pyrl.controller import WorkerError
 from pyrl.algos import get_adv_estimator_fn, get_kl_controller
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
 from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
@@ -145,6 +146,15 @@ def skips_old_log_prob(config) -> bool:
             and not algorithm.use_kl_in_reward and algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS
             and not (correction.rollout_is or correction.rollout_rs))
 
+
+
+class RunStopped(SystemExit):
+    """The run stopped (a worker failed, Ctrl-C) with `line` to say so: pyrl.ppo.cli prints it last, after the
+    workers and Ray are gone (their own late output would otherwise follow it)."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(code)
+        self.line = line
 
 class PPOTrainer:
     def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
@@ -444,6 +454,11 @@ class PPOTrainer:
             log.warning("%s names step %d, but %s holds no checkpoint: starting over", LATEST, committed, self.run_dir)
         return found
 
+    def resume_hint(self) -> str:
+        path = self.checkpoint_to_resume()
+        return f"rerunning the same command resumes from {path}" if path else \
+            "no checkpoint to resume from, a rerun starts over"
+
     def load_checkpoint(self) -> None:
         """Resume from the checkpoint trainer.resume_mode picks; metrics.jsonl keeps the steps up to it (a
         fresh start in a used run directory starts it afresh instead of appending a second run)."""
@@ -513,11 +528,13 @@ class PPOTrainer:
                     self.commit_checkpoint()
         except KeyboardInterrupt:  # Ctrl-C: one line instead of a traceback; run_ppo's finally stops the workers
             tracker.close()  # first, so the bar's last redraw comes before the line
-            path = self.checkpoint_to_resume()
-            log.warning("interrupted at step %d of %d: %s", self.global_steps, self.total_steps,
-                        f"rerunning the same command resumes from {path}" if path else
-                        "no checkpoint to resume from, a rerun starts over")
-            raise SystemExit(130) from None  # 128 + SIGINT, the shell's code for a Ctrl-C
+            raise RunStopped(130, f"interrupted at step {self.global_steps} of {self.total_steps}: "  # 128 + SIGINT
+                                  f"{self.resume_hint()}") from None
+        except WorkerError as e:  # the whole account in the log; the one line last (pyrl.ppo.cli prints it)
+            tracker.close()
+            log.error("%s", e)
+            raise RunStopped(1, f"stopped at step {self.global_steps} of {self.total_steps}: {str(e).splitlines()[0]}; "
+                                f"{self.resume_hint()}") from None
         finally:
             tracker.close()
             if self.one_step_off is not None:

@@ -168,17 +168,18 @@ def build_workers(config) -> Workers:
         else "actor_rollout"
     if not config.actor_rollout_ref.hybrid_engine:  # the rollout runs in workers of its own
         role = role.replace("_rollout", "")
-    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, **group_options)
+    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, group_name=role, **group_options)
     for line in actor.describe_placements():
         log.info("placement: %s", line)
     actor.init_model()
     critic = reward_model = None
     if use_critic:
-        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, **group_options)
+        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, group_name="critic",
+                             **group_options)
         critic.init_model()
     if use_rm:
         reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path,
-                                   **group_options)
+                                   group_name="reward_model", **group_options)
         reward_model.init_model()
     log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
              " + critic" if use_critic else "", " + reward model" if use_rm else "")

@@ -2,7 +2,9 @@
 
 import os
 import re
+import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -98,6 +100,27 @@ class EchoWorker(Worker):
     def take(self, x):
         return x
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def enter_cgroup(self, procs_files):
+        for path in procs_files:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def allocate(self, nbytes):
+        block = bytearray(nbytes)
+        block[::4096] = b"1" * len(range(0, nbytes, 4096))  # every page written: resident
+        return len(block)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def spin(self, seconds):
+        """Collectives for `seconds`, as a training step's are: every rank waits on every other."""
+        t, end = torch.ones(1), time.monotonic() + seconds
+        while time.monotonic() < end:
+            torch.distributed.all_reduce(t)
+            time.sleep(0.01)
+        return self.rank
+
 
 @pytest.fixture(scope="module")
 def group(ray_session):
@@ -136,7 +159,8 @@ def test_torch_distributed_over_gloo(group):
 
 
 def test_worker_exception_names_class_rank_and_method(group):
-    with pytest.raises(WorkerError, match=r"EchoWorker rank 1 raised in fail_on\(\): ValueError: bad input on rank 1"):
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 1 \(node [0-9a-f]{8}, [^,]+, [^,]+, pid \d+\) raised in fail_on\(\): "
+                                           r"ValueError: bad input on rank 1"):
         group.fail_on(1)
     assert group.fail_on(5) == [0, 1]  # the group still works
 
@@ -145,7 +169,7 @@ def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(gr
     with pytest.raises(WorkerError) as info:
         group.fail_unpicklable()
     text = str(info.value)
-    assert re.match(r"EchoWorker rank \d raised in fail_unpicklable\(\): UnpicklableError: prompt \+ response exceed "
+    assert re.match(r"EchoWorker rank \d \(node .*\) raised in fail_unpicklable\(\): UnpicklableError: prompt \+ response exceed "
                     r"the context on rank \d", text), text
     assert "the worker's traceback" in text and "in raise_deep" in text and "isn't serializable" not in text
 
@@ -153,7 +177,8 @@ def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(gr
 def test_killed_worker_ends_the_call_quickly(ray_session):
     wg = WorkerGroup(ResourcePool([2]), EchoWorker, init_distributed=False)
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 died during exit_on\(\)"):
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 \(node .*\) died during exit_on\(\): ended by a signal "
+                                                      r"no handler sees \(SIGKILL\), or exited without a Python error"):
         wg.exit_on(0)
     assert time.monotonic() - start < 60
     wg.kill()
@@ -163,10 +188,96 @@ def test_a_collective_the_other_ranks_never_join_times_out(ray_session):
     """dist_timeout_s (verl's actor_rollout_ref.nccl_timeout) bounds the wait: an error, not a hang."""
     wg = WorkerGroup(ResourcePool([2]), EchoWorker, dist_timeout_s=3)
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 raised in lone_all_reduce\(\)"):
+    with pytest.raises(WorkerError, match=r"EchoWorker rank 0 \(node .*\) raised in lone_all_reduce\(\)"):
         wg.lone_all_reduce(0)
     assert time.monotonic() - start < 30
     wg.kill()
+
+
+def _signal_rank_during_spin(wg, rank, signum, timeout_s=60):
+    """Send `signum` to rank's process 2 s into a 120 s spin; returns (the WorkerError, seconds from the signal to
+    the error, the group's pids)."""
+    pids = [p["pid"] for p in wg.placements]
+    sent = []
+
+    def send():
+        time.sleep(2)
+        os.kill(pids[rank], signum)
+        sent.append(time.monotonic())
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    with pytest.raises(WorkerError) as info:
+        wg.spin(120)
+    thread.join()
+    return info.value, time.monotonic() - sent[0], pids
+
+
+def _all_gone(pids, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
+                 and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("signum, cause", [
+    (signal.SIGKILL, r"ended by a signal no handler sees \(SIGKILL\), or exited without a Python error"),
+    (signal.SIGSEGV, r"killed by SIGSEGV \(its faulthandler: 'Fatal Python error: Segmentation fault'\)"),
+], ids=["SIGKILL", "SIGSEGV"])
+def test_a_worker_killed_mid_step_is_named_with_its_node_and_signal(ray_session, signum, cause):
+    """A rank killed in the middle of collectives: the call ends within 30 s, the error's first line names the
+    group, the rank, its node and process and what ended it, and after kill() no worker process is left."""
+    wg = WorkerGroup(ResourcePool([2]), EchoWorker, group_name="actor_rollout_ref")
+    error, seconds, pids = _signal_rank_during_spin(wg, 1, signum)
+    first = str(error).splitlines()[0]
+    assert re.fullmatch(rf"actor_rollout_ref rank 1 \(node [0-9a-f]{{8}}, [^,]+, [^,]+, pid {pids[1]}\) died during "
+                        rf"spin\(\): {cause}", first), str(error)
+    assert seconds < 30
+    wg.kill()
+    assert _all_gone(pids)
+
+
+def test_a_worker_the_oom_killer_ends_is_named_so(ray_session):
+    """A worker in a memory-limited cgroup (a container's limit, here one made for the test) that outgrows it: the
+    kernel's OOM killer SIGKILLs it, and the error says so from the cgroup's own count, not from a guess."""
+    from pyrl.sandbox.cgroup import probe
+
+    hierarchy = probe()
+    if hierarchy is None:
+        pytest.skip("needs a writable memory cgroup (cgroup v2 with memory delegated, or v1 as root)")
+    import psutil
+
+    wg = WorkerGroup(ResourcePool([1]), EchoWorker, init_distributed=False)
+    limited = hierarchy.create(psutil.Process(wg.placements[0]["pid"]).memory_info().rss + (200 << 20), 64)
+    try:
+        wg.enter_cgroup(list(limited.procs))
+        wg.placements = wg.execute_all("placement")  # where it runs now, as a container's worker would from its start
+        assert wg.placements[0]["oom_kills"] == 0, wg.placements[0]
+        with pytest.raises(WorkerError) as info:
+            wg.allocate(2 << 30)
+        assert re.fullmatch(r"EchoWorker rank 0 \(node [0-9a-f]{8}, [^,]+, [^,]+, pid \d+\) died during allocate\(\): "
+                            r"killed by the kernel's OOM killer \(SIGKILL: its memory cgroup's oom_kill count rose from 0 "
+                            r"to 1, /.*/memory\.(events|oom_control)\)", str(info.value)), str(info.value)
+    finally:
+        wg.kill()
+        assert limited.remove(within_s=10)
+
+
+def test_a_stopped_worker_is_named_after_the_bounded_wait(ray_session):
+    """SIGSTOP: the process neither answers nor dies. After dist_timeout_s (verl's nccl_timeout) the call ends
+    naming the stopped rank, whether the wait or the other rank's collective timing out ends it first."""
+    wg = WorkerGroup(ResourcePool([2]), EchoWorker, group_name="critic", dist_timeout_s=4)
+    error, seconds, pids = _signal_rank_during_spin(wg, 1, signal.SIGSTOP)
+    first = str(error).splitlines()[0]
+    assert re.match(rf"critic rank 1 \(node [0-9a-f]{{8}}, [^,]+, [^,]+, pid {pids[1]}\) stopped responding during "
+                    rf"spin\(\): its process is stopped \(SIGSTOP, state T\)", first), str(error)
+    assert 4 <= seconds < 30
+    wg.kill()  # a stopped process still dies by SIGKILL
+    assert _all_gone(pids)
 
 
 def test_register_rejects_unknown_modes():

@@ -8,20 +8,7 @@ import subprocess
 import sys
 import time
 
-import psutil
-
-from trainer_helpers import SMALL
-
-
-def marked_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("PYRL_TEST_INTERRUPT") == marker:
-                found.append(proc)
-        except (psutil.Error, OSError):  # another user's process, or one gone meanwhile
-            continue
-    return found
+from trainer_helpers import SMALL, marked_processes
 
 
 def test_ctrl_c_ends_with_one_line_and_leaves_nothing_behind(tmp_path):

@@ -1,7 +1,8 @@
 """`python -m pyrl.ppo` on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster: a head with 4
 CPUs and a worker node with 1, in a subprocess with its own RAY_TMPDIR): one FSDP rank per node over gloo, each rank
 logged with the node that holds it, and a run killed after its step-2 checkpoint resumes on the cluster to the
-same step-3 metrics as an uninterrupted run. The placement itself: distinct nodes or a clear error."""
+same step-3 metrics as an uninterrupted run. The placement itself: distinct nodes or a clear error. A rank stopped
+(SIGSTOP) on the other node is named with its node."""
 
 import json
 import re
@@ -91,3 +92,60 @@ def test_too_few_nodes_stop_the_run_naming_the_keys_and_the_nodes(ray_session):
                                          rf"node\(s\) wanted.*only 1 .*Nodes: {node[:8]} \(.*\): CPU 4 \(\d+ free\), "
                                          r"GPU 0 \(0 free\)"):
         place(pool, config.trainer)
+
+
+# joins the cluster, starts a group of one rank per node whose ranks run collectives, prints the placements, then
+# the first line of the WorkerError that ends the call once the test has stopped rank 1 (on the other node)
+STOPPED_REMOTE = """
+import json, sys, time
+import torch
+from pyrl.controller import ResourcePool, Worker, WorkerError, WorkerGroup, init_ray, register, Dispatch
+
+class Spinner(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def spin(self, seconds):
+        t, end = torch.ones(1), time.monotonic() + seconds
+        while time.monotonic() < end:
+            torch.distributed.all_reduce(t)
+            time.sleep(0.01)
+
+init_ray(sys.argv[1])
+group = WorkerGroup(ResourcePool([1, 1]), Spinner, group_name="actor_rollout_ref", dist_timeout_s=6)
+print(json.dumps(group.placements), flush=True)
+try:
+    group.spin(120)
+except WorkerError as e:
+    print(json.dumps(str(e).splitlines()[0]), flush=True)
+group.kill()
+"""
+
+
+def test_a_stopped_rank_on_another_node_is_named(two_nodes, tmp_path):
+    """SIGSTOP on the rank the other node holds: its state is read there (a Ray task pinned to that node), and the
+    call ends naming it, its node and the signal, after the bounded wait (dist_timeout_s=6)."""
+    import os
+    import signal
+    import time
+
+    address, nodes, env = two_nodes
+    script = tmp_path / "stopped_remote.py"
+    script.write_text(STOPPED_REMOTE)
+    proc = subprocess.Popen([sys.executable, str(script), address], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        placements = json.loads(proc.stdout.readline() or "null")
+        assert placements, proc.stderr.read()[-3000:]
+        remote = next(p for p in placements if p["node_id"] == nodes[1])
+        time.sleep(2)
+        os.kill(remote["pid"], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        line = json.loads(proc.stdout.readline() or "null")
+        assert line, proc.stderr.read()[-3000:]
+        assert 6 <= time.monotonic() - stopped_at < 40
+        assert re.match(rf"actor_rollout_ref rank {remote['rank']} \(node {nodes[1][:8]}, [^,]+, [^,]+, pid "
+                        rf"{remote['pid']}\) stopped responding during spin\(\): its process is stopped \(SIGSTOP, "
+                        r"state T\)", line), line
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

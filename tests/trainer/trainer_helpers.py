@@ -37,6 +37,21 @@ def kill_after_checkpoint(args, run_dir, step: int, cwd, timeout=400, env=None) 
         killed.wait()
 
 
+def marked_processes(marker: str) -> list:
+    """The processes whose environment has PYRL_TEST_INTERRUPT=marker: a run started with it, Ray's processes and
+    the workers included (they inherit it)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("PYRL_TEST_INTERRUPT") == marker:
+                found.append(proc)
+        except (psutil.Error, OSError):  # another user's process, or one gone meanwhile
+            continue
+    return found
+
+
 def read_metrics(run_dir) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -132,7 +132,7 @@ def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
 
 def test_missing_field_names_worker_rank_and_method(group):
     batch = random_batch(4, seed=6)
-    with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d raised in update_actor\(\).*advantages"):
+    with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d \(node .*\) raised in update_actor\(\).*advantages"):
         group.update_actor(batch)
 
 
