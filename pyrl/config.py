@@ -605,29 +605,37 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
     legacy.model.path = reward.reward_model.model_path or ""
 
 
-def unknown_keys(cfg, schema=None, path: str = "") -> list[str]:
-    """Keys of a composed config (a DictConfig or dict) that the schema (PPOConfig's dataclasses) does not have.
-    Hydra's `key=value` refuses those itself, but `+key=value` and `++key=value` add them to any node; so every
-    composed config is walked: a key is known where its dataclass has the field, and anything goes only inside
-    the free-form sections (fields typed dict or Any: override_config, engine_kwargs, reward_kwargs,
-    apply_chat_template_kwargs, ray_kwargs.ray_init, ...), as in verl 0.9.1."""
-    import dataclasses
+def field_types(schema) -> dict:
+    """A config dataclass's field names -> their types, Optional[X] read as X (the schema's one rule for nesting)."""
     import typing
 
+    types = {}
+    for name, kind in typing.get_type_hints(schema).items():
+        if typing.get_origin(kind) is typing.Union:
+            kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
+        types[name] = kind
+    return types
+
+
+def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]]:
+    """(key, the field names beside it) for each key of a composed config (a DictConfig or dict) that the schema
+    (PPOConfig's dataclasses) does not have. Hydra's `key=value` refuses those itself, but `+key=value` and
+    `++key=value` add them to any node; so every composed config is walked: a key is known where its dataclass has
+    the field, and anything goes only inside the free-form sections (fields typed dict or Any: override_config,
+    engine_kwargs, reward_kwargs, apply_chat_template_kwargs, ray_kwargs.ray_init, ...), as in verl 0.9.1."""
+    import dataclasses
+
     schema = schema or PPOConfig
-    hints = typing.get_type_hints(schema)
+    types = field_types(schema)
     found = []
     for key in cfg.keys():
         name = f"{path}.{key}" if path else str(key)
-        if key not in hints:
-            found.append(name)
+        if key not in types:
+            found.append((name, list(types)))
             continue
-        kind = hints[key]
-        if typing.get_origin(kind) is typing.Union:  # Optional[X]
-            kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
         value = cfg[key] if not hasattr(cfg, "_get_node") else cfg._get_node(key)
-        if dataclasses.is_dataclass(kind) and hasattr(value, "keys"):
-            found += unknown_keys(value, kind, name)
+        if dataclasses.is_dataclass(types[key]) and hasattr(value, "keys"):
+            found += unknown_keys(value, types[key], name)
     return found
 
 
@@ -639,31 +647,14 @@ def check_known_keys(cfg) -> None:
     if not unknown:
         return
     lines = []
-    for name in unknown:
+    for name, siblings in unknown:
         parent, _, leaf = name.rpartition(".")
-        siblings = list(_fields_at(parent))
         near = difflib.get_close_matches(leaf, siblings, n=3)
         lines.append(f"{name}" + (f" (did you mean {', '.join(f'{parent}.{n}' if parent else n for n in near)}?)"
                                   if near else ""))
     raise ValueError(f"unknown config key{'s' if len(lines) > 1 else ''}: {'; '.join(lines)}. pyrl has verl 0.9.1's "
                      "keys (pyrl/config.py); `+key=` / `++key=` add keys only inside free-form sections "
                      "(override_config, engine_kwargs, reward_kwargs, ray_kwargs.ray_init, ...)")
-
-
-def _fields_at(path: str):
-    """The field names of the dataclass at `path` in PPOConfig (none where the path leaves the schema)."""
-    import dataclasses
-    import typing
-
-    schema = PPOConfig
-    for name in filter(None, path.split(".")):
-        kind = typing.get_type_hints(schema).get(name)
-        if typing.get_origin(kind) is typing.Union:
-            kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
-        if not dataclasses.is_dataclass(kind):
-            return []
-        schema = kind
-    return [f.name for f in dataclasses.fields(schema)]
 
 
 def _value(config, key: str):

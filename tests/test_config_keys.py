@@ -5,26 +5,20 @@ worker starts."""
 import dataclasses
 import pathlib
 import re
-import typing
 
 import pytest
 
-from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig
+from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig, field_types
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "pyrl"
 
 
 def leaves(cls, prefix=""):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:  # Optional[X]
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            hint = args[0] if len(args) == 1 else hint
-        if dataclasses.is_dataclass(hint):
-            yield from leaves(hint, f"{prefix}{f.name}.")
+    for name, kind in field_types(cls).items():
+        if dataclasses.is_dataclass(kind):
+            yield from leaves(kind, f"{prefix}{name}.")
         else:
-            yield f"{prefix}{f.name}"
+            yield f"{prefix}{name}"
 
 
 def test_every_schema_key_is_read_or_limited():
