@@ -444,7 +444,6 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Optional[int] = None
     device: str = "auto"  # auto | cuda | cpu
-    seed: int = 1
     # pyrl's: before workers start, each phase's peak memory per rank is estimated from the model config and the
     # batch settings (pyrl/trainer/memory_plan.py) and logged; check: a phase over the device's memory (GPU, or
     # on CPU the available RAM per process) stops the run naming the keys to turn; warn: logs that and runs; off: skip

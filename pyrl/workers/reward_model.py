@@ -49,7 +49,8 @@ class RewardModelWorker(Worker):
 
         model_cfg = self.config.model
         path = resolve_model_path(model_cfg.path)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code,
+                                            **dict(model_cfg.override_config))
         config.num_labels = 1
         classifier = AutoModelForSequenceClassification.from_pretrained(path, config=config, **model_kwargs(model_cfg))
         self.scorer = LastTokenScore(classifier)

@@ -84,6 +84,16 @@ def test_reward_model_scores_the_last_token(ray_session, tiny_path):
     torch.testing.assert_close(padded.compute_rm_score(batch).batch["rm_scores"], scores, atol=1e-5, rtol=0)
 
 
+def test_reward_model_override_config_reaches_the_model(tiny_path):
+    """reward_model.model.override_config changes the model's config as the actor's and critic's do (it was read
+    nowhere): one layer instead of two, and a different score."""
+    config = make_config("reward_model.enable=true", "reward_model.model.path=pyrl:tiny").reward_model
+    config.model.override_config = {"num_hidden_layers": 1}
+    worker = RewardModelWorker(config, "pyrl:tiny")
+    worker.init_model()
+    assert worker.scorer.classifier.config.num_hidden_layers == 1 and len(worker.scorer.body.layers) == 1
+
+
 def test_critic_packed_equals_padded():
     """Values, loss metrics, gradients (Adam's first moment) and weights after one step: packed == padded, with a
     hole in the loss mask (a response token attended to but not trained on)."""
