@@ -20,6 +20,7 @@ class OptimConfig:
     lr_warmup_steps: int = -1  # < 0: lr_warmup_steps_ratio x total_training_steps
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler_type: str = "constant"  # constant | cosine
+    warmup_style: Optional[str] = None  # verl 0.9.1's deprecated spelling of lr_scheduler_type, copied there at start
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     total_training_steps: int = -1  # set by the trainer
@@ -34,6 +35,7 @@ class FSDPConfig:
     model_dtype: str = "fp32"  # the sharded master parameters
     dtype: str = "bfloat16"  # compute dtype (mixed precision): on CUDA, and on CPUs with native bf16 (else model_dtype)
     forward_only: bool = False
+    ulysses_sequence_parallel_size: int = 1  # verl's; LIMITS: 1 (Ulysses is not implemented)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class PolicyLossConfig:
 class ActorConfig:
     strategy: str = "fsdp"  # fsdp | fsdp2: both run FSDP2
     ppo_mini_batch_size: int = 256  # prompts; x rollout.n inside the worker
+    ppo_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     ppo_micro_batch_size_per_gpu: Optional[int] = None
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
@@ -134,9 +137,11 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
+    log_prob_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = "${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}"  # type: ignore[assignment]
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(forward_only=True))
 
 
@@ -230,6 +235,7 @@ class RolloutConfig:
     load_format: str = "dummy"  # dummy: random weights until the actor's first push
     logprobs_mode: str = "processed_logprobs"
     calculate_log_probs: bool = True
+    log_prob_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -257,7 +263,9 @@ class CriticConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="${actor_rollout_ref.model.path}"))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    ppo_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     ppo_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size: Optional[int] = "${oc.select:critic.ppo_micro_batch_size,null}"  # type: ignore[assignment]
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     ppo_max_token_len_per_gpu: int = 32768
@@ -269,6 +277,7 @@ class CriticConfig:
     # seq-mean-token-sum-norm's divisor (None: the response width)
     loss_scale_factor: Optional[float] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1  # verl's; LIMITS: 1
     data_loader_seed: int = 42
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # verl 0.9.1's name (actor and ref: fsdp_config)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -400,6 +409,9 @@ class DataConfig:
     max_prompt_length: int = 512
     max_response_length: int = 512
     train_batch_size: int = 1024
+    # verl's: prompts per generation batch; dynamic sampling (algorithm.filter_groups) generates batches of this
+    # many until train_batch_size prompts with varied rewards are kept. None: train_batch_size
+    gen_batch_size: Optional[int] = None
     val_batch_size: Optional[int] = None
     return_raw_chat: bool = True
     shuffle: bool = True
@@ -443,6 +455,7 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None  # older checkpoints keep their actor but lose their critic/
     device: str = "auto"  # auto | cuda | cpu
     # pyrl's: before workers start, each phase's peak memory per rank is estimated from the model config and the
     # batch settings (pyrl/trainer/memory_plan.py) and logged; check: a phase over the device's memory (GPU, or
@@ -538,7 +551,12 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "critic.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ((1,), "Ulysses sequence parallelism is not implemented"),
+    # refused under every key that names it, as verl 0.9.1 has them
+    **{key: ((1,), "Ulysses sequence parallelism is not implemented") for key in (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sequence_parallel_size",
+        "reward_model.fsdp_config.ulysses_sequence_parallel_size")},
     # forward_only says which models train: the actor and critic do, the reference and reward model never
     "actor_rollout_ref.actor.fsdp_config.forward_only": ((False,), "the actor trains"),
     "critic.fsdp.forward_only": ((False,), "the critic trains"),
@@ -602,6 +620,11 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
                                 "overlong_buffer_cfg": dict(legacy.overlong_buffer)}
     # the worker reads its model where pyrl's reward_model section keeps it
     legacy.model.path = reward.reward_model.model_path or ""
+
+
+def generation_batch_size(data: "DataConfig") -> int:
+    """Prompts each generation batch samples (data.gen_batch_size, else data.train_batch_size)."""
+    return data.gen_batch_size or data.train_batch_size
 
 
 def field_types(schema) -> dict:

@@ -156,12 +156,52 @@ def resolve_fast_paths(config: PPOConfig) -> None:
                  "to match): %s", ", ".join(chosen))
 
 
+def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
+    """verl 0.9.1's deprecated spellings, accepted as it accepts them, each with a warning: optim.warmup_style is
+    copied into lr_scheduler_type (constant or cosine, as verl asserts); a global micro-batch size (ppo_micro_batch_size,
+    log_prob_micro_batch_size, critic.forward_micro_batch_size) becomes the per-rank one, divided by the `ranks`
+    data-parallel ranks as verl's FSDP workers did (verl 0.9.1 checks these keys but its engine workers never read
+    them: there they do nothing). Both spellings at once is verl's error."""
+    for key, optim in (("actor_rollout_ref.actor.optim", config.actor_rollout_ref.actor.optim),
+                       ("critic.optim", config.critic.optim)):
+        if optim.warmup_style is not None:
+            if optim.warmup_style not in ("constant", "cosine"):
+                raise ValueError(f"{key}.warmup_style: expected constant or cosine, got {optim.warmup_style!r} (it is "
+                                 f"deprecated: set {key}.lr_scheduler_type)")
+            log.warning("%s.warmup_style is deprecated (verl 0.9.1): use %s.lr_scheduler_type; taking %s", key, key,
+                        optim.warmup_style)
+            optim.lr_scheduler_type = optim.warmup_style
+    arr, critic = config.actor_rollout_ref, config.critic
+    pairs = [("actor_rollout_ref.actor", "ppo_micro_batch_size", arr.actor, arr.actor.ppo_mini_batch_size),
+             ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", arr.rollout, None),
+             ("actor_rollout_ref.ref", "log_prob_micro_batch_size", arr.ref, None),
+             ("critic", "ppo_micro_batch_size", critic, critic.ppo_mini_batch_size),
+             ("critic", "forward_micro_batch_size", critic, None)]
+    for section, name, node, mini in pairs:
+        size, per_rank = getattr(node, name), getattr(node, f"{name}_per_gpu")
+        if size is None:
+            continue
+        if per_rank is not None:
+            raise ValueError(f"[{section}] You have set both '{section}.{name}' AND '{section}.{name}_per_gpu'. Please "
+                             f"remove '{section}.{name}' because only '*_{name}_per_gpu' is supported (the former is "
+                             "deprecated).")
+        if size < ranks or (mini is not None and mini % size):
+            raise ValueError(f"{section}.{name}={size}: a global micro-batch size must be at least the {ranks} "
+                             f"data-parallel ranks" + (f" and divide {section}.ppo_mini_batch_size={mini}" if mini else ""))
+        setattr(node, f"{name}_per_gpu", size // ranks)
+        log.warning("%s.%s is deprecated (verl 0.9.1): %s.%s_per_gpu = %d / %d ranks = %d", section, name, section,
+                    name, size, ranks, size // ranks)
+
+
 def resolve_defaults(config: PPOConfig) -> None:
     """Fill what depends on this machine (the toy task files, the rollout engine, the step count, local model
     paths) and check every value that needs no model."""
     from pyrl.trainer.checks import check_config
 
+    from pyrl.trainer.workers import worker_count
+
     migrate_legacy_reward(config)
+    migrate_deprecated_keys(config, worker_count(config.trainer))
     check_supported(config)
     if not config.actor_rollout_ref.model.path:
         raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "

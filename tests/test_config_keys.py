@@ -82,6 +82,11 @@ def test_prefix_grouper_needs_the_packed_path():
     (["data.train_batch_size=8", "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
       "trainer.n_cpu_workers_per_node=2"], "ppo_mini_batch_size x actor_rollout_ref.rollout.n = 1 x 1 = 1 samples"),
     (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size=48 must divide"),
+    (["data.gen_batch_size=96"], r"data.gen_batch_size=96 differs from data.train_batch_size=64, which only dynamic "
+                                 r"sampling \(algorithm.filter_groups.enable=true\) uses"),
+    (["data.gen_batch_size=0"], "data.gen_batch_size=0: expected a positive number of prompts"),
+    (["data.gen_batch_size=3", "actor_rollout_ref.rollout.n=1", "trainer.n_cpu_workers_per_node=2",
+      "algorithm.filter_groups.enable=true"], "data.gen_batch_size x actor_rollout_ref.rollout.n = 3 x 1 = 3 samples"),
 ])
 def test_batch_sizes_checked_before_workers(overrides, message):
     from pyrl.trainer.checks import check_batch_sizes
@@ -251,3 +256,52 @@ def test_the_command_line_refuses_an_added_unknown_key(tmp_path):
     assert proc.returncode != 0
     assert "unknown config key: actor_rollout_ref.actor.bogus_key" in proc.stderr + proc.stdout
     assert "ActorRolloutRefWorker" not in proc.stderr + proc.stdout  # no worker started
+
+
+def test_verl_deprecated_spellings_are_accepted_with_a_warning(caplog):
+    """verl 0.9.1's deprecated keys: optim.warmup_style becomes lr_scheduler_type; a global micro-batch size becomes
+    the per-rank one over the data-parallel ranks (verl's FSDP workers' rule; 0.9.1's engine workers check these keys
+    and then never read them); both spellings at once is verl's own error."""
+    from pyrl.ppo import migrate_deprecated_keys
+    from trainer.trainer_helpers import compose
+
+    config = compose("preset=toy", "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
+                     "critic.ppo_micro_batch_size=16", "actor_rollout_ref.actor.optim.warmup_style=cosine",
+                     "critic.optim.warmup_style=constant", "critic.optim.lr_scheduler_type=cosine")
+    with caplog.at_level("WARNING", logger="pyrl"):
+        migrate_deprecated_keys(config, 4)
+    arr = config.actor_rollout_ref
+    assert (arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu,
+            arr.ref.log_prob_micro_batch_size_per_gpu) == (4, 2, 1)
+    # critic.forward_micro_batch_size follows critic.ppo_micro_batch_size, as in verl's schema
+    assert (config.critic.ppo_micro_batch_size_per_gpu, config.critic.forward_micro_batch_size_per_gpu) == (4, 4)
+    assert (arr.actor.optim.lr_scheduler_type, config.critic.optim.lr_scheduler_type) == ("cosine", "constant")
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size is deprecated (verl 0.9.1): actor_rollout_ref.actor." \
+           "ppo_micro_batch_size_per_gpu = 16 / 4 ranks = 4" in caplog.text
+    assert "critic.optim.warmup_style is deprecated (verl 0.9.1): use critic.optim.lr_scheduler_type" in caplog.text
+
+    for overrides, message in [
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
+         r"\[actor_rollout_ref.actor\] You have set both 'actor_rollout_ref.actor.ppo_micro_batch_size' AND "
+         r"'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=2"], r"actor_rollout_ref.actor.ppo_micro_batch_size=2: a global "
+                                                             r"micro-batch size must be at least the 4 data-parallel ranks"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=24"], r"and divide actor_rollout_ref.actor.ppo_mini_batch_size=32"),
+        (["critic.optim.warmup_style=linear"], r"critic.optim.warmup_style: expected constant or cosine, got 'linear'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            migrate_deprecated_keys(compose("preset=toy", "actor_rollout_ref.actor.ppo_mini_batch_size=32", *overrides), 4)
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",
+                                 "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+                                 "critic.fsdp.ulysses_sequence_parallel_size"])
+def test_a_refused_feature_is_refused_under_every_key_that_names_it(key):
+    """Ulysses sequence parallelism by any of verl 0.9.1's keys for it: the feature named, not Hydra's 'Key ... not in'."""
+    from pyrl.config import check_supported
+    from trainer.trainer_helpers import compose
+
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}=2 is not supported \(Ulysses sequence parallelism is not "
+                                         r"implemented\); expected 1"):
+        check_supported(compose("preset=toy", f"{key}=2"))

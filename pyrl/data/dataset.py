@@ -216,9 +216,10 @@ class StatefulSampler:
     state (seed, epoch, position) goes into checkpoints so a resumed run continues with the same batches.
     seed None (verl's data.seed default): a fresh seed for this run."""
 
-    def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int | None = None):
+    def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int | None = None,
+                 key: str = "data.train_batch_size"):
         if batch_size > size:
-            raise ValueError(f"data.train_batch_size={batch_size} is larger than the data set ({size} rows)")
+            raise ValueError(f"{key}={batch_size} is larger than the data set ({size} rows)")
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 
 log = logging.getLogger("pyrl")
 
@@ -81,13 +82,16 @@ def damage(directory: str, digests: bool = True) -> str | None:
     manifest = os.path.join(directory, MANIFEST)
     try:
         with open(manifest) as f:
-            files = json.load(f)["files"]
+            recorded = json.load(f)
+        files, pruned = recorded["files"], recorded.get("pruned", [])
     except FileNotFoundError:
         return f"{MANIFEST} is missing (the save did not finish)"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
     if "data.pt" not in files:
         return f"{MANIFEST} does not list data.pt"
+    if pruned:
+        return f"its {' and '.join(pruned)} checkpoint was removed by retention ({PRUNED_BY[pruned[0]]})"
     for name, entry in files.items():
         path = os.path.join(directory, name)
         try:
@@ -102,6 +106,46 @@ def damage(directory: str, digests: bool = True) -> str | None:
             if digest != files[name]["sha256"]:
                 return f"{name} has SHA-256 {digest[:12]}..., the manifest says {files[name]['sha256'][:12]}..."
     return None
+
+
+PRUNED_BY = {"critic": "trainer.max_critic_ckpt_to_keep"}
+
+
+def apply_retention(run_dir: str, newest: int, keep: int | None, keep_critic: int | None) -> None:
+    """verl's max_actor_ckpt_to_keep / max_critic_ckpt_to_keep, once checkpoint `newest` is there whole (never the
+    newest intact one is dropped): checkpoints older than the newest `keep` are removed, and of those left, the
+    critic/ part of any older than the newest `keep_critic` (as verl keeps the actor's and the critic's separately);
+    such a checkpoint's manifest then says so, and resuming skips it (a critic run needs both)."""
+    if not keep and not keep_critic:
+        return
+    problem = damage(step_dir(run_dir, newest), digests=False)
+    if problem is not None:
+        log.warning("keeping every older checkpoint: the one just saved is not intact (%s)", problem)
+        return
+    older = [step for step in saved_steps(run_dir) if step < newest]
+    if keep:
+        for old in older[:max(len(older) - keep + 1, 0)]:
+            shutil.rmtree(step_dir(run_dir, old), ignore_errors=True)
+        older = older[max(len(older) - keep + 1, 0):]
+    if keep_critic:
+        for old in older[:max(len(older) - keep_critic + 1, 0)]:
+            _prune(step_dir(run_dir, old), "critic")
+
+
+def _prune(directory: str, part: str) -> None:
+    """Remove DIRECTORY/part and record it in the manifest (its other files keep their entries and digests)."""
+    if not os.path.isdir(os.path.join(directory, part)):
+        return
+    manifest = os.path.join(directory, MANIFEST)
+    with open(manifest) as f:
+        recorded = json.load(f)
+    recorded["files"] = {name: entry for name, entry in recorded["files"].items() if not name.startswith(part + "/")}
+    recorded["pruned"] = sorted(set(recorded.get("pruned", [])) | {part})
+    tmp = manifest + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(recorded, f, indent=1)
+    os.replace(tmp, manifest)  # first: a crash in between leaves a checkpoint that says what it lacks
+    shutil.rmtree(os.path.join(directory, part), ignore_errors=True)
 
 
 def newest_intact(run_dir: str, latest: int) -> str | None:

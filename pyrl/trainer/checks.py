@@ -134,6 +134,19 @@ def check_batch_sizes(config, workers: int) -> None:
     if train * n % workers:
         raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples do "
                          f"not split over the {workers} worker processes")
+    gen = config.data.gen_batch_size
+    if gen is not None:
+        if gen < 1:
+            raise ValueError(f"data.gen_batch_size={gen}: expected a positive number of prompts, or null "
+                             "(data.train_batch_size)")
+        if gen != train and not config.algorithm.filter_groups.enable:
+            raise ValueError(f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, which only dynamic "
+                             "sampling (algorithm.filter_groups.enable=true) uses: it generates batches of "
+                             "gen_batch_size prompts until train_batch_size are kept; without it each step trains on "
+                             "what it generated, so set the two equal (or leave gen_batch_size null)")
+        if gen * n % workers:
+            raise ValueError(f"data.gen_batch_size x actor_rollout_ref.rollout.n = {gen} x {n} = {gen * n} samples do "
+                             f"not split over the {workers} worker processes")
     roles = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor.ppo_mini_batch_size)]
     if uses_critic(config):
         roles.append(("critic", config.critic.ppo_mini_batch_size))

@@ -35,6 +35,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from pyrl.config import generation_batch_size
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.workers.fsdp import shard_group_size
 from pyrl.workers.lora import adapter_config, uses_lora
@@ -444,8 +445,9 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     world = setting.world
     P, R = rollout.prompt_length, rollout.response_length
     length = P + R
-    samples = config.data.train_batch_size * rollout.n // world  # rows per rank after generation
-    prompts = config.data.train_batch_size // world
+    samples = config.data.train_batch_size * rollout.n // world  # rows per rank trained on
+    prompts = generation_batch_size(config.data) // world  # generated for (more with dynamic sampling's gen_batch_size)
+    generated = prompts * rollout.n  # rows per rank the reward model scores, before dynamic sampling keeps some
     shape = shapes["actor"]
     on_cuda = setting.device == "cuda"
     a_prec = fsdp_precision(actor.fsdp_config, device, setting.distributed)
@@ -529,7 +531,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
             f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model", c_shards)))
     if uses_reward_model:
         rm = config.reward_model
-        rm_mb = micro(samples, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        rm_mb = micro(generated, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
         phases.append(Phase("reward_model", idle, forward_pass(
             shapes["reward_model"], rm_prec, setting, rm_mb, length, "value", False,
             f"reward_model.{'forward_max_token_len_per_gpu' if rm.use_dynamic_bsz else 'micro_batch_size_per_gpu'}")))
@@ -541,7 +543,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
         model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
         "actor_rollout_ref.model", a_shards)))
     if not arr.hybrid_engine:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
-        rows = math.ceil(config.data.train_batch_size / max(1, rollout_processes))
+        rows = math.ceil(generation_batch_size(config.data) / max(1, rollout_processes))
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(config, shape, setting, capacity, rows)))
     if actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from pyrl import ops
+from pyrl.config import generation_batch_size
 from pyrl.controller import WorkerError
 from pyrl.algos import get_adv_estimator_fn, get_kl_controller
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
@@ -172,8 +173,9 @@ class PPOTrainer:
         self.global_steps = 0
         from pyrl.data import StatefulSampler
 
-        self.sampler = StatefulSampler(len(train_dataset), config.data.train_batch_size, config.data.shuffle,
-                                       config.data.seed)
+        self.sampler = StatefulSampler(len(train_dataset), generation_batch_size(config.data), config.data.shuffle,
+                                       config.data.seed, key="data.gen_batch_size" if config.data.gen_batch_size
+                                       else "data.train_batch_size")
         self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.correction = algorithm.rollout_correction
@@ -415,20 +417,14 @@ class PPOTrainer:
     def commit_checkpoint(self) -> None:
         """Make the saved step the one to resume from, once its metrics are logged (a run killed between
         the two resumes from the checkpoint before and repeats the steps since, so no step's row is lost);
-        then drop checkpoints past max_actor_ckpt_to_keep."""
+        then retention (checkpoints.apply_retention: max_actor_ckpt_to_keep, max_critic_ckpt_to_keep)."""
         latest_tmp = os.path.join(self.run_dir, LATEST + ".tmp")
         with open(latest_tmp, "w") as f:
             f.write(str(self.global_steps))
         os.replace(latest_tmp, os.path.join(self.run_dir, LATEST))
-        keep = self.config.trainer.max_actor_ckpt_to_keep
-        if keep:  # this one and the keep - 1 before it, once this one is there whole (never the newest intact one)
-            problem = checkpoints.damage(checkpoints.step_dir(self.run_dir, self.global_steps), digests=False)
-            if problem is not None:
-                log.warning("keeping every older checkpoint: the one just saved is not intact (%s)", problem)
-                return
-            older = [step for step in checkpoints.saved_steps(self.run_dir) if step < self.global_steps]
-            for old in older[:max(len(older) - keep + 1, 0)]:
-                shutil.rmtree(checkpoints.step_dir(self.run_dir, old), ignore_errors=True)
+        trainer = self.config.trainer
+        checkpoints.apply_retention(self.run_dir, self.global_steps, trainer.max_actor_ckpt_to_keep,
+                                    trainer.max_critic_ckpt_to_keep)
 
     def checkpoint_to_resume(self) -> str | None:
         trainer = self.config.trainer

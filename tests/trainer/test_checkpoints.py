@@ -4,6 +4,7 @@ resuming falls back to the newest intact checkpoint at or before the committed o
 here, then through a real run resumed after its newest checkpoint was damaged."""
 
 import os
+import shutil
 
 import pytest
 
@@ -11,10 +12,14 @@ from pyrl.trainer import checkpoints
 from trainer_helpers import SMALL, compose, read_metrics
 
 
-def fake_checkpoint(run_dir, step: int) -> str:
+def fake_checkpoint(run_dir, step: int, critic: bool = False) -> str:
     directory = checkpoints.step_dir(str(run_dir), step)
     os.makedirs(os.path.join(directory, "actor"))
-    for name, size in (("data.pt", 300), ("actor/__0_0.distcp", 5000), ("actor/extra_rank0.pt", 700)):
+    files = [("data.pt", 300), ("actor/__0_0.distcp", 5000), ("actor/extra_rank0.pt", 700)]
+    if critic:
+        os.makedirs(os.path.join(directory, "critic"))
+        files.append(("critic/__0_0.distcp", 4000))
+    for name, size in files:
         with open(os.path.join(directory, name), "wb") as f:
             f.write(os.urandom(size))
     checkpoints.write_manifest(directory)
@@ -65,6 +70,37 @@ def test_the_newest_intact_checkpoint_is_chosen_and_each_skip_is_said(tmp_path, 
                                            r".*global_step_1: actor/extra_rank0.pt is missing.*resume_mode=disable"):
         checkpoints.newest_intact(str(tmp_path), 3)
     assert checkpoints.newest_intact(str(tmp_path / "nothing"), 3) is None
+
+
+def test_retention_keeps_whole_checkpoints_and_critics_separately(tmp_path, caplog):
+    """max_actor_ckpt_to_keep=3 keeps the newest 3 checkpoints; max_critic_ckpt_to_keep=1 keeps the critic of the
+    newest only, as verl keeps the two separately: the older ones keep their actor, say in their manifest what
+    they lost, and are skipped by a resume with that reason; nothing is dropped while the newest is not whole."""
+    run = str(tmp_path)
+    for step in (1, 2, 3, 4):
+        fake_checkpoint(tmp_path, step, critic=True)
+    os.remove(os.path.join(checkpoints.step_dir(run, 4), "actor", "extra_rank0.pt"))
+    with caplog.at_level("WARNING", logger="pyrl"):
+        checkpoints.apply_retention(run, 4, 3, 1)
+    assert checkpoints.saved_steps(run) == [1, 2, 3, 4]  # the newest is not intact: all kept
+    assert "keeping every older checkpoint: the one just saved is not intact (actor/extra_rank0.pt is missing)" \
+        in caplog.text
+    shutil.rmtree(checkpoints.step_dir(run, 4))
+    fake_checkpoint(tmp_path, 4, critic=True)
+    checkpoints.apply_retention(run, 4, 3, 1)
+    assert checkpoints.saved_steps(run) == [2, 3, 4]
+    for step in (2, 3):
+        directory = checkpoints.step_dir(run, step)
+        assert not os.path.exists(os.path.join(directory, "critic")) and os.path.exists(os.path.join(directory, "actor"))
+        assert checkpoints.damage(directory) == ("its critic checkpoint was removed by retention "
+                                                 "(trainer.max_critic_ckpt_to_keep)")
+    assert checkpoints.damage(checkpoints.step_dir(run, 4)) is None
+    os.remove(os.path.join(checkpoints.step_dir(run, 4), "data.pt"))
+    with caplog.at_level("WARNING", logger="pyrl"):
+        with pytest.raises(RuntimeError, match="global_step_3: its critic checkpoint was removed by retention"):
+            checkpoints.newest_intact(run, 4)
+    checkpoints.apply_retention(run, 3, None, None)  # neither key set: nothing happens
+    assert checkpoints.saved_steps(run) == [2, 3, 4]
 
 
 def test_a_run_resumes_from_the_newest_intact_checkpoint(tmp_path, ray_session, caplog):

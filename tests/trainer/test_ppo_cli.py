@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from pyrl.algos import ADV_ESTIMATOR_REGISTRY
 from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
@@ -148,11 +149,13 @@ def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tm
 
 def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
     """clip-higher, token-mean, overlong reward shaping and dynamic sampling (groups whose samples all
-    scored alike are dropped and more prompts generated until the batch is full)."""
+    scored alike are dropped and more prompts generated, in batches of data.gen_batch_size, until the batch is
+    full)."""
     from pyrl.ppo import run_ppo
 
     config = compose(*SMALL, "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.rollout.name=hf",
-                     "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",
+                     "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}", "data.gen_batch_size=12",
+                     "trainer.save_freq=2",
                      "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true",
                      "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
                      "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
@@ -162,6 +165,8 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert any(r["training/num_gen_batches"] > 1 for r in rows)  # groups were dropped and more generated
+    sampler = torch.load(tmp_path / "global_step_2" / "data.pt", weights_only=False)["sampler"]
+    assert sampler["epoch"] == 0 and sampler["position"] == 12 * sum(r["training/num_gen_batches"] for r in rows)
     assert any(r["critic/score/min"] < 0 for r in rows)  # responses past max_len - buffer are penalized
     for step in (1, 2):  # the batch is full: 8 prompts whose 4 samples each scored differently
         samples = [json.loads(line) for line in open(tmp_path / "rollouts" / f"{step}.jsonl")]
