@@ -2,9 +2,10 @@
 CPU attention choices behind packed training.
 
 1. test_packed_vs_padded_step: ResponseLogProbs (the actor's update forward, fused log-probs) + backward of the
-   summed log-probs on one micro-batch of 64 sequences with log-normal prompts (median 74, max 384 tokens) and
-   geometric responses (mean ~16, cut at 32), packed vs padded to the micro-batch's longest row. Target: the time
-   ratio packed/padded within 1.2x of the token ratio real/padded.
+   summed log-probs on one micro-batch of 64 sequences, fp32 and bf16 weights: long-tailed (log-normal prompts,
+   median 74, max 384 tokens, geometric responses, mean ~16, cut at 32), packed vs padded to the micro-batch's
+   longest row, target packed/padded <= the token ratio real/padded; and uniform (every row 74 + 16 tokens), target
+   packed/padded <= 1.02.
 2. test_varlen_attention: causal attention fwd + bwd over those sequences (8 heads of 64, 2 KV heads): pyrl's
    length buckets vs one SDPA call per sequence vs one call with a block-diagonal mask (the square of the total)
    vs the padded batch.
@@ -34,7 +35,8 @@ def long_tailed_batch(rows: int, vocab: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     prompt = (torch.exp(torch.randn(rows, generator=g) * (math.log(384 / 74) / 2.4) + math.log(74))).round()
     prompt = prompt.clamp(12, 384).long()
-    response = torch.distributions.Geometric(torch.tensor(1 / 16)).sample((rows,)).long().clamp(1, 32)
+    # geometric (mean ~16) by inverting its CDF with the seeded generator, so every call draws the same batch
+    response = (torch.log(torch.rand(rows, generator=g)) / math.log(1 - 1 / 16)).floor().long().add(1).clamp(1, 32)
     prompt_width, response_width = int(prompt.max()), int(response.max())
     cols = torch.arange(prompt_width + response_width)
     mask = ((cols >= prompt_width - prompt[:, None]) & (cols < prompt_width + response[:, None])).long()
@@ -42,12 +44,26 @@ def long_tailed_batch(rows: int, vocab: int, seed: int = 0):
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, response_width
 
 
-@pytest.fixture(scope="module")
-def policy(benchmark_disabled):
+def uniform_batch(rows: int, vocab: int, seed: int = 0, prompt: int = 74, response: int = 16):
+    """Every row a `prompt`-token prompt and a `response`-token response: no padding at all."""
+    g = torch.Generator().manual_seed(seed)
+    width = prompt + response
+    mask = torch.ones(rows, width, dtype=torch.long)
+    return ({"input_ids": torch.randint(3, vocab, (rows, width), generator=g), "attention_mask": mask,
+             "position_ids": torch.arange(width).expand(rows, width).clone()}, response)
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def policy(benchmark_disabled, request):
+    """The policy with its weights in fp32, or in bf16 (the compute dtype of pyrl's bf16 mixed precision)."""
     from transformers import AutoModelForCausalLM
 
+    from pyrl.workers.precision import cpu_has_bf16
+
+    if request.param == torch.bfloat16 and not cpu_has_bf16():
+        pytest.skip("this CPU has no native bf16")
     spec = TinyModelSpec() if benchmark_disabled else BENCH_SPEC
-    lm = AutoModelForCausalLM.from_pretrained(tiny_model_path(spec), dtype=torch.float32,
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model_path(spec), dtype=request.param,
                                               attn_implementation=varlen_attention.register())
     return ResponseLogProbs(lm)
 
@@ -58,16 +74,18 @@ def benchmark_disabled(request):
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
-def test_packed_vs_padded_step(benchmark, policy, benchmark_disabled, packed):
-    tensors, response_width = long_tailed_batch(8 if benchmark_disabled else 64, policy.lm.config.vocab_size)
+@pytest.mark.parametrize("workload", ["long_tailed", "uniform"])
+def test_packed_vs_padded_step(benchmark, policy, benchmark_disabled, packed, workload):
+    make = long_tailed_batch if workload == "long_tailed" else uniform_batch
+    tensors, response_width = make(8 if benchmark_disabled else 64, policy.lm.config.vocab_size)
     inputs = ModelInputs.responses(tensors, response_width, packed, CPU)
 
     def step():
         policy.zero_grad(set_to_none=True)
         policy(inputs).sum().backward()
 
-    benchmark.group = "policy fwd+bwd, long-tailed micro-batch"
-    benchmark.pedantic(step, rounds=1 if benchmark_disabled else 3, warmup_rounds=0 if benchmark_disabled else 1)
+    benchmark.group = f"policy fwd+bwd, {workload} micro-batch, {str(policy.lm.dtype).split('.')[-1]}"
+    benchmark.pedantic(step, rounds=1 if benchmark_disabled else 5, warmup_rounds=0 if benchmark_disabled else 1)
     real, padded = int(tensors["attention_mask"].sum()), tensors["attention_mask"].numel()
     benchmark.extra_info.update({"tokens_run": inputs.num_tokens, "real_tokens": real, "padded_tokens": padded,
                                  "real_over_padded": real / padded})
