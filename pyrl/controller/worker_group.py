@@ -42,7 +42,8 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Floating-point exception": "S
 
 def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dict:
     """What this node says of process `pid`: its state letter from /proc (R, S, D, T stopped, t traced, Z) or
-    None when it is gone, the first line its faulthandler wrote (a fatal signal) or "", and the OOM kill count in
+    None when it is gone, what its faulthandler wrote (a fatal signal: the first line, and the report with the
+    threads' stacks, up to 8 KiB) or "", and the OOM kill count in
     oom_file (its memory cgroup's, from its placement). Runs on the driver for its own node, as a Ray task on any
     other."""
     try:
@@ -50,13 +51,14 @@ def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dic
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         state = None
-    fault = ""
+    report = ""
     try:
         with open(fault_file(fault_dir, pid)) as f:
-            fault = next((line.strip() for line in f if line.strip()), "")
+            report = f.read(8192)
     except OSError:
         pass
-    return {"state": state, "fault": fault, "oom_kills": oom_kill_count(oom_file)}
+    fault = next((line.strip() for line in report.splitlines() if line.strip()), "")
+    return {"state": state, "fault": fault, "fault_report": report, "oom_kills": oom_kill_count(oom_file)}
 
 
 def death_cause(report: dict | None, placement: dict, ray_detail: str) -> str:
@@ -343,7 +345,10 @@ class WorkerGroup:
                 raise WorkerError(f"{first}\nthen {raised}") from None
             except ray.exceptions.RayActorError as e:
                 log.error("%s: Ray's account: %s", self.where(rank), " ".join(str(e).split()))
-                raise WorkerError(self._died_line(rank, method, self._report(rank), str(e))) from None
+                report = self._report(rank)
+                if report and report["fault_report"]:  # the Python stacks at the fatal signal
+                    log.error("%s: its faulthandler's report:\n%s", self.where(rank), report["fault_report"].rstrip())
+                raise WorkerError(self._died_line(rank, method, report, str(e))) from None
         return [results[ref] for ref in refs]
 
     def where(self, rank: int) -> str:

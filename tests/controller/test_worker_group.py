@@ -228,11 +228,16 @@ def _all_gone(pids, timeout_s=30):
     (signal.SIGKILL, r"ended by a signal no handler sees \(SIGKILL\), or exited without a Python error"),
     (signal.SIGSEGV, r"killed by SIGSEGV \(its faulthandler: 'Fatal Python error: Segmentation fault'\)"),
 ], ids=["SIGKILL", "SIGSEGV"])
-def test_a_worker_killed_mid_step_is_named_with_its_node_and_signal(ray_session, signum, cause):
+def test_a_worker_killed_mid_step_is_named_with_its_node_and_signal(ray_session, signum, cause, caplog):
     """A rank killed in the middle of collectives: the call ends within 30 s, the error's first line names the
-    group, the rank, its node and process and what ended it, and after kill() no worker process is left."""
+    group, the rank, its node and process and what ended it (a fatal signal's Python stacks logged), and after
+    kill() no worker process is left."""
     wg = WorkerGroup(ResourcePool([2]), EchoWorker, group_name="actor_rollout_ref")
-    error, seconds, pids = _signal_rank_during_spin(wg, 1, signum)
+    with caplog.at_level("ERROR", logger="pyrl"):
+        error, seconds, pids = _signal_rank_during_spin(wg, 1, signum)
+    if signum == signal.SIGSEGV:
+        assert "its faulthandler's report:\nFatal Python error: Segmentation fault" in caplog.text
+        assert "in spin" in caplog.text  # the stack of the thread that was running the call
     first = str(error).splitlines()[0]
     assert re.fullmatch(rf"actor_rollout_ref rank 1 \(node [0-9a-f]{{8}}, [^,]+, [^,]+, pid {pids[1]}\) died during "
                         rf"spin\(\): {cause}", first), str(error)
