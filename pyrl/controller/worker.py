@@ -84,9 +84,15 @@ class Worker:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if os.environ.get(FAULT_DIR_ENV):  # started by a WorkerGroup: a crash must say which signal ended it
-            os.makedirs(os.environ[FAULT_DIR_ENV], exist_ok=True)
-            self._fault_report = open(fault_file(os.environ[FAULT_DIR_ENV], os.getpid()), "w")  # noqa: SIM115
-            faulthandler.enable(self._fault_report, all_threads=True)
+            try:
+                os.makedirs(os.environ[FAULT_DIR_ENV], exist_ok=True)
+                self._fault_report = open(fault_file(os.environ[FAULT_DIR_ENV], os.getpid()), "w")  # noqa: SIM115
+            except OSError:  # evidence lost, not a reason to fail: Ray's stderr log keeps faulthandler's default
+                pass
+            else:
+                faulthandler.enable(self._fault_report, all_threads=True)
+                # a forked child (vLLM's engine processes) must not write its own crash into this process's report
+                os.register_at_fork(after_in_child=faulthandler.disable)
 
     def call_method(self, method: str, *args, **kwargs):
         """How the driver calls every worker method: `method(*args, **kwargs)`, any exception it raises turned

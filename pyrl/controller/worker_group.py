@@ -71,10 +71,14 @@ def death_cause(report: dict | None, placement: dict, ray_detail: str) -> str:
         return f"its faulthandler reported {report['fault']!r}"
     if "memory monitor" in ray_detail or "low on memory" in ray_detail:
         return "killed by Ray's memory monitor (the node ran low on memory)"
+    if "creation task" in ray_detail:
+        return "its constructor raised (Ray's account follows)"
+    if "node has died" in ray_detail or "node died" in ray_detail:
+        return "its node died (Ray's account follows)"
     before, after = placement.get("oom_kills"), (report or {}).get("oom_kills")
     if before is not None and after is not None and after > before:
-        return (f"killed by the kernel's OOM killer (SIGKILL: its memory cgroup's oom_kill count rose from {before} to "
-                f"{after}, {placement['oom_file']})")
+        return (f"most likely the kernel's OOM killer (SIGKILL): its memory cgroup recorded an OOM kill since it "
+                f"started (oom_kill {before} -> {after}, {placement['oom_file']})")
     return "ended by a signal no handler sees (SIGKILL), or exited without a Python error"
 
 
@@ -281,25 +285,32 @@ class WorkerGroup:
         share = 1.0 / resource_pool.max_colocate_count
         remote_cls = ray.remote(worker_cls)
         self.workers = []
-        rank = 0
-        for pg in resource_pool.placement_groups():
-            for bundle_index in range(pg.bundle_count):
-                env_vars = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(bundle_index),
-                            FAULT_DIR_ENV: self.fault_dir, **{k: str(v) for k, v in (env or {}).items()}}
-                options = {
-                    "num_cpus": resource_pool.cpus_per_process * share,
-                    "num_gpus": resource_pool.gpus_per_process * share,
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_index),
-                    "runtime_env": {"env_vars": env_vars},
-                }
-                self.workers.append(remote_cls.options(**options).remote(*args, **kwargs))
-                rank += 1
+        self._killed = False
         resource_pool._users += 1
-        self._bind_registered_methods()
-        if init_distributed:
-            master = self._gather(self._submit("master_address", [()], [{}], [0]), "master_address", ranks=[0])[0]
-            self.execute_all("setup_distributed", *master, None, dist_timeout_s)
-        self.placements = self.execute_all("placement")  # where each rank runs, in rank order
+        try:  # a group that fails to start gives back what it took: its processes, and an unshared pool
+            rank = 0
+            for pg in resource_pool.placement_groups():
+                for bundle_index in range(pg.bundle_count):
+                    env_vars = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size),
+                                "LOCAL_RANK": str(bundle_index), FAULT_DIR_ENV: self.fault_dir,
+                                **{k: str(v) for k, v in (env or {}).items()}}
+                    options = {
+                        "num_cpus": resource_pool.cpus_per_process * share,
+                        "num_gpus": resource_pool.gpus_per_process * share,
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                            pg, placement_group_bundle_index=bundle_index),
+                        "runtime_env": {"env_vars": env_vars},
+                    }
+                    self.workers.append(remote_cls.options(**options).remote(*args, **kwargs))
+                    rank += 1
+            self._bind_registered_methods()
+            if init_distributed:
+                master = self._gather(self._submit("master_address", [()], [{}], [0]), "master_address", ranks=[0])[0]
+                self.execute_all("setup_distributed", *master, None, dist_timeout_s)
+            self.placements = self.execute_all("placement")  # where each rank runs, in rank order
+        except BaseException:
+            self.kill()
+            raise
 
     def describe_placements(self) -> list[str]:
         """One line per rank: its node (short id, IP, host name), process id, device and process group."""
@@ -340,15 +351,18 @@ class WorkerGroup:
                     raise WorkerError(raised) from None
                 # a collective failing on this rank because another one died or stopped: the cause comes first
                 other, report = culprit
+                self._log_fault_report(other, report)
                 first = self._stopped_line(other, method, report) if report["state"] in ("T", "t") else \
                     self._died_line(other, method, report, "")
                 raise WorkerError(f"{first}\nthen {raised}") from None
             except ray.exceptions.RayActorError as e:
-                log.error("%s: Ray's account: %s", self.where(rank), " ".join(str(e).split()))
+                account = " ".join(str(e).split())
+                if isinstance(e, ray.exceptions.ActorUnavailableError):  # not dead: Ray cannot reach it now
+                    raise WorkerError(f"{self.where(rank)} became unavailable during {method}()\nRay's account: "
+                                      f"{account}") from None
                 report = self._report(rank)
-                if report and report["fault_report"]:  # the Python stacks at the fatal signal
-                    log.error("%s: its faulthandler's report:\n%s", self.where(rank), report["fault_report"].rstrip())
-                raise WorkerError(self._died_line(rank, method, report, str(e))) from None
+                self._log_fault_report(rank, report)
+                raise WorkerError(f"{self._died_line(rank, method, report, str(e))}\nRay's account: {account}") from None
         return [results[ref] for ref in refs]
 
     def where(self, rank: int) -> str:
@@ -400,6 +414,10 @@ class WorkerGroup:
                                   + f" for {now - since:.0f} s (dist_timeout_s={self.dist_timeout_s:g}, verl's "
                                     "actor_rollout_ref.nccl_timeout)")
 
+    def _log_fault_report(self, rank: int, report: dict | None) -> None:
+        if report and report["fault_report"]:  # the Python stacks at the fatal signal
+            log.error("%s: its faulthandler's report:\n%s", self.where(rank), report["fault_report"].rstrip())
+
     def _died_line(self, rank: int, method: str, report: dict | None, ray_detail: str) -> str:
         placement = self.placements[rank] if rank < len(self.placements) else {}
         return f"{self.where(rank)} died during {method}(): {death_cause(report, placement, ray_detail)}"
@@ -449,8 +467,9 @@ class WorkerGroup:
 
     def kill(self) -> None:
         """End the worker processes; the last group on a resource pool also gives its placement groups back."""
-        if not self.workers:
+        if self._killed:
             return
+        self._killed = True
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []

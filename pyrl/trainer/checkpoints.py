@@ -116,6 +116,8 @@ def apply_retention(run_dir: str, newest: int, keep: int | None, keep_critic: in
     newest intact one is dropped): checkpoints older than the newest `keep` are removed, and of those left, the
     critic/ part of any older than the newest `keep_critic` (as verl keeps the actor's and the critic's separately);
     such a checkpoint's manifest then says so, and resuming skips it (a critic run needs both)."""
+    keep = keep if keep and keep > 0 else None  # verl: 0 or less keeps them all
+    keep_critic = keep_critic if keep_critic and keep_critic > 0 else None
     if not keep and not keep_critic:
         return
     problem = damage(step_dir(run_dir, newest), digests=False)
@@ -137,9 +139,14 @@ def _prune(directory: str, part: str) -> None:
     if not os.path.isdir(os.path.join(directory, part)):
         return
     manifest = os.path.join(directory, MANIFEST)
-    with open(manifest) as f:
-        recorded = json.load(f)
-    recorded["files"] = {name: entry for name, entry in recorded["files"].items() if not name.startswith(part + "/")}
+    try:
+        with open(manifest) as f:
+            recorded = json.load(f)
+        recorded["files"] = {name: entry for name, entry in recorded["files"].items()
+                             if not name.startswith(part + "/")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not intact anyway: nothing to keep it for
+        shutil.rmtree(os.path.join(directory, part), ignore_errors=True)
+        return
     recorded["pruned"] = sorted(set(recorded.get("pruned", [])) | {part})
     tmp = manifest + ".tmp"
     with open(tmp, "w") as f:
@@ -148,14 +155,15 @@ def _prune(directory: str, part: str) -> None:
     shutil.rmtree(os.path.join(directory, part), ignore_errors=True)
 
 
-def newest_intact(run_dir: str, latest: int) -> str | None:
+def newest_intact(run_dir: str, latest: int, digests: bool = True) -> str | None:
     """The newest intact checkpoint at or before step `latest` (the committed one), logging one line per
     checkpoint skipped on the way; None when there is none at all; an error naming each one when every one is
-    damaged (starting over silently would discard them: trainer.resume_mode=disable does that on purpose)."""
+    damaged (starting over silently would discard them: trainer.resume_mode=disable does that on purpose).
+    digests=False: sizes only (a quick answer for a message; the resume itself verifies the digests)."""
     problems = []
     for step in sorted((s for s in saved_steps(run_dir) if s <= latest), reverse=True):
         directory = step_dir(run_dir, step)
-        problem = damage(directory)
+        problem = damage(directory, digests)
         if problem is None:
             return directory
         log.warning("skipping checkpoint %s: %s", directory, problem)

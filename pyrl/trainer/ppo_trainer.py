@@ -426,7 +426,7 @@ class PPOTrainer:
         checkpoints.apply_retention(self.run_dir, self.global_steps, trainer.max_actor_ckpt_to_keep,
                                     trainer.max_critic_ckpt_to_keep)
 
-    def checkpoint_to_resume(self) -> str | None:
+    def checkpoint_to_resume(self, digests: bool = True) -> str | None:
         trainer = self.config.trainer
         if trainer.resume_mode == "disable":
             return None
@@ -434,7 +434,7 @@ class PPOTrainer:
             if not trainer.resume_from_path or not os.path.exists(os.path.join(trainer.resume_from_path, "data.pt")):
                 raise FileNotFoundError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not a "
                                         "global_step_<k> checkpoint directory (no data.pt)")
-            problem = checkpoints.damage(trainer.resume_from_path)
+            problem = checkpoints.damage(trainer.resume_from_path, digests)
             if problem is not None:
                 raise ValueError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not intact: {problem}")
             return trainer.resume_from_path
@@ -445,13 +445,18 @@ class PPOTrainer:
             return None
         with open(latest) as f:
             committed = int(f.read().strip())
-        found = checkpoints.newest_intact(self.run_dir, committed)  # logs each damaged one it skips
+        found = checkpoints.newest_intact(self.run_dir, committed, digests)  # logs each damaged one it skips
         if found is None:
             log.warning("%s names step %d, but %s holds no checkpoint: starting over", LATEST, committed, self.run_dir)
         return found
 
     def resume_hint(self) -> str:
-        path = self.checkpoint_to_resume()
+        """Where a rerun would resume, for the run's last line: sizes checked, not digests (a run stopping does not
+        read its checkpoints through), and never an error of its own in place of the one being reported."""
+        try:
+            path = self.checkpoint_to_resume(digests=False)
+        except Exception as e:  # noqa: BLE001
+            return f"the checkpoints could not be read ({type(e).__name__}: {e})"
         return f"rerunning the same command resumes from {path}" if path else \
             "no checkpoint to resume from, a rerun starts over"
 

@@ -264,12 +264,29 @@ def test_a_worker_the_oom_killer_ends_is_named_so(ray_session):
         assert wg.placements[0]["oom_kills"] == 0, wg.placements[0]
         with pytest.raises(WorkerError) as info:
             wg.allocate(2 << 30)
+        first = str(info.value).splitlines()[0]
         assert re.fullmatch(r"EchoWorker rank 0 \(node [0-9a-f]{8}, [^,]+, [^,]+, pid \d+\) died during allocate\(\): "
-                            r"killed by the kernel's OOM killer \(SIGKILL: its memory cgroup's oom_kill count rose from 0 "
-                            r"to 1, /.*/memory\.(events|oom_control)\)", str(info.value)), str(info.value)
+                            r"most likely the kernel's OOM killer \(SIGKILL\): its memory cgroup recorded an OOM kill "
+                            r"since it started \(oom_kill 0 -> 1, /.*/memory\.(events|oom_control)\)", first), first
     finally:
         wg.kill()
         assert limited.remove(within_s=10)
+
+
+class FailingWorker(Worker):
+    def __init__(self):
+        super().__init__()
+        raise ValueError("no such model: /nowhere")
+
+
+def test_a_worker_whose_constructor_raises_is_named_with_its_error(ray_session):
+    """Not a signal: Ray's account of the constructor's exception comes with the error."""
+    with pytest.raises(WorkerError) as info:
+        WorkerGroup(ResourcePool([1]), FailingWorker, group_name="critic")
+    first, *rest = str(info.value).splitlines()
+    assert re.fullmatch(r"critic rank 0 died during master_address\(\): its constructor raised \(Ray's account "
+                        r"follows\)", first), first
+    assert "Ray's account: " in rest[0] and "no such model: /nowhere" in rest[0]
 
 
 def test_a_stopped_worker_is_named_after_the_bounded_wait(ray_session):

@@ -100,7 +100,15 @@ def test_retention_keeps_whole_checkpoints_and_critics_separately(tmp_path, capl
         with pytest.raises(RuntimeError, match="global_step_3: its critic checkpoint was removed by retention"):
             checkpoints.newest_intact(run, 4)
     checkpoints.apply_retention(run, 3, None, None)  # neither key set: nothing happens
+    checkpoints.apply_retention(run, 4, -1, 0)  # 0 or less keeps them all, as in verl
     assert checkpoints.saved_steps(run) == [2, 3, 4]
+    # a checkpoint with no readable manifest (a save cut short): its critic goes, and retention carries on
+    fake_checkpoint(tmp_path, 5, critic=True)
+    fake_checkpoint(tmp_path, 6, critic=True)
+    os.remove(os.path.join(checkpoints.step_dir(run, 5), checkpoints.MANIFEST))
+    checkpoints.apply_retention(run, 6, None, 1)
+    assert not os.path.exists(os.path.join(checkpoints.step_dir(run, 5), "critic"))
+    assert os.path.exists(os.path.join(checkpoints.step_dir(run, 6), "critic"))
 
 
 def test_a_run_resumes_from_the_newest_intact_checkpoint(tmp_path, ray_session, caplog):
