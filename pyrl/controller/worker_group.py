@@ -35,6 +35,9 @@ class WorkerError(RuntimeError):
 
 
 PROBE_S = 2.0  # while a call is outstanding, how often the pending ranks' processes are looked at
+# how long a failed call waits for another node's account of the ranks it still waits on: the error is coming
+# anyway, and its first line should name the cause
+CULPRIT_WAIT_S = 15.0
 # faulthandler's words for the fatal signals it reports
 FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Floating-point exception": "SIGFPE", "Aborted": "SIGABRT",
                  "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
@@ -59,6 +62,15 @@ def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dic
         pass
     fault = next((line.strip() for line in report.splitlines() if line.strip()), "")
     return {"state": state, "fault": fault, "fault_report": report, "oom_kills": oom_kill_count(oom_file)}
+
+
+class NodeProbe:
+    """process_report on one node other than the driver's. The group starts one per such node with its workers, so
+    a process is looked at by a warm actor: a task at failure time would wait seconds for a cold worker process,
+    longer than the failed call should (on a loaded node, longer than PROBE_S)."""
+
+    def report(self, pid: int, fault_dir: str, oom_file: str | None) -> dict:
+        return process_report(pid, fault_dir, oom_file)
 
 
 def death_cause(report: dict | None, placement: dict, ray_detail: str) -> str:
@@ -285,6 +297,7 @@ class WorkerGroup:
         share = 1.0 / resource_pool.max_colocate_count
         remote_cls = ray.remote(worker_cls)
         self.workers = []
+        self.probes: dict = {}  # node id -> its NodeProbe actor, for every node but the driver's
         self._killed = False
         resource_pool._users += 1
         try:  # a group that fails to start gives back what it took: its processes, and an unshared pool
@@ -308,6 +321,7 @@ class WorkerGroup:
                 master = self._gather(self._submit("master_address", [()], [{}], [0]), "master_address", ranks=[0])[0]
                 self.execute_all("setup_distributed", *master, None, dist_timeout_s)
             self.placements = self.execute_all("placement")  # where each rank runs, in rank order
+            self._start_probes()
         except BaseException:
             self.kill()
             raise
@@ -360,7 +374,7 @@ class WorkerGroup:
                 if isinstance(e, ray.exceptions.ActorUnavailableError):  # not dead: Ray cannot reach it now
                     raise WorkerError(f"{self.where(rank)} became unavailable during {method}()\nRay's account: "
                                       f"{account}") from None
-                report = self._report(rank)
+                report = self._report(rank, CULPRIT_WAIT_S)
                 self._log_fault_report(rank, report)
                 raise WorkerError(f"{self._died_line(rank, method, report, str(e))}\nRay's account: {account}") from None
         return [results[ref] for ref in refs]
@@ -373,22 +387,46 @@ class WorkerGroup:
                     f"pid {p['pid']})")
         return f"{self.name} rank {rank}"
 
-    def _report(self, rank: int) -> dict | None:
-        """process_report for rank's process, read where it ran; None before placements are known or when its
-        node does not answer within PROBE_S."""
-        if rank >= len(self.placements):
-            return None
-        p = self.placements[rank]
-        if self._is_local(rank):
-            return process_report(p["pid"], self.fault_dir, p.get("oom_file"))
+    def _start_probes(self) -> None:
+        """A NodeProbe on each node holding a rank, other than the driver's, and a first answer from each: a node
+        whose probe does not start within 60 s is only warned of (its ranks' failures are then named with less)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        probe = ray.remote(num_cpus=0)(process_report).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(p["node_id"], soft=False))
-        try:
-            return ray.get(probe.remote(p["pid"], self.fault_dir, p.get("oom_file")), timeout=PROBE_S)
-        except Exception:  # noqa: BLE001 - the node itself may be gone: no evidence, not an error of its own
-            return None
+        nodes = {p["node_id"] for rank, p in enumerate(self.placements) if not self._is_local(rank)}
+        probe_cls = ray.remote(num_cpus=0)(NodeProbe)
+        for node in sorted(nodes):
+            self.probes[node] = probe_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        answers = {node: probe.report.remote(0, self.fault_dir, None) for node, probe in self.probes.items()}
+        ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=60)
+        for node, ref in answers.items():
+            if ref not in ready:
+                log.warning("%s: the process probe on node %s did not start within 60 s", self.name, node[:8])
+
+    def _reports(self, ranks: list, timeout_s: float = PROBE_S) -> dict:
+        """{rank: process_report of its process, read where it runs}: a rank on the driver's node read here, the
+        others asked of their nodes' probes at once; a rank without an answer within timeout_s (its node may be
+        gone), or before placements are known, is left out."""
+        reports, asked = {}, {}
+        for rank in ranks:
+            if rank >= len(self.placements):
+                continue
+            p = self.placements[rank]
+            if self._is_local(rank):
+                reports[rank] = process_report(p["pid"], self.fault_dir, p.get("oom_file"))
+            elif p["node_id"] in self.probes:
+                asked[self.probes[p["node_id"]].report.remote(p["pid"], self.fault_dir, p.get("oom_file"))] = rank
+        if asked:
+            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+            for ref in ready:
+                try:
+                    reports[asked[ref]] = ray.get(ref)
+                except Exception:  # noqa: BLE001 - the probe died with its node: no evidence, not an error of its own
+                    pass
+        return reports
+
+    def _report(self, rank: int, timeout_s: float = PROBE_S) -> dict | None:
+        return self._reports([rank], timeout_s).get(rank)
 
     def _is_local(self, rank: int) -> bool:
         return rank < len(self.placements) and \
@@ -399,13 +437,19 @@ class WorkerGroup:
         nothing, and the ranks in a collective with it would only fail later, naming themselves. A process on
         another node is looked at every dist_timeout_s / 4 (the bound then stretches by as much)."""
         now = time.monotonic()
+        due = []
         for rank in ranks:
-            if not self._is_local(rank):  # another node's process is looked at by a Ray task, less often
+            if not self._is_local(rank):  # another node's process is asked of its probe, less often
                 if now < next_probe.get(rank, 0.0):
                     continue
                 next_probe[rank] = now + max(PROBE_S, self.dist_timeout_s / 4)
-            report = self._report(rank)
-            if not report or report["state"] not in ("T", "t"):
+            due.append(rank)
+        reports = self._reports(due)
+        for rank in due:
+            report = reports.get(rank)
+            if report is None:  # no answer this time: the clock of a rank seen stopped keeps running
+                continue
+            if report["state"] not in ("T", "t"):
                 stopped_since.pop(rank, None)
                 continue
             since = stopped_since.setdefault(rank, now)
@@ -428,8 +472,9 @@ class WorkerGroup:
 
     def _dead_or_stopped(self, ranks: list):
         """(rank, its process_report) of the first of these ranks whose process is gone or stopped, else None."""
+        reports = self._reports(ranks, CULPRIT_WAIT_S)
         for rank in ranks:
-            report = self._report(rank)
+            report = reports.get(rank)
             if report and report["state"] in (None, "Z", "T", "t"):
                 return rank, report
         return None
@@ -470,9 +515,9 @@ class WorkerGroup:
         if self._killed:
             return
         self._killed = True
-        for worker in self.workers:
-            ray.kill(worker, no_restart=True)
-        self.workers = []
+        for actor in [*self.workers, *self.probes.values()]:
+            ray.kill(actor, no_restart=True)
+        self.workers, self.probes = [], {}
         shutil.rmtree(self.fault_dir, ignore_errors=True)
         self.resource_pool._users -= 1
         if self.resource_pool._users == 0:
