@@ -137,6 +137,7 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
+    strategy: str = "${actor_rollout_ref.actor.strategy}"
     log_prob_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -548,6 +549,7 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "data.tokenizer": ((None,), "verl 0.9.1 reads it nowhere either; the tokenizer is "
                                 "actor_rollout_ref.model.tokenizer_path, else the model's own"),
     "actor_rollout_ref.actor.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
+    "actor_rollout_ref.ref.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "critic.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
@@ -662,21 +664,32 @@ def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]
 
 
 def check_known_keys(cfg) -> None:
-    """Stop with one line naming each key the schema lacks (unknown_keys), with the nearest known names."""
-    import difflib
+    """Stop naming the first key the schema lacks that asks for a verl feature pyrl does not implement
+    (pyrl.verl_features), else each key the schema lacks (unknown_keys) with the nearest known names."""
+    from pyrl.verl_features import NotImplementedFeature, feature_of
 
     unknown = unknown_keys(cfg)
-    if not unknown:
-        return
+    for name, _ in unknown:
+        feature = feature_of(name)
+        if feature:
+            raise NotImplementedFeature(feature, f"{name}, set in the composed config,")
+    if unknown:
+        raise ValueError(describe_unknown(unknown))
+
+
+def describe_unknown(unknown: list[tuple[str, list[str]]]) -> str:
+    """The one line naming unknown keys (unknown_keys' pairs), each with the nearest names beside it."""
+    import difflib
+
     lines = []
     for name, siblings in unknown:
         parent, _, leaf = name.rpartition(".")
         near = difflib.get_close_matches(leaf, siblings, n=3)
         lines.append(f"{name}" + (f" (did you mean {', '.join(f'{parent}.{n}' if parent else n for n in near)}?)"
                                   if near else ""))
-    raise ValueError(f"unknown config key{'s' if len(lines) > 1 else ''}: {'; '.join(lines)}. pyrl has verl 0.9.1's "
-                     "keys (pyrl/config.py); `+key=` / `++key=` add keys only inside free-form sections "
-                     "(override_config, engine_kwargs, reward_kwargs, ray_kwargs.ray_init, ...)")
+    return (f"unknown config key{'s' if len(lines) > 1 else ''}: {'; '.join(lines)}. pyrl has verl 0.9.1's "
+            "keys (pyrl/config.py); `+key=` / `++key=` add keys only inside free-form sections "
+            "(override_config, engine_kwargs, reward_kwargs, ray_kwargs.ray_init, ...)")
 
 
 def _value(config, key: str):
@@ -687,16 +700,18 @@ def _value(config, key: str):
 
 def check_supported(config: PPOConfig) -> None:
     """Every LIMITS key holds an allowed value; checkpoint contents hold model, optimizer and extra."""
+    from pyrl.verl_features import Unsupported
+
     for key, (allowed, why) in LIMITS.items():
         value = _value(config, key)
         if value not in allowed:
-            raise ValueError(f"{key}={value!r} is not supported ({why}); expected "
+            raise Unsupported(f"{key}={value!r} is not supported ({why}); expected "
                              f"{' or '.join(map(repr, allowed))}")
     for key in CONTENTS_KEYS:
         contents = set(_value(config, key))
         # hf_model: a whole HF model in <checkpoint>/huggingface on save; loading ignores it (verl too)
         if not set(CHECKPOINT_CONTENTS) <= contents <= {*CHECKPOINT_CONTENTS, "hf_model"}:
-            raise ValueError(f"{key}={sorted(contents)} is not supported: checkpoints always hold "
+            raise Unsupported(f"{key}={sorted(contents)} is not supported: checkpoints always hold "
                              f"{', '.join(CHECKPOINT_CONTENTS)} (and hf_model if asked)")
 
 

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
+from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
 from pyrl.models import resolve_model_path
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
@@ -194,8 +195,14 @@ def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
 
 
 def resolve_defaults(config: PPOConfig) -> None:
-    """Fill what depends on this machine (the toy task files, the rollout engine, the step count, local model
-    paths) and check every value that needs no model."""
+    """resolve_settings, then the models' local paths (a hub id is downloaded here, once, before workers start)."""
+    resolve_settings(config)
+    resolve_model_paths(config)
+
+
+def resolve_settings(config: PPOConfig) -> None:
+    """Fill what depends on this machine (the toy task files, the rollout engine, the step count) and check every
+    value that needs no model or data file."""
     from pyrl.trainer.checks import check_config
 
     from pyrl.trainer.workers import worker_count
@@ -217,6 +224,8 @@ def resolve_defaults(config: PPOConfig) -> None:
     if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         log.warning("vLLM is not installed: generating with the hf engine (transformers generate) instead")
         rollout.name = "hf"
+    if rollout.name in ROLLOUT_FEATURES:
+        raise NotImplementedFeature(ROLLOUT_FEATURES[rollout.name], f"actor_rollout_ref.rollout.name={rollout.name}")
     if rollout.name not in ("vllm", "hf"):
         raise ValueError(f"actor_rollout_ref.rollout.name: {rollout.name!r} is not supported; use vllm or hf")
     optim_steps = config.trainer.total_training_steps
@@ -226,7 +235,6 @@ def resolve_defaults(config: PPOConfig) -> None:
     apply_rollout_correction_config(config)
     resolve_fast_paths(config)
     check_config(config)  # names and batch sizes: before any model is downloaded or built
-    resolve_model_paths(config)  # hub ids, pyrl:tiny... -> local directories, once, before workers start
 
 
 def run_ppo(config: PPOConfig) -> dict:
@@ -335,6 +343,7 @@ def cli(hydra_main=None) -> int | None:
     show_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors here instead of printing them
     try:
+        check_command_line(sys.argv[1:])  # every override form, and verl's features pyrl lacks, named before Hydra
         (hydra_main or main)()
     except SystemExit as e:
         if not hasattr(e, "line"):  # pyrl.trainer.ppo_trainer.RunStopped's line: the run's last word

@@ -9,6 +9,7 @@ import logging
 import torch
 
 from pyrl.trainer.workers import uses_critic, worker_count, workers_per_node
+from pyrl.verl_features import NotImplementedFeature
 
 log = logging.getLogger("pyrl")
 
@@ -71,8 +72,9 @@ def check_names(config) -> None:
         log.info("actor_rollout_ref.model.lora_rank > 0: the reference policy is the actor with its adapters off (no "
                  "model of its own), so actor_rollout_ref.ref.fsdp_config is not used")
     if actor.use_prefix_grouper and not config.actor_rollout_ref.model.use_remove_padding:
-        raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=true shares prompts between packed sequences: it needs "
-                         "actor_rollout_ref.model.use_remove_padding=true")
+        raise NotImplementedFeature("prefix sharing on padded batches", "actor_rollout_ref.actor.use_prefix_grouper="
+                                    "true with actor_rollout_ref.model.use_remove_padding=false",
+                                    "pyrl shares prompts between packed sequences: set use_remove_padding=true")
     if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
         # verl fails too, at the first advantage computation
         raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the actor's sum_pi_squared: set "
@@ -121,6 +123,9 @@ def check_rollout_tensor_parallel(config) -> None:
         per_node, where = workers_per_node(config.trainer), "trainer"
     else:
         per_node, where = rollout_pool_shape(config)[0], "rollout"
+    if tp > per_node:
+        raise NotImplementedFeature("tensor-parallel rollout across nodes", f"{key}={tp} with {per_node} rollout "
+                                    f"workers per node ({where}.n_gpus_per_node)")
     if per_node % tp:
         raise ValueError(f"{key}={tp}: the {per_node} rollout worker processes per node ({where}.n_gpus_per_node, or "
                          f"{where}.n_cpu_workers_per_node on CPU) do not split into groups of {tp} (a group's ranks "

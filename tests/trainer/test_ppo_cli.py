@@ -375,7 +375,7 @@ def good_row(content="03+47="):
             "reward_model": {"style": "rule", "ground_truth": "50"}}
 
 
-@pytest.mark.parametrize("case", ["unknown_key", "added_unknown_key", "ill_typed", "missing_prompt", "wrong_type",
+@pytest.mark.parametrize("case", ["unknown_key", "added_unknown_key", "verl_feature", "ill_typed", "missing_prompt", "wrong_type",
                                   "empty_file", "empty_table", "overlong_error", "full_error"])
 def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
     """Each error found before the workers start is the last line of stderr, alone, with no traceback, and the
@@ -387,6 +387,9 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
         "unknown_key": (["data.nope=1"], "nope"),
         "added_unknown_key": (["+data.nope=1"], "unknown config key: data.nope"),
         "full_error": (["+data.nope=1"], "unknown config key: data.nope"),
+        "verl_feature": (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+                         "NotImplementedFeature: Megatron strategy: not implemented in pyrl (actor_rollout_ref.actor."
+                         "megatron.tensor_model_parallel_size=2 asks for it; see README: Not supported)"),
         "ill_typed": (["data.train_batch_size=abc"], "train_batch_size"),
         "missing_prompt": ([], "missing column 'prompt'"),
         "wrong_type": ([], "row 0: column 'prompt' must be a non-empty list"),
@@ -404,7 +407,7 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
         pq.write_table(pa.table({"data_source": pa.array([], pa.string()), "prompt": pa.array([], pa.string())}), data)
     else:
         write_parquet(data, [good_row("1234567890 " * 3), good_row()])
-    if case not in ("unknown_key", "added_unknown_key", "ill_typed", "full_error"):
+    if case not in ("unknown_key", "added_unknown_key", "verl_feature", "ill_typed", "full_error"):
         args += [f"data.train_files={data}", f"data.val_files={data}"]
     proc = run_cli(args + expect[0], cwd=tmp_path, timeout=300,
                    env={"HYDRA_FULL_ERROR": "1" if case == "full_error" else "0"})

@@ -1,0 +1,161 @@
+"""verl's own example scripts as an acceptance corpus (corpus.json, made by make_corpus.py from verl's repository and
+composed with verl 0.9.1). Each launch either composes in pyrl to the values verl 0.9.1 composes, for every key both
+have, and passes pyrl's start-up checks that need no model or data file; or stops at start with pyrl.verl_features'
+Unsupported, naming the feature (or the value) pyrl does not implement. A launch verl 0.9.1 itself refuses is refused
+by pyrl too, with a start-time error, never an internal one. Every key of verl 0.9.1's generated configs that pyrl
+lacks names a feature. README's corpus table is this test's count (`python tests/verl_corpus/test_verl_corpus.py`
+prints it)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import pathlib
+import re
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "trainer"), str(HERE.parent)]
+from test_verl_defaults import DELIBERATE, flat  # noqa: E402
+from trainer_helpers import compose  # noqa: E402
+
+CORPUS = json.loads((HERE / "corpus.json").read_text())
+VERL_KEYS = json.loads((HERE / "verl091_keys.json").read_text())
+VERL_DEFAULTS = json.loads((HERE.parent / "verl091_defaults.json").read_text())
+README = HERE.parents[1] / "README.md"
+ENTRY_CONFIGS = {"main_ppo": "ppo_trainer", "one_step_off": "one_step_off_ppo_trainer"}
+
+
+def start(entry: dict) -> dict:
+    """What `python -m pyrl.ppo <the launch's arguments>` does before it reads a model or a data file: the command
+    line's keys, composition, the typed config, every check that needs neither. Returns the composed values."""
+    from omegaconf import OmegaConf
+
+    from pyrl.ppo import resolve_settings
+    from pyrl.verl_features import check_command_line
+
+    overrides = entry.get("config_overrides", []) + entry["overrides"]
+    check_command_line(([f"--config-name={entry['config_name']}"] if entry["config_name"] else []) + overrides)
+    config = compose(*overrides, config_name=ENTRY_CONFIGS[entry["entry"]])
+    values = flat(OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
+    resolve_settings(config)
+    return values
+
+
+def outcome(entry: dict) -> tuple[str, str]:
+    """("accepted", "") or ("refused", the feature or value named) or ("error", the unexpected exception)."""
+    from hydra.errors import HydraException
+
+    from pyrl.verl_features import NotImplementedFeature, Unsupported
+
+    try:
+        values = start(entry)
+    except NotImplementedFeature as e:
+        return "refused", e.feature
+    except Unsupported as e:
+        return "refused", str(e).split(" is not supported")[0].split("=")[0]
+    except (ValueError, HydraException) as e:
+        return ("refused-too" if "verl_error" in entry else "error"), " ".join(str(e).split())
+    except Exception as e:  # noqa: BLE001 - an internal error is this test's finding
+        return "error", f"{type(e).__name__}: {e}"
+    if "verl_error" in entry:
+        return "error", f"verl 0.9.1 refuses it ({entry['verl_error']}), pyrl accepts it"
+    differ = {key: (values[key], verl) for key, verl in entry.get("verl_values", {}).items()
+              if key in values and values[key] != verl}
+    differ.update({key: (values[key], verl) for key, verl in VERL_DEFAULTS.items()
+                   if key not in entry.get("verl_values", {}) and key in values and values[key] != verl
+                   and key not in DELIBERATE})  # pyrl's deliberate defaults: README
+    return ("accepted", "") if not differ else ("error", f"composes differently from verl 0.9.1: {differ}")
+
+
+@pytest.fixture(autouse=True)
+def offline_wandb(monkeypatch):
+    """verl's scripts log to wandb; without credentials pyrl would (rightly) stop at the logger check."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logging.getLogger("pyrl").setLevel(logging.ERROR)
+
+
+def test_the_corpus_is_verl_s_example_scripts():
+    scripts = CORPUS["scripts"]
+    assert CORPUS["source"].startswith("github.com/volcengine/verl at ")
+    assert len(scripts) >= 120 and len({s["script"] for s in scripts}) == len(scripts)
+    assert sum("verl_error" not in s for s in scripts) >= 75  # the rest: keys verl 0.9.1 does not have
+
+
+@pytest.mark.parametrize("entry", CORPUS["scripts"], ids=[s["script"].removeprefix("examples/") for s in
+                                                          CORPUS["scripts"]])
+def test_a_verl_example_composes_as_in_verl_or_is_refused_by_feature(entry):
+    kind, detail = outcome(entry)
+    assert kind != "error", detail
+
+
+def test_every_verl_key_pyrl_lacks_names_a_feature():
+    from pyrl.config import unknown_keys
+    from pyrl.verl_features import feature_of
+
+    assert len(VERL_KEYS) > 1000
+    unnamed = []
+    for key in VERL_KEYS:
+        tree: dict = {}
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = None
+        if unknown_keys(tree) and not feature_of(key):
+            unnamed.append(key)
+    assert not unnamed, f"verl 0.9.1 keys pyrl lacks that no feature names: {unnamed}"
+    assert feature_of("actor_rollout_ref.actor.bogus_key") is None  # a key verl lacks too stays unknown
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config-name=ppo_megatron_trainer"], r"Megatron strategy: not implemented in pyrl \(--config-name="),
+    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+     r"Megatron strategy: not implemented in pyrl \(actor_rollout_ref\.actor\.megatron\.tensor_model_parallel_size=2 "),
+    (["+actor_rollout_ref.actor.profiler.enable=True"], r"verl's profilers .*profiler\.enable=True asks for it"),
+    (["++data.image_key=images"], r"multimodal \(image, video, audio\) inputs"),
+    (["~actor_rollout_ref.model.use_shm"], r"loading through shared memory \(use_shm\): .*\(actor_rollout_ref\.model"),
+    (["critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True"],
+     r"^unknown config key: critic\.model\.fsdp_config \(did you mean critic\.model\.override_config\?\)\. "),
+])
+def test_every_override_form_is_checked_before_hydra(argv, message):
+    from pyrl.verl_features import check_command_line
+
+    with pytest.raises(ValueError, match=message):
+        check_command_line(["preset=toy", *argv])
+    check_command_line(["preset=toy", "hydra.run.dir=.", "+actor_rollout_ref.model.override_config.a=1",
+                        "++trainer.total_epochs=2", "~trainer.val_before_train"])
+
+
+def corpus_table() -> str:
+    """README's table: per outcome (accepted, or refused naming a feature or value), the launches verl 0.9.1
+    composes and those it refuses itself (keys 0.9.1 does not have: the scripts were written for another verl)."""
+    counts: dict = collections.defaultdict(lambda: [0, 0])
+    for entry in CORPUS["scripts"]:
+        kind, detail = outcome(entry)
+        row = {"accepted": "composes to verl 0.9.1's values; pyrl's start-up checks pass",
+               "refused-too": "refused: a key neither verl 0.9.1 nor pyrl has"}.get(kind, f"refused: {detail}")
+        counts[row]["verl_error" in entry] += 1
+    rows = sorted(counts.items(), key=lambda item: (not item[0].startswith("composes"), -sum(item[1]), item[0]))
+    total = [sum(n[0] for _, n in rows), sum(n[1] for _, n in rows)]
+    return "\n".join(["| outcome in pyrl | launches verl 0.9.1 composes | launches verl 0.9.1 refuses |",
+                      "|---|---|---|", *(f"| {row} | {a} | {b} |" for row, (a, b) in rows),
+                      f"| all | {total[0]} | {total[1]} |"])
+
+
+def test_the_readme_table_is_the_corpus_count():
+    text = README.read_text()
+    found = re.search(r"<!-- corpus table: .*? -->\n(.*?)\n<!-- end corpus table -->", text, re.S)
+    assert found, "README.md lacks the corpus table markers"
+    assert found.group(1).strip() == corpus_table(), "README's corpus table is stale: run " \
+                                                      "python tests/verl_corpus/test_verl_corpus.py"
+
+
+if __name__ == "__main__":
+    os.environ["WANDB_MODE"] = "offline"
+    logging.disable(logging.WARNING)
+    print(corpus_table())
