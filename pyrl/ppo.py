@@ -201,7 +201,7 @@ def resolve_defaults(config: PPOConfig) -> None:
 
 
 def resolve_settings(config: PPOConfig) -> None:
-    """Fill what depends on this machine (the toy task files, the rollout engine, the step count) and check every
+    """Fill what depends on this machine (the toy task files, the rollout engine) and check every
     value that needs no model or data file."""
     from pyrl.trainer.checks import check_config
 
@@ -228,10 +228,6 @@ def resolve_settings(config: PPOConfig) -> None:
         raise NotImplementedFeature(ROLLOUT_FEATURES[rollout.name], f"actor_rollout_ref.rollout.name={rollout.name}")
     if rollout.name not in ("vllm", "hf"):
         raise ValueError(f"actor_rollout_ref.rollout.name: {rollout.name!r} is not supported; use vllm or hf")
-    optim_steps = config.trainer.total_training_steps
-    for optim in (config.actor_rollout_ref.actor.optim, config.critic.optim):
-        if optim.total_training_steps < 0 and optim_steps:
-            optim.total_training_steps = optim_steps
     apply_rollout_correction_config(config)
     resolve_fast_paths(config)
     check_config(config)  # names and batch sizes: before any model is downloaded or built
@@ -242,7 +238,7 @@ def run_ppo(config: PPOConfig) -> dict:
     from pyrl.rewards.managers import close_scoring_pools
     from pyrl.trainer.checks import check_agent_loops, check_code_sandbox, check_models, check_multi_turn
     from pyrl.trainer.memory_plan import check_memory_plan
-    from pyrl.trainer.ppo_trainer import PPOTrainer
+    from pyrl.trainer.ppo_trainer import PPOTrainer, training_steps
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
 
@@ -255,6 +251,10 @@ def run_ppo(config: PPOConfig) -> dict:
     val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples, tool_schemas) \
         if config.data.val_files else None
     check_agent_loops(config, [train] + ([val] if val else []))
+    steps = training_steps(config, len(train))  # from trainer.total_epochs too: the LR schedules span the run (verl)
+    for optim in (config.actor_rollout_ref.actor.optim, config.critic.optim):
+        if optim.total_training_steps < 0:
+            optim.total_training_steps = steps
     check_code_sandbox(config, [train] + ([val] if val else []))  # code rewards need an isolating machine
     reward_fn = load_reward_manager(config, tokenizer)
     val_reward_fn = load_reward_manager(config, tokenizer, validation=True)

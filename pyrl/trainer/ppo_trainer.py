@@ -157,6 +157,14 @@ class RunStopped(SystemExit):
         super().__init__(code)
         self.line = line
 
+
+def training_steps(config, train_prompts: int) -> int:
+    """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of whole generation batches
+    (verl's count)."""
+    return config.trainer.total_training_steps or \
+        train_prompts // generation_batch_size(config.data) * config.trainer.total_epochs
+
+
 class PPOTrainer:
     def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
         """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group, or the actor/ref and the rollout groups,
@@ -176,7 +184,7 @@ class PPOTrainer:
         self.sampler = StatefulSampler(len(train_dataset), generation_batch_size(config.data), config.data.shuffle,
                                        config.data.seed, key="data.gen_batch_size" if config.data.gen_batch_size
                                        else "data.train_batch_size")
-        self.total_steps = config.trainer.total_training_steps or self.sampler.batches_per_epoch * config.trainer.total_epochs
+        self.total_steps = training_steps(config, len(train_dataset))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.correction = algorithm.rollout_correction
         self.on_policy = skips_old_log_prob(config)
