@@ -16,7 +16,6 @@ None), sg = stop-gradient, means are over unmasked tokens.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable
 
@@ -395,16 +394,15 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
     settings = config_value(config, "policy_loss.rollout_correction", {})
     if isinstance(settings, dict):  # a plain dict (tests, other trainers): the keys it lacks take verl's defaults
         settings = RolloutCorrectionConfig(**settings)
-    setting = dataclasses.asdict(settings)  # None stays None: a null threshold means off, as in the trainer
-    if setting["loss_type"] not in BYPASS_LOSS_TYPES:
+    if settings.loss_type not in BYPASS_LOSS_TYPES:
         raise ValueError(f"algorithm.rollout_correction.loss_type: expected one of {BYPASS_LOSS_TYPES}, "
-                         f"got {setting['loss_type']!r}")
+                         f"got {settings.loss_type!r}")
     with torch.no_grad():
         weights, keep, correction_metrics = rollout_correction(
-            log_prob.detach() - old_log_prob, response_mask, setting["rollout_is"], setting["rollout_is_threshold"],
-            setting["rollout_is_batch_normalize"], setting["rollout_rs"], setting["rollout_rs_threshold"])
+            log_prob.detach() - old_log_prob, response_mask, settings.rollout_is, settings.rollout_is_threshold,
+            settings.rollout_is_batch_normalize, settings.rollout_rs, settings.rollout_rs_threshold)
     mask = response_mask * keep
-    if setting["loss_type"] == "ppo_clip":
+    if settings.loss_type == "ppo_clip":
         pg_loss, metrics = _ppo("vanilla", old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, global_batch_info)
     else:
         pg_losses = -advantages * log_prob * (1.0 if weights is None else weights)
