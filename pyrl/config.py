@@ -353,7 +353,7 @@ class RewardModelConfig:
 
     enable: Optional[bool] = None
     strategy: str = "fsdp2"
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="", enable_gradient_checkpointing=False))
     micro_batch_size_per_gpu: Optional[int] = None
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -564,6 +564,10 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "critic.fsdp.forward_only": ((False,), "the critic trains"),
     "actor_rollout_ref.ref.fsdp_config.forward_only": ((True,), "the reference model never trains"),
     "reward_model.fsdp_config.forward_only": ((True,), "the reward model never trains"),
+    # and so keep no optimizer state, nor activations to recompute in a backward pass
+    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": ((False,), "the reference model has no optimizer"),
+    "reward_model.fsdp_config.optimizer_offload": ((False,), "the reward model has no optimizer"),
+    "reward_model.model.enable_gradient_checkpointing": ((False,), "the reward model has no backward pass"),
     # the agent loop keeps the model's own tokens and renders only the appended messages, so there is no second
     # tokenization to check or to choose a template for; verl 0.9.1 reads these nowhere either
     **{f"actor_rollout_ref.rollout.multi_turn.{key}": ((value,), "verl 0.9.1 reads it nowhere either")
