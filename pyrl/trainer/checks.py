@@ -125,7 +125,8 @@ def check_rollout_tensor_parallel(config) -> None:
         per_node, where = rollout_pool_shape(config)[0], "rollout"
     if tp > per_node:
         raise NotImplementedFeature("tensor-parallel rollout across nodes", f"{key}={tp} with {per_node} rollout "
-                                    f"workers per node ({where}.n_gpus_per_node)")
+                                    f"workers per node ({where}.n_gpus_per_node, or {where}.n_cpu_workers_per_node "
+                                    "on CPU)")
     if per_node % tp:
         raise ValueError(f"{key}={tp}: the {per_node} rollout worker processes per node ({where}.n_gpus_per_node, or "
                          f"{where}.n_cpu_workers_per_node on CPU) do not split into groups of {tp} (a group's ranks "

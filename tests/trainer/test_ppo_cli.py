@@ -238,7 +238,9 @@ def test_a_grpo_run_with_two_ranks_sharing_a_tensor_parallel_vllm_engine(tmp_pat
      "the 3 rollout worker processes per node .* do not split into groups of 2"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.rollout.name=vllm",
       "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
-      "actor_rollout_ref.rollout.calculate_log_probs=true", "rollout.n_cpu_workers_per_node=2"], "the 2 rollout worker processes per node \\(rollout.n_gpus_per_node"),
+      "actor_rollout_ref.rollout.calculate_log_probs=true", "rollout.n_cpu_workers_per_node=2"],
+     "tensor-parallel rollout across nodes: not implemented in pyrl .*=4 with 2 rollout workers per node "
+     "\\(rollout.n_gpus_per_node, or rollout.n_cpu_workers_per_node on CPU\\)"),
 ])
 def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, message):
     from pyrl.trainer.checks import check_config
