@@ -51,6 +51,7 @@ class ModelConfig:
     path: str = ""
     tokenizer_path: Optional[str] = None
     trust_remote_code: bool = False
+    use_shm: bool = False  # each node loads the model from its copy in shared memory (pyrl.models.hub.shm_copy)
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = True
     # true: log-probs from hidden states without [tokens, vocab] logits; null (pyrl's default; verl's is false): true

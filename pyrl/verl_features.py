@@ -73,7 +73,6 @@ FEATURES: list[tuple[str, str]] = [
     (r"(^|\.)use_torch_compile$", "torch.compile of the trained models (use_torch_compile)"),
     (r"(^|\.)(entropy_from_logits_with_chunking|entropy_from_logits_chunk_size|entropy_checkpointing)$",
      "verl's chunked and checkpointed entropy (pyrl's fused entropy: model.use_fused_kernels)"),
-    (r"(^|\.)use_shm$", "loading through shared memory (use_shm)"),
     (r"(^|\.)enable_activation_offload$", "activation offloading"),
     (r"(^|\.)(use_liger|fused_kernel_options(\.|$))", "Liger kernels and verl's fused-kernel backends (pyrl's "
                                                       "fused kernels: model.use_fused_kernels)"),

@@ -10,7 +10,10 @@ vLLM and the checkpoints all see one local directory and no worker contacts the 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import shutil
+import tempfile
 
 # files neither transformers nor vLLM reads from a model repository (other frameworks' weights, raw originals)
 IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
@@ -52,6 +55,56 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     if not is_hub_id(path):
         raise FileNotFoundError(f"{key}={path!r}: no such directory")
     return hub_snapshot(path, key)
+
+
+SHM_ROOT = "/dev/shm/pyrl-models"
+
+
+def model_dir(model_config) -> str:
+    """The directory this process loads model_config's model from: resolve_model_path's, or with model.use_shm
+    (verl's key) its copy in this node's shared memory (shm_copy)."""
+    path = resolve_model_path(model_config.path)
+    return shm_copy(path) if model_config.use_shm else path
+
+
+def shm_copy(path: str, root: str | None = None) -> str:
+    """A copy of model directory `path` in shared memory (root, a tmpfs; SHM_ROOT by default), made once per node and reused while its
+    files' names and sizes match the source's (verl's copy_to_shm, under pyrl's own root): every process that loads
+    the model then reads RAM, not disk. The copy is made beside its place and renamed into it, so processes racing to
+    make it see a whole copy or none; a full tmpfs stops with the sizes."""
+    root = root or SHM_ROOT
+    src = os.path.abspath(path)
+    dest = os.path.join(root, hashlib.md5(src.encode()).hexdigest()[:16], os.path.basename(src))
+    if _same_files(src, dest):
+        return dest
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".copying-", dir=os.path.dirname(dest))
+    try:
+        shutil.copytree(src, os.path.join(staging, "copy"))  # follows links: a hub snapshot's files are links
+        if os.path.isdir(dest):  # a stale copy (the source changed since)
+            shutil.rmtree(dest, ignore_errors=True)
+        os.rename(os.path.join(staging, "copy"), dest)
+    except OSError as e:
+        if not _same_files(src, dest):  # another process's copy won the rename: only then is this no error
+            need = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
+            free = shutil.disk_usage(root).free
+            raise OSError(f"model.use_shm=true: copying {src} ({need / 2**30:.2f} GiB) into {root} "
+                          f"({free / 2**30:.2f} GiB free) failed: {e}") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def _same_files(src: str, dest: str) -> bool:
+    """dest holds src's files (names and sizes), and nothing is missing."""
+    if not os.path.isdir(dest):
+        return False
+    for directory, _, files in os.walk(src):
+        for name in files:
+            there = os.path.join(dest, os.path.relpath(os.path.join(directory, name), src))
+            if not os.path.isfile(there) or os.path.getsize(there) != os.path.getsize(os.path.join(directory, name)):
+                return False
+    return True
 
 
 def is_hub_id(path: str) -> bool:

@@ -20,7 +20,7 @@ from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.models import varlen_attention
-from pyrl.models.hub import resolve_model_path  # noqa: F401 - the critic and reward model workers import it from here
+from pyrl.models.hub import model_dir, resolve_model_path  # noqa: F401 - the critic and reward model workers import them from here
 from pyrl.protocol import DataProto
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
@@ -57,7 +57,7 @@ def load_policy(model_config):
     """(HF causal LM, ResponseLogProbs over it); the worker shards it."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_config.path), **model_kwargs(model_config),
+    lm = AutoModelForCausalLM.from_pretrained(model_dir(model_config), **model_kwargs(model_config),
                                               **dict(model_config.override_config))
     if model_config.enable_gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -94,7 +94,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         torch.manual_seed(self.config.actor.data_loader_seed)  # any freshly initialized weight is equal on every rank
         self.tokenizer = load_tokenizer(self.config.model)
-        self.model_path = resolve_model_path(self.config.model.path)
+        self.model_path = model_dir(self.config.model)
         if self.has_actor:
             self.lm, self.policy = load_policy(self.config.model)
             if lora.uses_lora(self.config.model):  # only the adapters train; the reference is the same model without

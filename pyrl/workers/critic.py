@@ -11,7 +11,7 @@ from pyrl import ops
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim
-from pyrl.workers.actor import load_tokenizer, model_kwargs, resolve_model_path
+from pyrl.workers.actor import load_tokenizer, model_dir, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import worker_device
 from pyrl.workers.update import UpdatePlan, run_update
@@ -43,7 +43,7 @@ class ResponseValues(nn.Module):
 def load_value_model(model_config):
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    path = resolve_model_path(model_config.path)
+    path = model_dir(model_config)
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_config.trust_remote_code,
                                         **dict(model_config.override_config))
     config.num_labels = 1

@@ -38,9 +38,11 @@ def check_lora_config(model_config, key: str, task_type: str) -> None:
     if model_config.lora_rank < 0:
         raise ValueError(f"{key}.lora_rank: expected >= 0 (0 trains the whole model), got {model_config.lora_rank}")
     if not uses_lora(model_config):
-        if model_config.lora_adapter_path:
-            raise ValueError(f"{key}.lora_adapter_path is set but {key}.lora_rank is 0: set lora_rank > 0 (the "
-                             "adapter's rank) to train it")
+        if model_config.lora_adapter_path:  # verl 0.9.1 trains the whole model then, its adapter ignored
+            from pyrl.verl_features import Unsupported
+
+            raise Unsupported(f"{key}.lora_adapter_path is set but {key}.lora_rank is 0: set lora_rank > 0 (the "
+                              "adapter's rank) to train it")
         return
     if model_config.lora_alpha <= 0:
         raise ValueError(f"{key}.lora_alpha: expected > 0, got {model_config.lora_alpha}")

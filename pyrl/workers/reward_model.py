@@ -13,7 +13,7 @@ from torch import nn
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto, PackedTensor, response_lengths
 from pyrl.workers import batching, fsdp
-from pyrl.workers.actor import load_tokenizer, model_kwargs, resolve_model_path
+from pyrl.workers.actor import load_tokenizer, model_dir, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import worker_device
 
@@ -48,7 +48,7 @@ class RewardModelWorker(Worker):
         torch.manual_seed(0)  # a score head the checkpoint lacks starts equal on every rank
 
         model_cfg = self.config.model
-        path = resolve_model_path(model_cfg.path)
+        path = model_dir(model_cfg)
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code,
                                             **dict(model_cfg.override_config))
         config.num_labels = 1

@@ -56,8 +56,9 @@ def outcome(entry: dict) -> tuple[str, str]:
         values = start(entry)
     except NotImplementedFeature as e:
         return "refused", e.feature
-    except Unsupported as e:
-        return "refused", str(e).split(" is not supported")[0].split("=")[0]
+    except Unsupported as e:  # a LIMITS value ("key=value is not supported (why); expected ...") or a combination
+        limit = re.match(r"(\S+?)=.*? is not supported \((.*)\); expected", str(e))
+        return "refused", f"{limit.group(2)} ({limit.group(1)})" if limit else str(e).split(": ")[0]
     except (ValueError, HydraException) as e:
         return ("refused-too" if "verl_error" in entry else "error"), " ".join(str(e).split())
     except Exception as e:  # noqa: BLE001 - an internal error is this test's finding
@@ -118,7 +119,8 @@ def test_every_verl_key_pyrl_lacks_names_a_feature():
      r"Megatron strategy: not implemented in pyrl \(actor_rollout_ref\.actor\.megatron\.tensor_model_parallel_size=2 "),
     (["+actor_rollout_ref.actor.profiler.enable=True"], r"verl's profilers .*profiler\.enable=True asks for it"),
     (["++data.image_key=images"], r"multimodal \(image, video, audio\) inputs"),
-    (["~actor_rollout_ref.model.use_shm"], r"loading through shared memory \(use_shm\): .*\(actor_rollout_ref\.model"),
+    (["~actor_rollout_ref.actor.use_torch_compile"],
+     r"torch\.compile of the trained models \(use_torch_compile\): .*\(actor_rollout_ref\.actor\.use_torch_compile "),
     (["critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True"],
      r"^unknown config key: critic\.model\.fsdp_config \(did you mean critic\.model\.override_config\?\)\. "),
 ])
