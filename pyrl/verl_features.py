@@ -32,6 +32,7 @@ class NotImplementedFeature(Unsupported):
 # verl 0.9.1's configs (--config-name) pyrl has no counterpart for
 CONFIG_FEATURES = {
     "ppo_megatron_trainer": "Megatron strategy",
+    "one_step_off_ppo_megatron_trainer": "Megatron strategy",
     "ppo_torchtitan_trainer": "torchtitan engine",
     "ppo_veomni_trainer": "VeOmni engine",
 }

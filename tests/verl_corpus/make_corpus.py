@@ -3,7 +3,8 @@ each with what verl 0.9.1 composes from it. Run once, where verl's repository an
 
     python tests/verl_corpus/make_corpus.py VERL_GIT_DIR VERL_091_PACKAGE_DIR
 
-VERL_GIT_DIR: a git directory of github.com/volcengine/verl (its HEAD's examples/ are read; the commit is recorded).
+VERL_GIT_DIR: a git directory of github.com/volcengine/verl (its HEAD's examples/ and the one-step-off trainer's
+shell/ scripts are read; the commit is recorded).
 VERL_091_PACKAGE_DIR: the directory holding the `verl` package of the 0.9.1 release (its trainer/config is composed;
 verl itself is not imported).
 
@@ -160,6 +161,10 @@ def config_file_overrides(examples_root: str, item: dict) -> tuple[str, list[str
     return bases[0], [f"++{key}={override_value(value)}" for key, value in flatten(tree).items()]
 
 
+# where verl keeps the scripts: examples/, and the one-step-off trainer's own shell/ directory
+SCRIPT_DIRS = ("examples", "verl/experimental/one_step_off_policy/shell")
+
+
 def scripts(examples: str) -> list[str]:
     found = []
     for root, _, files in os.walk(examples):
@@ -180,8 +185,12 @@ def verl_composes(package_dir: str, examples_root: str, item: dict) -> dict:
     from omegaconf import OmegaConf
 
     config_dir = os.path.join(package_dir, "verl", "trainer", "config")
-    name = item["config_name"] or "ppo_trainer"
+    name = item["config_name"] or {"main_ppo": "ppo_trainer", "one_step_off": "one_step_off_ppo_trainer"}[item["entry"]]
     overrides = list(item["overrides"])
+    own_dir = not (item["config_path"] or "").startswith("examples/")  # --config-path=config: the entry's own
+    if item["entry"] == "one_step_off" and own_dir:  # the one-step-off entry's config dir, on top of verl's
+        overrides.append(f"hydra.searchpath=[file://{config_dir}]")
+        config_dir = os.path.join(package_dir, "verl", "experimental", "one_step_off_policy", "config")
     if item["config_path"] and item["config_path"].startswith("examples/"):
         # an example's own config (examples/*/config): it names verl's config dir in its searchpath
         overrides.append(f"hydra.searchpath=[file://{config_dir}]")
@@ -210,11 +219,12 @@ def main(git_dir: str, package_dir: str) -> None:
     commit = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(f"git --git-dir {shlex.quote(git_dir)} archive HEAD examples | tar -x -C {tmp}", shell=True,
-                       check=True)
-        defaults = verl_composes(package_dir, tmp, {"config_name": None, "config_path": None, "overrides": []})
+        subprocess.run(f"git --git-dir {shlex.quote(git_dir)} archive HEAD {' '.join(SCRIPT_DIRS)} | tar -x -C {tmp}",
+                       shell=True, check=True)
+        defaults = verl_composes(package_dir, tmp, {"entry": "main_ppo", "config_name": None, "config_path": None,
+                                                    "overrides": []})
         entries = []
-        for script in scripts(os.path.join(tmp, "examples")):
+        for script in [s for d in SCRIPT_DIRS for s in scripts(os.path.join(tmp, d))]:
             name = os.path.relpath(script, tmp)
             launches = [o for o in map(overrides_of, record_launches(script, tmp)) if o]
             for n, item in enumerate(launches):
@@ -226,12 +236,13 @@ def main(git_dir: str, package_dir: str) -> None:
                     base, config_overrides = own
                     entry.update(config_file=item["config_name"], config_name=base, config_path=None,
                                  config_overrides=config_overrides)
-                    again = verl_composes(package_dir, tmp, {"config_name": base, "config_path": None,
+                    again = verl_composes(package_dir, tmp, {"entry": item["entry"], "config_name": base,
+                                                             "config_path": None,
                                                              "overrides": config_overrides + item["overrides"]})
                     assert again == composed, f"{name}: its config file as overrides composes differently"
                 if values is None:
                     entry["verl_error"] = composed["error"]
-                elif entry["config_name"] in (None, "ppo_trainer"):
+                elif entry["config_name"] in (None, "ppo_trainer", "one_step_off_ppo_trainer"):
                     # what the launch names or changes (the defaults themselves are tests/verl091_defaults.json)
                     named = {o.split("=", 1)[0].lstrip("+~") for o in entry.get("config_overrides", []) +
                              entry["overrides"]}
@@ -242,7 +253,7 @@ def main(git_dir: str, package_dir: str) -> None:
                 entries.append(entry)
             if not launches:
                 print(f"{name}: no trainer launch recorded", file=sys.stderr)
-    out = {"source": f"github.com/volcengine/verl at {commit}, examples/**/*.sh",
+    out = {"source": f"github.com/volcengine/verl at {commit}, " + ", ".join(f"{d}/**/*.sh" for d in SCRIPT_DIRS),
            "composed_with": "verl 0.9.1's verl/trainer/config (Hydra compose, resolved)", "scripts": entries}
     keys = set()  # every leaf of verl 0.9.1's generated configs: the keys a verl command line may name
     for name in ("_generated_ppo_trainer.yaml", "_generated_ppo_megatron_trainer.yaml"):
