@@ -236,6 +236,9 @@ class RolloutConfig:
     layered_summon: bool = False
     load_format: str = "dummy"  # dummy: random weights until the actor's first push
     logprobs_mode: str = "processed_logprobs"
+    # verl's: options for the engine named by `name` (vllm: vllm.LLM's keywords, over pyrl's own as in verl; a
+    # null value is dropped); another engine's non-empty section stops the run
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}, "trtllm": {}})
     calculate_log_probs: bool = True
     log_prob_micro_batch_size: Optional[int] = None  # deprecated (verl): global, / data-parallel ranks at start
     log_prob_micro_batch_size_per_gpu: Optional[int] = None

@@ -95,8 +95,6 @@ FEATURES: list[tuple[str, str]] = [
      r"pipeline_model_parallel_size)$", "rollout data, expert and pipeline parallelism and a rollout pool of its "
                                         "own in the hybrid engine"),
     (r"^actor_rollout_ref\.rollout\.(quantization|quantization_config_file)$", "quantized rollout"),
-    (r"^actor_rollout_ref\.rollout\.engine_kwargs(\.|$)", "engine-specific rollout options "
-                                                         "(rollout.engine_kwargs.vllm / sglang / trtllm)"),
     (r"^actor_rollout_ref\.rollout\.(prometheus|trace)(\.|$)", "rollout tracing and Prometheus metrics"),
     (r"^actor_rollout_ref\.rollout\.(enable_rollout_routing_replay|moe_load_balance_metrics_interval|"
      r"router_config_path)$", "MoE routing replay and router settings"),

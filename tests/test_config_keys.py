@@ -437,3 +437,21 @@ def test_a_refused_feature_is_refused_under_every_key_that_names_it(key):
     with pytest.raises(ValueError, match=rf"{re.escape(key)}=2 is not supported \(Ulysses sequence parallelism is not "
                                          r"implemented\); expected 1"):
         check_supported(compose("preset=toy", f"{key}=2"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton"],
+     r"engine_kwargs\.sglang is set \(attention_backend\) but the rollout engine is hf .*would do nothing"),
+    (["+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=3"], r"engine_kwargs\.vllm is set .* engine is hf"),
+    (["+actor_rollout_ref.rollout.engine_kwargs.tgi.x=1"], r"engine_kwargs: unknown engine section\(s\) \['tgi'\]"),
+])
+def test_engine_kwargs_only_for_the_engine_that_runs(overrides, message):
+    """verl's rollout.engine_kwargs: another engine's options would do nothing, so they stop the run."""
+    from pyrl.trainer.checks import check_engine_kwargs
+    from trainer.trainer_helpers import compose
+
+    config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", *overrides)
+    with pytest.raises(ValueError, match=message):
+        check_engine_kwargs(config.actor_rollout_ref.rollout)
+    check_engine_kwargs(compose("preset=toy", "actor_rollout_ref.rollout.name=vllm",
+                                "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=3").actor_rollout_ref.rollout)

@@ -8,45 +8,9 @@ import os
 import socket
 import traceback
 
+from pyrl.cgroups import oom_kill_count, oom_kill_file
+
 FAULT_DIR_ENV = "PYRL_WORKER_FAULT_DIR"  # set by WorkerGroup: where each worker's fatal-signal report goes
-
-
-def oom_kill_file() -> str | None:
-    """The file whose `oom_kill N` line counts the kernel's OOM kills in this process's memory cgroup: memory.events
-    (cgroup v2) or memory.oom_control (v1; its count is the cgroup's own, a child's kills are not in it), found
-    through /proc/self/cgroup and the cgroup mounts; None where there is none."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            own = {}
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                for name in controllers.split(",") if controllers else [""]:
-                    own[name] = path
-        with open("/proc/self/mountinfo") as f:
-            mounts = [line.split() for line in f]
-    except (OSError, ValueError):
-        return None
-    for fields in mounts:
-        fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3].split(",")
-        key, name = ("", "memory.events") if fstype == "cgroup2" else ("memory", "memory.oom_control")
-        if fstype not in ("cgroup", "cgroup2") or key not in own or (fstype == "cgroup" and "memory" not in options):
-            continue
-        root, path = fields[3], own[key]
-        if root != "/" and not (path == root or path.startswith(root + "/")):
-            continue
-        candidate = os.path.join(fields[4] + (path[len(root):] if root != "/" else path).rstrip("/"), name)
-        if os.path.exists(candidate):
-            return candidate
-    return None
-
-
-def oom_kill_count(path: str | None) -> int | None:
-    """The `oom_kill` count in `path` (oom_kill_file's), or None."""
-    try:
-        with open(path) as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), None)
-    except (OSError, TypeError, ValueError):
-        return None
 
 
 def fault_file(directory: str, pid: int) -> str:

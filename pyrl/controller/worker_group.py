@@ -25,7 +25,8 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
-from pyrl.controller.worker import FAULT_DIR_ENV, RemoteError, fault_file, oom_kill_count
+from pyrl.cgroups import oom_kill_count
+from pyrl.controller.worker import FAULT_DIR_ENV, RemoteError, fault_file
 
 log = logging.getLogger("pyrl")
 
@@ -43,17 +44,21 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Floating-point exception": "S
                  "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
 
 
-def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dict:
-    """What this node says of process `pid`: its state letter from /proc (R, S, D, T stopped, t traced, Z) or
-    None when it is gone, what its faulthandler wrote (a fatal signal: the first line, and the report with the
-    threads' stacks, up to 8 KiB) or "", and the OOM kill count in
-    oom_file (its memory cgroup's, from its placement). Runs on the driver for its own node, as a Ray task on any
-    other."""
+def process_state(pid: int) -> str | None:
+    """Process `pid`'s state letter on this node (/proc: R, S, D, T stopped, t traced, Z zombie), None when gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        state = None
+        return None
+
+
+def process_report(pid: int, fault_dir: str, oom_file: str | None = None) -> dict:
+    """What this node says of process `pid`: its state (process_state), what its faulthandler wrote (a fatal
+    signal: the first line, and the report with the threads' stacks, up to 8 KiB) or "", and the OOM kill count in
+    oom_file (its memory cgroup's, from its placement). Runs in the driver for its own node, in the group's
+    NodeProbe on any other."""
+    state = process_state(pid)
     report = ""
     try:
         with open(fault_file(fault_dir, pid)) as f:

@@ -16,6 +16,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from pyrl.cgroups import mounts, oom_kill_count, own_paths, under
+
 PREFIX = "pyrl-sandbox-"
 _counter = itertools.count()
 
@@ -28,36 +30,6 @@ def _read(path: str) -> str:
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def _own_paths() -> dict[str, str]:
-    """/proc/self/cgroup: controller (or "" for v2) -> this process's path in that hierarchy."""
-    paths = {}
-    for line in _read("/proc/self/cgroup").splitlines():
-        _, controllers, path = line.split(":", 2)
-        for name in controllers.split(",") if controllers else [""]:
-            paths[name] = path
-    return paths
-
-
-def _mounts() -> list[tuple[str, str, str, set[str]]]:
-    """/proc/self/mountinfo's cgroup mounts: (type, root within the hierarchy, mount point, super options)."""
-    found = []
-    for line in _read("/proc/self/mountinfo").splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        fstype, options = fields[sep + 1], set(fields[sep + 3].split(","))
-        if fstype in ("cgroup", "cgroup2"):
-            found.append((fstype, fields[3], fields[4], options))
-    return found
-
-
-def _under(mount_root: str, path: str) -> str | None:
-    if mount_root == "/":
-        return path
-    if path == mount_root or path.startswith(mount_root + "/"):
-        return path[len(mount_root):] or "/"
-    return None
 
 
 @dataclass(frozen=True)
@@ -105,12 +77,8 @@ class RunCgroup:
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of the run for its memory limit."""
-        try:
-            text = _read(f"{self.paths[0]}/memory.events" if self.version == 2 else f"{self.paths[0]}/memory.oom_control")
-        except OSError:
-            return False
-        found = re.search(r"^oom_kill (\d+)$", text, re.M)
-        return bool(found and int(found.group(1)))
+        events = "memory.events" if self.version == 2 else "memory.oom_control"
+        return bool(oom_kill_count(f"{self.paths[0]}/{events}"))
 
     def remove(self, within_s: float = 2.0) -> bool:
         """rmdir each (the kernel refuses while a process is still exiting: retried until `within_s`)."""
@@ -183,20 +151,20 @@ def remove_stale(base: str) -> None:
 def probe() -> Hierarchy | None:
     """The hierarchy runs' cgroups can be made in, checked by making (and removing) one; None when none works."""
     try:
-        own, mounts = _own_paths(), _mounts()
+        own, found = own_paths(), mounts()
     except (OSError, ValueError):
         return None
     candidates = []
-    for fstype, root, point, options in mounts:
+    for fstype, root, point, options in found:
         if fstype == "cgroup2" and "" in own:
-            rel = _under(root, own[""])
+            rel = under(root, own[""])
             if rel is not None:
                 candidates.append(Hierarchy(2, (point + rel.rstrip("/"),)))
     v1 = {}
-    for fstype, root, point, options in mounts:
+    for fstype, root, point, options in found:
         for controller in ("memory", "pids"):
             if fstype == "cgroup" and controller in options and controller in own:
-                rel = _under(root, own[controller])
+                rel = under(root, own[controller])
                 if rel is not None:
                     v1[controller] = point + rel.rstrip("/")
     if len(v1) == 2:

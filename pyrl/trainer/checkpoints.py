@@ -68,9 +68,14 @@ def write_manifest(directory: str) -> None:
     names = _files(directory)
     files = {name: {"bytes": os.path.getsize(os.path.join(directory, name)), "sha256": digest}
              for name, digest in zip(names, _digests(directory, names))}
+    _replace_manifest(directory, {"version": 1, "files": files})
+
+
+def _replace_manifest(directory: str, recorded: dict) -> None:
+    """DIRECTORY/manifest.json := recorded, via a synced temporary file and a rename: whole or absent."""
     tmp = os.path.join(directory, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"version": 1, "files": files}, f, indent=1)
+        json.dump(recorded, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, MANIFEST))
@@ -148,10 +153,7 @@ def _prune(directory: str, part: str) -> None:
         shutil.rmtree(os.path.join(directory, part), ignore_errors=True)
         return
     recorded["pruned"] = sorted(set(recorded.get("pruned", [])) | {part})
-    tmp = manifest + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(recorded, f, indent=1)
-    os.replace(tmp, manifest)  # first: a crash in between leaves a checkpoint that says what it lacks
+    _replace_manifest(directory, recorded)  # first: a crash in between leaves a checkpoint that says what it lacks
     shutil.rmtree(os.path.join(directory, part), ignore_errors=True)
 
 

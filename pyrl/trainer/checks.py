@@ -23,6 +23,7 @@ def check_config(config) -> None:
     check_batch_sizes(config, workers)
     check_one_step_off(config)
     check_rollout_tensor_parallel(config)
+    check_engine_kwargs(config.actor_rollout_ref.rollout)
     check_fsdp_sizes(config, workers)
 
 
@@ -101,6 +102,22 @@ def check_fsdp_sizes(config, workers: int) -> None:
             shard_group_size(section.fsdp_size, workers)
         except ValueError as e:
             raise ValueError(f"{key}.{e} (the trainer's worker processes)") from None
+
+
+ENGINE_KWARGS_SECTIONS = ("vllm", "sglang", "trtllm")  # verl 0.9.1's rollout.engine_kwargs sections
+
+
+def check_engine_kwargs(rollout) -> None:
+    """rollout.engine_kwargs: verl's sections only, and options only for the engine that runs (another engine's
+    would do nothing)."""
+    key = "actor_rollout_ref.rollout.engine_kwargs"
+    unknown = sorted(set(rollout.engine_kwargs) - set(ENGINE_KWARGS_SECTIONS))
+    if unknown:
+        raise ValueError(f"{key}: unknown engine section(s) {unknown}; expected {', '.join(ENGINE_KWARGS_SECTIONS)}")
+    for engine, options in rollout.engine_kwargs.items():
+        if options and engine != rollout.name:
+            raise ValueError(f"{key}.{engine} is set ({', '.join(map(str, options))}) but the rollout engine is "
+                             f"{rollout.name} (actor_rollout_ref.rollout.name): those options would do nothing")
 
 
 def check_rollout_tensor_parallel(config) -> None:

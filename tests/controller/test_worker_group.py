@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyrl.controller import Dispatch, Execute, ResourcePool, Worker, WorkerError, WorkerGroup, register, register_dispatch_mode
+from pyrl.controller.worker_group import process_state
 from pyrl.protocol import DataProto
 
 ray = pytest.importorskip("ray")
@@ -216,8 +217,7 @@ def _signal_rank_during_spin(wg, rank, signum, timeout_s=60):
 def _all_gone(pids, timeout_s=30):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
-                 and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        alive = [pid for pid in pids if process_state(pid) not in (None, "Z")]
         if not alive:
             return True
         time.sleep(0.2)

@@ -121,8 +121,8 @@ group.kill()
 
 
 def test_a_stopped_rank_on_another_node_is_named(two_nodes, tmp_path):
-    """SIGSTOP on the rank the other node holds: its state is read there (a Ray task pinned to that node), and the
-    call ends naming it, its node and the signal, after the bounded wait (dist_timeout_s=6)."""
+    """SIGSTOP on the rank the other node holds: its state is read there (by the group's probe actor on that node),
+    and the call ends naming it, its node and the signal, after the bounded wait (dist_timeout_s=6)."""
     import os
     import signal
     import time

@@ -11,11 +11,21 @@ from worker_helpers import check_rollout_fields, make_config, random_batch, roll
 
 pytest.importorskip("vllm")
 
-# a token budget per engine step below one batch's prompts: prefills are scheduled over several steps
+# a token budget per engine step below one batch's prompts: prefills are scheduled over several steps; one vLLM
+# option through verl's engine_kwargs (a null one is dropped, not passed)
 CONFIG_OVERRIDES = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                    "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16")
+                    "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16",
+                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=7",
+                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=null")
 CONFIG = make_config(*CONFIG_OVERRIDES)
+
+
+class ProbedWorker(ActorRolloutRefWorker):
+    def engine_max_logprobs(self) -> int | None:
+        """The engine's max_logprobs, as vLLM took it (None on a rank without an engine of its own)."""
+        engine = getattr(self.engine, "engine", self.engine)  # a tensor-parallel leader wraps its engine
+        return engine.llm.llm_engine.model_config.max_logprobs if hasattr(engine, "llm") else None
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one_engine_per_rank", "tensor_parallel_2"])
@@ -24,7 +34,7 @@ def vllm_group(request, ray_session):
     layer (rollout.tensor_model_parallel_size=2)."""
     tp = request.param
     config = CONFIG if tp == 1 else make_config(*CONFIG_OVERRIDES, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
-    wg = WorkerGroup(ResourcePool([tp]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout")
+    wg = WorkerGroup(ResourcePool([tp]), ProbedWorker, config.actor_rollout_ref, "actor_rollout")
     wg.init_model()
     yield wg
     wg.kill()
@@ -65,6 +75,11 @@ def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):
     got = [row[:n].tolist() for row, n in zip(out.batch["responses"], out.batch["response_mask"].sum(-1).tolist())]
     assert got == expected
     assert not torch.equal(out.batch["responses"], before)  # the push reached the engine
+
+
+def test_engine_kwargs_reach_vllm(vllm_group):
+    """verl's rollout.engine_kwargs.vllm: the engine runs with the option given (vLLM's default is 20)."""
+    assert vllm_group.execute_all("engine_max_logprobs")[0] == 7
 
 
 def test_sampled_fields_match_the_hf_engine_layout(vllm_group):

@@ -71,6 +71,7 @@ class VLLMEngine(RolloutEngine):
             load_format=config.load_format,
             enable_sleep_mode=self.sleeps,
             **tensor_parallel,
+            **engine_options(config),
         )
         self.asleep = False
         if config.tensor_model_parallel_size > 1 and not on_cuda:
@@ -158,3 +159,9 @@ def _prefix_cpu_shm_names(prefix: str) -> None:
 
     make_group_name.pyrl_original = original
     shm.make_group_name = staticmethod(make_group_name)
+
+
+def engine_options(config) -> dict:
+    """rollout.engine_kwargs.vllm without its null values: vllm.LLM keywords that take the place of pyrl's own (verl
+    0.9.1 lays them over its engine arguments the same way)."""
+    return {key: value for key, value in dict(config.engine_kwargs.get("vllm") or {}).items() if value is not None}
