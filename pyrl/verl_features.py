@@ -117,8 +117,15 @@ _COMPILED = [(re.compile(pattern), feature) for pattern, feature in FEATURES]
 
 
 def feature_of(key: str) -> str | None:
-    """The verl feature a config key asks for (FEATURES), or None for a key no rule names."""
-    return next((feature for pattern, feature in _COMPILED if pattern.search(key)), None)
+    """The verl feature a config key asks for (FEATURES), or None for a key no rule names. A key inside one of
+    verl's free-form sections (override_optimizer_config, mm_processor_kwargs, ...) is named by its section."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        feature = next((feature for pattern, feature in _COMPILED if pattern.search(name)), None)
+        if feature:
+            return feature
+    return None
 
 
 CONFIG_GROUPS = ("preset",)  # pyrl's config groups (configs/preset): `preset=toy` chooses, it sets no key
@@ -152,8 +159,9 @@ def config_name_of(argv: list[str]) -> str | None:
 def check_command_line(argv: list[str]) -> None:
     """Before Hydra composes: a verl config pyrl lacks, or an override of a verl key pyrl lacks, stops the run
     naming the feature (NotImplementedFeature); an override of a key neither has, naming the key and the nearest
-    known names (ValueError). So every override form is checked the same way, and Hydra's "Could not override"
-    never reaches the user."""
+    known names (ValueError). `key=`, `+key=`, `++key=` and `~key` are checked the same way here. What this does
+    not parse (a whole section given as a dict, `group@package=` choices) is checked as Hydra composes it, and the
+    keys it adds by check_known_keys after."""
     from pyrl.config import describe_unknown, unknown_keys
 
     name = config_name_of(argv)
@@ -170,7 +178,7 @@ def check_command_line(argv: list[str]) -> None:
         for name_, siblings in unknown_keys(tree):
             feature = feature_of(key)
             if feature:
-                raise NotImplementedFeature(feature, arg.lstrip("+~") if "=" in arg else key)
+                raise NotImplementedFeature(feature, arg.lstrip("+"))
             if name_ not in dict(unknown):
                 unknown.append((name_, siblings))
     if unknown:

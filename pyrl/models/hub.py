@@ -68,43 +68,58 @@ def model_dir(model_config) -> str:
 
 
 def shm_copy(path: str, root: str | None = None) -> str:
-    """A copy of model directory `path` in shared memory (root, a tmpfs; SHM_ROOT by default), made once per node and reused while its
-    files' names and sizes match the source's (verl's copy_to_shm, under pyrl's own root): every process that loads
-    the model then reads RAM, not disk. The copy is made beside its place and renamed into it, so processes racing to
-    make it see a whole copy or none; a full tmpfs stops with the sizes."""
+    """A copy of model directory `path` in shared memory (root, a tmpfs; SHM_ROOT by default) and its path: made
+    once per node, under a lock the node's processes share, and reused while its files match the source's (names,
+    sizes, modification times: copy2 keeps them), as verl's copy_to_shm. A stale copy is moved aside, never deleted
+    under a reader's feet; a full tmpfs stops with the sizes."""
+    import fcntl
+
     root = root or SHM_ROOT
     src = os.path.abspath(path)
-    dest = os.path.join(root, hashlib.md5(src.encode()).hexdigest()[:16], os.path.basename(src))
+    home = os.path.join(root, hashlib.md5(src.encode()).hexdigest()[:16])
+    dest = os.path.join(home, os.path.basename(src))
     if _same_files(src, dest):
         return dest
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".copying-", dir=os.path.dirname(dest))
-    try:
-        shutil.copytree(src, os.path.join(staging, "copy"))  # follows links: a hub snapshot's files are links
-        if os.path.isdir(dest):  # a stale copy (the source changed since)
-            shutil.rmtree(dest, ignore_errors=True)
-        os.rename(os.path.join(staging, "copy"), dest)
-    except OSError as e:
-        if not _same_files(src, dest):  # another process's copy won the rename: only then is this no error
+    os.makedirs(home, exist_ok=True)
+    with open(os.path.join(home, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one copy per node: the others wait, then find it made
+        if _same_files(src, dest):
+            return dest
+        for leftover in os.listdir(home):  # a copy killed midway, or an old one moved aside
+            if leftover.startswith((".copying-", ".stale-")):
+                shutil.rmtree(os.path.join(home, leftover), ignore_errors=True)
+        staging = tempfile.mkdtemp(prefix=".copying-", dir=home)
+        try:
+            shutil.copytree(src, os.path.join(staging, "copy"), dirs_exist_ok=True)  # follows a snapshot's links
+            if os.path.isdir(dest):  # the source changed since: readers of the old copy keep their open files
+                os.rename(dest, tempfile.mkdtemp(prefix=".stale-", dir=home) + "/copy")
+            os.rename(os.path.join(staging, "copy"), dest)
+        except OSError as e:
             need = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
-            free = shutil.disk_usage(root).free
             raise OSError(f"model.use_shm=true: copying {src} ({need / 2**30:.2f} GiB) into {root} "
-                          f"({free / 2**30:.2f} GiB free) failed: {e}") from e
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+                          f"({shutil.disk_usage(root).free / 2**30:.2f} GiB free) failed: {e}") from e
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return dest
 
 
 def _same_files(src: str, dest: str) -> bool:
-    """dest holds src's files (names and sizes), and nothing is missing."""
+    """dest holds exactly src's files, each with src's size and modification time."""
     if not os.path.isdir(dest):
         return False
+    listed = set()
     for directory, _, files in os.walk(src):
         for name in files:
-            there = os.path.join(dest, os.path.relpath(os.path.join(directory, name), src))
-            if not os.path.isfile(there) or os.path.getsize(there) != os.path.getsize(os.path.join(directory, name)):
+            rel = os.path.relpath(os.path.join(directory, name), src)
+            listed.add(rel)
+            there, here = os.path.join(dest, rel), os.stat(os.path.join(directory, name))
+            if not os.path.isfile(there):
                 return False
-    return True
+            copied = os.stat(there)
+            if copied.st_size != here.st_size or copied.st_mtime_ns != here.st_mtime_ns:
+                return False
+    copied_files = {os.path.relpath(os.path.join(d, f), dest) for d, _, fs in os.walk(dest) for f in fs}
+    return copied_files == listed
 
 
 def is_hub_id(path: str) -> bool:

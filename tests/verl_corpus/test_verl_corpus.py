@@ -60,7 +60,14 @@ def outcome(entry: dict) -> tuple[str, str]:
         limit = re.match(r"(\S+?)=.*? is not supported \((.*)\); expected", str(e))
         return "refused", f"{limit.group(2)} ({limit.group(1)})" if limit else str(e).split(": ")[0]
     except (ValueError, HydraException) as e:
-        return ("refused-too" if "verl_error" in entry else "error"), " ".join(str(e).split())
+        message = " ".join(str(e).split())
+        if "verl_error" not in entry:
+            return "error", message
+        refused = re.search(r"'([\w.]+)'", entry["verl_error"])  # the key verl 0.9.1 stopped at, where it names one
+        parts = refused.group(1).split(".") if refused else []
+        if parts and not any(".".join(parts[:n]) in message for n in range(len(parts), 1, -1)):
+            return "error", f"verl 0.9.1 refuses {refused.group(1)}, pyrl something else: {message}"
+        return "refused-too", message
     except Exception as e:  # noqa: BLE001 - an internal error is this test's finding
         return "error", f"{type(e).__name__}: {e}"
     if "verl_error" in entry:
@@ -120,7 +127,9 @@ def test_every_verl_key_pyrl_lacks_names_a_feature():
     (["+actor_rollout_ref.actor.profiler.enable=True"], r"verl's profilers .*profiler\.enable=True asks for it"),
     (["++data.image_key=images"], r"multimodal \(image, video, audio\) inputs"),
     (["~actor_rollout_ref.actor.use_torch_compile"],
-     r"torch\.compile of the trained models \(use_torch_compile\): .*\(actor_rollout_ref\.actor\.use_torch_compile "),
+     r"torch\.compile of the trained models \(use_torch_compile\): .*\(~actor_rollout_ref\.actor\.use_torch_compile "),
+    (["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1"],
+     r"verl's engine optimizer options .*override_optimizer_config\.optimizer_offload_fraction=1 asks for it"),
     (["critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True"],
      r"^unknown config key: critic\.model\.fsdp_config \(did you mean critic\.model\.override_config\?\)\. "),
 ])

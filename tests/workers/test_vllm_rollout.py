@@ -20,6 +20,7 @@ CONFIG_OVERRIDES = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.ac
                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
                     "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16",
                     "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=7",
+                    "actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=12",
                     "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=null")
 CONFIG = make_config(*CONFIG_OVERRIDES)
 
@@ -28,10 +29,13 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers canno
 
 
 class ProbedWorker(ActorRolloutRefWorker):
-    def engine_max_logprobs(self) -> int | None:
-        """The engine's max_logprobs, as vLLM took it (None on a rank without an engine of its own)."""
+    def engine_settings(self) -> tuple | None:
+        """The engine's (max_logprobs, max_num_seqs) as vLLM took them (None on a rank without an engine)."""
         engine = getattr(self.engine, "engine", self.engine)  # a tensor-parallel leader wraps its engine
-        return engine.llm.llm_engine.model_config.max_logprobs if hasattr(engine, "llm") else None
+        if not hasattr(engine, "llm"):
+            return None
+        config = engine.llm.llm_engine.vllm_config
+        return config.model_config.max_logprobs, config.scheduler_config.max_num_seqs
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one_engine_per_rank", "tensor_parallel_2"])
@@ -84,8 +88,9 @@ def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):
 
 
 def test_engine_kwargs_reach_vllm(vllm_group):
-    """verl's rollout.engine_kwargs.vllm: the engine runs with the option given (vLLM's default is 20)."""
-    assert vllm_group.execute_all("engine_max_logprobs")[0] == 7
+    """verl's rollout.engine_kwargs.vllm: the engine runs with the options given, one new (max_logprobs: vLLM's
+    default is 20) and one over pyrl's own (max_num_seqs: rollout.max_num_seqs=16)."""
+    assert vllm_group.execute_all("engine_settings")[0] == (7, 12)
 
 
 def test_sampled_fields_match_the_hf_engine_layout(vllm_group):

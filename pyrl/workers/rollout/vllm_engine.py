@@ -55,7 +55,7 @@ class VLLMEngine(RolloutEngine):
                                    disable_custom_all_reduce=True)
             if not on_cuda:
                 _prefix_cpu_shm_names(group_name)
-        self.llm = LLM(
+        self.llm = LLM(**{**dict(
             model=model_path,
             dtype=str(self.dtype).removeprefix("torch."),
             seed=config.seed,
@@ -71,8 +71,7 @@ class VLLMEngine(RolloutEngine):
             load_format=config.load_format,
             enable_sleep_mode=self.sleeps,
             **tensor_parallel,
-            **engine_options(config),
-        )
+        ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.asleep = False
         if config.tensor_model_parallel_size > 1 and not on_cuda:
             # every rank of the group has mapped the segments once LLM() returns (vLLM joins them behind a barrier):
