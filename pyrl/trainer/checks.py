@@ -115,7 +115,7 @@ def check_engine_kwargs(rollout) -> None:
     if unknown:
         raise ValueError(f"{key}: unknown engine section(s) {unknown}; expected {', '.join(ENGINE_KWARGS_SECTIONS)}")
     for engine, options in rollout.engine_kwargs.items():
-        if options and engine != rollout.name:
+        if any(value is not None for value in (options or {}).values()) and engine != rollout.name:
             raise ValueError(f"{key}.{engine} is set ({', '.join(map(str, options))}) but the rollout engine is "
                              f"{rollout.name} (actor_rollout_ref.rollout.name): those options would do nothing")
 

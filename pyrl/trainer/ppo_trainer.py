@@ -161,8 +161,9 @@ class RunStopped(SystemExit):
 def training_steps(config, train_prompts: int) -> int:
     """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of whole generation batches
     (verl's count)."""
-    return config.trainer.total_training_steps or \
-        train_prompts // generation_batch_size(config.data) * config.trainer.total_epochs
+    if config.trainer.total_training_steps is not None:
+        return config.trainer.total_training_steps
+    return train_prompts // generation_batch_size(config.data) * config.trainer.total_epochs
 
 
 class PPOTrainer:
