@@ -671,6 +671,19 @@ def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]
     return found
 
 
+def unknown_node(key: str) -> tuple[str, list[str]] | None:
+    """For one dotted key (as an override names it): (its first node the schema lacks, the field names beside it),
+    or None when the schema has it or it lies in a free-form section (unknown_keys' rule)."""
+    tree: dict = {}
+    node = tree
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = None
+    found = unknown_keys(tree)
+    return found[0] if found else None
+
+
 def check_known_keys(cfg) -> None:
     """Stop naming the first key the schema lacks that asks for a verl feature pyrl does not implement
     (pyrl.verl_features), else each key the schema lacks (unknown_keys) with the nearest known names."""

@@ -162,24 +162,20 @@ def check_command_line(argv: list[str]) -> None:
     known names (ValueError). `key=`, `+key=`, `++key=` and `~key` are checked the same way here. What this does
     not parse (a whole section given as a dict, `group@package=` choices) is checked as Hydra composes it, and the
     keys it adds by check_known_keys after."""
-    from pyrl.config import describe_unknown, unknown_keys
+    from pyrl.config import describe_unknown, unknown_node
 
     name = config_name_of(argv)
     if name in CONFIG_FEATURES:
         raise NotImplementedFeature(CONFIG_FEATURES[name], f"--config-name={name}")
     unknown = []
     for key, arg in dict(override_keys(argv)).items():  # a key given twice is named once
-        tree: dict = {}
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = None
-        for name_, siblings in unknown_keys(tree):
-            feature = feature_of(key)
-            if feature:
-                raise NotImplementedFeature(feature, arg.lstrip("+"))
-            if name_ not in dict(unknown):
-                unknown.append((name_, siblings))
+        found = unknown_node(key)
+        if found is None:
+            continue
+        feature = feature_of(key)
+        if feature:
+            raise NotImplementedFeature(feature, arg.lstrip("+"))
+        if found[0] not in dict(unknown):
+            unknown.append(found)
     if unknown:
         raise ValueError(describe_unknown(unknown))

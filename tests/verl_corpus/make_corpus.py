@@ -25,6 +25,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_verl_defaults import flat  # noqa: E402 - verl's resolved configs flattened as the defaults test does
+
 ENTRIES = {"verl.trainer.main_ppo": "main_ppo", "recipe.one_step_off_policy.main_ppo": "one_step_off",
            "verl.experimental.one_step_off_policy.main_ppo": "one_step_off"}
 # stand-ins for what a script reads from the machine or the network
@@ -158,7 +161,7 @@ def config_file_overrides(examples_root: str, item: dict) -> tuple[str, list[str
         tree = yaml.safe_load(f)
     bases = [d for d in tree.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
     tree.pop("hydra", None)
-    return bases[0], [f"++{key}={override_value(value)}" for key, value in flatten(tree).items()]
+    return bases[0], [f"++{key}={override_value(value)}" for key, value in flat(tree).items()]
 
 
 # where verl keeps the scripts: examples/, and the one-step-off trainer's own shell/ directory
@@ -202,17 +205,7 @@ def verl_composes(package_dir: str, examples_root: str, item: dict) -> dict:
             resolved = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # noqa: BLE001 - the record says what verl's composition said
         return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
-    return {"values": flatten(resolved)}
-
-
-def flatten(tree, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return {"values": flat(resolved)}
 
 
 def main(git_dir: str, package_dir: str) -> None:
@@ -260,7 +253,7 @@ def main(git_dir: str, package_dir: str) -> None:
         import yaml
 
         with open(os.path.join(package_dir, "verl", "trainer", "config", name)) as f:
-            keys.update(flatten(yaml.safe_load(f)))
+            keys.update(flat(yaml.safe_load(f)))
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "verl091_keys.json"), "w") as f:
         json.dump(sorted(keys), f, indent=0)
