@@ -414,9 +414,11 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
     if rollout.name == "vllm":
         from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
 
-        kv = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB
-        return [weights, Term("vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, "the VLLM_CPU_KVCACHE_SPACE environment "
-                                                                            "variable (GiB)")], []
+        kv = Term("vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
+                  int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
+                  "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
+        # free_cache_engine: the KV cache is freed while the trainer trains; the weights stay (VLLMEngine.sleep)
+        return ([weights], [kv]) if rollout.free_cache_engine else ([weights, kv], [])
     # hf: generate's KV cache for every row at full length (grown by concatenation: one layer's copy on top),
     # the prefill's forward over every prompt, float32 scores of each step kept for the log-probs (stacked and
     # log-softmaxed at the end: three copies)

@@ -245,7 +245,6 @@ class PPOTrainer:
             prompts = self.next_batch()
             with M.timer("gen", timing):
                 gen = self.generate(prompts, refill=generated_batches, metrics=metrics, step=step)
-                rollout.sleep_rollout()
             generated_batches += 1
             if algorithm.adv_estimator == "remax":
                 with M.timer("gen_max", timing):
@@ -253,6 +252,8 @@ class PPOTrainer:
                     baseline_scores, _, _ = self.reward_fn(greedy)
                     baselines = baseline_scores.sum(-1)
                 gen.batch["reward_baselines"] = baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
+            if not algorithm.filter_groups.enable:  # the step's last generation: the engine's memory goes to the
+                rollout.sleep_rollout()  # reward model and the trainer (dynamic sampling sleeps it after the loop)
             with M.timer("reward", timing):
                 if self.workers.reward_model is not None:
                     gen.union(self.workers.reward_model.compute_rm_score(packed_tokens(gen)))
@@ -276,6 +277,7 @@ class PPOTrainer:
                 raise RuntimeError(f"dynamic sampling: {generated_batches} generation batches gave {len(batch)} of "
                                    f"{wanted} samples from groups with varied rewards (algorithm.filter_groups."
                                    f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
+        rollout.sleep_rollout()  # (a no-op when asleep already)
         metrics["training/num_gen_batches"] = generated_batches
         metrics["training/epoch"] = self.sampler.epoch
         batch.meta_info["reward_extra_keys"] = sorted(extra_keys)
@@ -379,7 +381,7 @@ class PPOTrainer:
                 for key, values in extra.items():
                     out.non_tensor_batch[key] = np.asarray(values, dtype=object)
                 records += generation_records(self.tokenizer, out, sequence_scores, self.global_steps, extra)
-        self.workers.rollout.sleep_rollout()
+        # the engine stays awake: the next step generates first (on CUDA an engine asleep has dropped its weights)
         # a field some batches lack (a scorer that returns it only sometimes) is None there
         infos = {key: [v for count, info in batch_infos for v in info.get(key, [None] * count)]
                  for key in dict.fromkeys(key for _, info in batch_infos for key in info)}

