@@ -19,7 +19,9 @@ Reported: median seconds per step over steps 2..N (N = PYRL_BENCH_STEPS, default
 gen (rollout), old_log_prob (the forward pass for the old log-probs; 0 where the trainer skips it, as
 TRL does in this on-policy setting), update (forward, backward, optimizer), sync (pyrl's weight push
 into the rollout engine), other (reward, advantages, the rest); the mean prompt and response lengths
-show that both sides did the same work; "/ TRL" is the step time over TRL's. The script runs every system
+show that both sides did the same work; "update MFU" is the update's model FLOPs (verl 0.9.1's count, every prompt
+once per sample) over its time and the matmul peak measured at the start of the same invocation (update_mfu);
+"verl perf/mfu/actor" is pyrl's own metric; "/ TRL" is the step time over TRL's. The script runs every system
 --rounds times (default 3), each round in a rotated order, and reports each system's median (min-max) over its
 runs; a ratio to TRL is claimed only when the two ranges do not overlap ("within noise" otherwise). Absolute
 times move with the machine and its load: compare ratios from one invocation.
@@ -261,7 +263,8 @@ def run_pyrl(prep: Prepared, system: str, run_dir: str) -> list[dict]:
         step = {"step": row["timing_s/step"], "gen": row["timing_s/gen"],
                 "old_log_prob": row.get("timing_s/old_log_prob", 0.0), "update": row["timing_s/update_actor"],
                 "sync": row.get("timing_s/update_weights", 0.0),
-                "response_length": row["response_length/mean"], "prompt_length": row["prompt_length/mean"]}
+                "response_length": row["response_length/mean"], "prompt_length": row["prompt_length/mean"],
+                "verl_mfu": row["perf/mfu/actor"]}
         step["other"] = step["step"] - sum(step[p] for p in PHASES if p != "other")
         steps.append(step)
     return steps
@@ -362,16 +365,22 @@ def describe(error: Exception, when: str) -> str:
     return f"{type(error).__name__}: {error} ({when}, at {frame.filename.split('site-packages/')[-1]}:{frame.lineno})"
 
 
-def run_trl(prep: Prepared, use_vllm: bool, run_dir: str) -> dict:
-    """trl_worker in a fresh subprocess (this file with --trl-worker), like pyrl's runs."""
+def trl_command(prep: Prepared, use_vllm: bool, run_dir: str) -> tuple[list[str], str]:
+    """The command that runs trl_worker in a fresh process (this file with --trl-worker, a job file in `run_dir`)
+    and the file its result will be in."""
     os.makedirs(run_dir, exist_ok=True)
     job = os.path.join(run_dir, "job.json")
     out = os.path.join(run_dir, "result.json")
     with open(job, "w") as f:
         json.dump({"prepared": asdict(prep), "use_vllm": use_vllm,
                    "output_dir": run_dir, "result": out}, f)
-    proc = subprocess.run([sys.executable, __file__, "--trl-worker", job], cwd=run_dir, capture_output=True, text=True,
-                          timeout=3600)
+    return [sys.executable, __file__, "--trl-worker", job], out
+
+
+def run_trl(prep: Prepared, use_vllm: bool, run_dir: str) -> dict:
+    """trl_worker in a fresh subprocess, like pyrl's runs."""
+    cmd, out = trl_command(prep, use_vllm, run_dir)
+    proc = subprocess.run(cmd, cwd=run_dir, capture_output=True, text=True, timeout=3600)
     if not os.path.exists(out):
         return {"error": f"the TRL process exited with {proc.returncode}: {proc.stderr[-4000:]}"}
     with open(out) as f:
@@ -406,25 +415,53 @@ def summarize(steps: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in steady) for key in steady[0]} if steady else {}
 
 
+@functools.cache
+def matmul_peak(precision: str) -> float:
+    """The best FLOP/s of 2048^3 matmuls on all cores in the precision's compute dtype, measured now: the MFU
+    columns' denominator, from the same run as the times."""
+    import torch
+
+    from pyrl.workers.perf import matmul_rate
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return matmul_rate(torch.device("cpu"), dtype, threads=os.cpu_count(), size=2048, seconds=2.0)
+
+
+def update_mfu(prep: Prepared, summary: dict, peak: float) -> float:
+    """verl 0.9.1's model FLOPs of the update (forward and backward of every sequence, at the run's mean prompt and
+    response lengths: exact for uniform lengths; for long-tailed ones the attention term, a few percent, is taken at
+    the mean) over the update's median time and `peak`. Every prompt counts once per sample, on both sides."""
+    from transformers import AutoConfig
+
+    from pyrl.workers.perf import model_flops
+
+    w = prep.workload
+    length = summary["prompt_length"] + summary["response_length"]
+    flops = model_flops(AutoConfig.from_pretrained(prep.model_path), [length] * (w.prompts * w.n))
+    return flops / summary["update"] / peak
+
+
 def rounds_table(results: dict) -> str:
     """Markdown rows per (workload, system) over its runs (one in the pytest benchmark, --rounds in the script):
     s/step median (min-max) of the runs' medians, the phases' medians, and the ratio to TRL of the same workload,
     claimed only when the ranges are apart."""
     lines = ["| workload | system | runs | s/step, median (min-max) | " + " | ".join(PHASES)
-             + " | prompt len | resp len | / TRL |", "|---" * (len(PHASES) + 7) + "|"]
+             + " | prompt len | resp len | update MFU | verl perf/mfu/actor | / TRL |", "|---" * (len(PHASES) + 9) + "|"]
     for (workload, system), runs in results.items():
         ok = [r["summary"] for r in runs if r.get("summary")]
         failed = [r.get("error", "no steps") for r in runs if not r.get("summary")]
         if not ok:
-            lines.append(f"| {workload} | {system} | 0 | failed: {failed[0][:200]} |" + " |" * (len(PHASES) + 3))
+            lines.append(f"| {workload} | {system} | 0 | failed: {failed[0][:200]} |" + " |" * (len(PHASES) + 5))
             continue
         trl = [r["summary"]["step"] for r in results.get((workload, "trl"), []) if r.get("summary")]
         steps = [s["step"] for s in ok]
         vs_trl = "-" if not trl or system == "trl" else ratio(steps, trl)
         med = lambda key: statistics.median(s[key] for s in ok)  # noqa: E731
+        optional = lambda key: f"{med(key):.3f}" if all(key in s for s in ok) else "-"  # noqa: E731
         lines.append(f"| {workload} | {system} | {len(ok)}{f' ({len(failed)} failed)' if failed else ''} | "
                      f"{show(steps)} | " + " | ".join(f"{med(p):.2f}" for p in PHASES)
-                     + f" | {med('prompt_length'):.1f} | {med('response_length'):.1f} | {vs_trl} |")
+                     + f" | {med('prompt_length'):.1f} | {med('response_length'):.1f} | {optional('update_mfu')} | "
+                     f"{optional('verl_mfu')} | {vs_trl} |")
     return "\n".join(lines)
 
 
@@ -457,6 +494,7 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
         pytest.xfail(f"TRL vLLM colocate: {result['error'][:300]}")
     assert "error" not in result, result["error"]
     result["summary"] = summarize(result["steps"])
+    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], matmul_peak(prep.precision))
     benchmark.extra_info.update({f"median_{k}": v for k, v in result["summary"].items()})
     benchmark.extra_info["steps"] = result["steps"]
     print("\n" + rounds_table({(workload, system): [result]}))
@@ -481,6 +519,8 @@ def main(argv=None) -> None:
         return
     root = tempfile.mkdtemp(prefix="bench-e2e-")
     systems = args.systems.split(",")
+    peak = matmul_peak(args.precision)
+    print(f"matmul peak measured now: {peak / 1e9:.0f} GFLOP/s ({args.precision})", flush=True)
     results: dict = {}
     for workload in args.workload.split(","):
         prep = prepare(make_workload(workload, args.smoke), args.steps, os.path.join(root, "data"), args.precision)
@@ -493,12 +533,15 @@ def main(argv=None) -> None:
                     result = {"error": str(e)}
                 if result.get("steps") and "error" not in result:
                     result["summary"] = summarize(result["steps"])
+                    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peak)
                 results.setdefault((workload, system), []).append(result)
                 print(f"{workload} round {round_index + 1}/{args.rounds} {system}: {time.perf_counter() - start:.0f} s"
                       + (f", {result['summary']['step']:.2f} s/step" if "summary" in result
                          else f", failed: {result.get('error', '')[-300:]}"), flush=True)
     print(f"\n{args.steps} steps per run, each run's median over steps 2..{args.steps}, seconds, {args.precision}, "
-          f"{args.rounds} interleaved rounds; runs in {root}\n")
+          f"{args.rounds} interleaved rounds; runs in {root}; update MFU against the matmul peak measured in this run, "
+          f"{peak / 1e9:.0f} GFLOP/s (verl perf/mfu/actor: pyrl's own metric, against its cached peak, and counting "
+          f"shared prompts once)\n")
     print(rounds_table(results))
     if args.out:
         with open(args.out, "w") as f:

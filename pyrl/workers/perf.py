@@ -80,9 +80,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         for fragment, peaks in CUDA_PEAK_TFLOPS.items():
             if fragment in device_name:
                 return peaks[name] * 1e12
-        return _cached_peak(f"cuda:{device_name}:{name}", lambda: _matmul_rate(device, dtype))
+        return _cached_peak(f"cuda:{device_name}:{name}", lambda: matmul_rate(device, dtype))
     cores = os.cpu_count() or 1
-    machine = _cached_peak(f"cpu:{_cpu_model()}:{cores}:{name}", lambda: _matmul_rate(device, dtype, threads=cores))
+    machine = _cached_peak(f"cpu:{_cpu_model()}:{cores}:{name}", lambda: matmul_rate(device, dtype, threads=cores))
     return machine * min(torch.get_num_threads(), cores) / cores
 
 
@@ -116,7 +116,7 @@ def _cached_peak(key: str, measure) -> float:
     return float(table[key])
 
 
-def _matmul_rate(device: torch.device, dtype: torch.dtype, threads: int | None = None, size: int = 1024,
+def matmul_rate(device: torch.device, dtype: torch.dtype, threads: int | None = None, size: int = 1024,
                  seconds: float = 0.5) -> float:
     """Best FLOP/s of square matmuls (the rate a well-shaped GEMM reaches: the practical peak)."""
     saved = torch.get_num_threads()
