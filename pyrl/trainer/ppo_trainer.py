@@ -345,11 +345,11 @@ class PPOTrainer:
                 batch.batch["old_log_probs"] = updated.batch["old_log_probs"]  # what the skipped pass would have
                 metrics.update(rollout_vs_trainer(batch))
                 metrics.update(apply_rollout_correction(batch, self.correction))  # metrics only: no IS, no rejection
-            if self.one_step_off is None:
-                with M.timer("update_weights", timing):
-                    metrics["perf/update_weights_bytes"] = self.push_weights()
-            else:  # pushed once the batch in flight is generated, before the next generation
+            if self.one_step_off is not None:  # pushed once the batch in flight is generated, before the next one
                 self.one_step_off.actor_updated()
+        if self.one_step_off is None:  # also in the critic's warm-up: an engine asleep on CUDA has dropped its weights
+            with M.timer("update_weights", timing):
+                metrics["perf/update_weights_bytes"] = self.push_weights()
         return batch, metrics
 
     # ---- validation ----

@@ -126,18 +126,23 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
 
 def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tmp_path, ray_session):
     """The distributed path on a CPU machine: 2 FSDP2 ranks over gloo for the actor and for the critic,
-    batches balanced across them, token-budget micro-batches; validation samples 2 answers per prompt."""
+    batches balanced across them, token-budget micro-batches; validation samples 2 answers per prompt. The critic
+    warms up for a step (trainer.critic_warmup=2: as in verl the actor updates from the step numbered 2, counting
+    from 1), and the weights are pushed into the engine every step (an engine asleep on CUDA needs them back)."""
     from pyrl.ppo import run_ppo
 
     config = compose(*SMALL, "algorithm.adv_estimator=gae", "trainer.n_cpu_workers_per_node=2",
                      "trainer.total_training_steps=2", "trainer.test_freq=2", "actor_rollout_ref.rollout.name=hf",
                      "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
                      "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-                     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"trainer.default_local_dir={tmp_path}")
+                     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"trainer.default_local_dir={tmp_path}",
+                     "trainer.critic_warmup=2")
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
+    assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]
     for row in rows:
+        assert row["perf/update_weights_bytes"] > 0
         # 32 samples of equal-length prompts over 2 ranks: the rank totals differ by at most one response
         assert row["global_seqlen/minmax_diff"] <= 8 and row["global_seqlen/mean"] == row["perf/total_num_tokens"] / 2
         assert row["perf/throughput"] == pytest.approx(row["perf/total_num_tokens"] / (2 * row["timing_s/step"]))
