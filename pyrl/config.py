@@ -53,7 +53,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     use_shm: bool = False  # each node loads the model from its copy in shared memory (pyrl.models.hub.shm_copy)
     use_remove_padding: bool = True
-    enable_gradient_checkpointing: bool = True
+    # null (pyrl's default for the actor and critic; verl's is true): resolved at start by the memory plan
+    # (pyrl.trainer.memory_plan.resolve_gradient_checkpointing): off where every phase fits in half the memory
+    # without it. A worker given null (built outside a run) recomputes, as verl does (recomputes)
+    enable_gradient_checkpointing: Optional[bool] = None
     # true: log-probs from hidden states without [tokens, vocab] logits; null (pyrl's default; verl's is false): true
     # for the actor and reference, which have an LM head, false for the critic and reward model (pyrl.ppo.resolve_fast_paths)
     use_fused_kernels: Optional[bool] = None
@@ -65,6 +68,12 @@ class ModelConfig:
     target_modules: Any = "all-linear"  # PEFT's: all-linear, a module name list, or a regex
     exclude_modules: Any = None
     lora_adapter_path: Optional[str] = None  # a PEFT adapter directory to start from (trainable)
+
+
+def recomputes(model: ModelConfig) -> bool:
+    """Whether the model's backward recomputes each layer's forward (model.enable_gradient_checkpointing); null,
+    unresolved, is verl's default: it does."""
+    return model.enable_gradient_checkpointing is not False
 
 
 @dataclass

@@ -29,6 +29,10 @@ DELIBERATE = {
     "actor_rollout_ref.model.use_fused_kernels": (None, False),
     "actor_rollout_ref.actor.use_prefix_grouper": (None, False),
     "critic.model.use_fused_kernels": (None, False),
+    # resolved at start by the memory plan (pyrl.trainer.memory_plan.resolve_gradient_checkpointing): off where the
+    # update fits in half the memory without it
+    "actor_rollout_ref.model.enable_gradient_checkpointing": (None, True),
+    "critic.model.enable_gradient_checkpointing": (None, True),
     # verl's legacy reward-model spellings: unset either way (pyrl's worker settings keep their types)
     "reward_model.model.path": ("", None),
     "reward_model.model.trust_remote_code": (False, None),

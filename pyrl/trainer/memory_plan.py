@@ -35,7 +35,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pyrl.config import generation_batch_size
+from pyrl.config import generation_batch_size, recomputes
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.workers.fsdp import shard_group_size
 from pyrl.workers.lora import adapter_config, uses_lora
@@ -529,7 +529,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
         during = actor_state_idle + ref_state + engine_resident + rm_state + [
             t for t in critic_state if "gradients" not in t.name]
         phases.append(Phase("update_critic", during, update_pass(
-            c_shape, c_prec, setting, critic_mb, length, "value", False, critic.model.enable_gradient_checkpointing,
+            c_shape, c_prec, setting, critic_mb, length, "value", False, recomputes(critic.model),
             f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model", c_shards)))
     if uses_reward_model:
         rm = config.reward_model
@@ -542,7 +542,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     without_grads = [t for t in actor_state if "gradients" not in t.name]
     phases.append(Phase("update_actor", without_grads + ref_state + engine_resident + others, update_pass(
         shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
-        model.enable_gradient_checkpointing, f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
+        recomputes(model), f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
         "actor_rollout_ref.model", a_shards)))
     if not arr.hybrid_engine:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         rows = math.ceil(generation_batch_size(config.data) / max(1, rollout_processes))
@@ -649,8 +649,9 @@ def run_capacity(config, device: str) -> Capacity:
     return capacity_of(found, device, per_node, "")
 
 
-def run_plan(config) -> MemoryPlan:
-    """The plan of the run `config` (resolved: model paths local) on the devices the workers will get."""
+def run_plan(config, capacity: Capacity | None = None) -> MemoryPlan:
+    """The plan of the run `config` (resolved: model paths local) on the devices the workers will get (their
+    `capacity` when it was asked already)."""
     from transformers import AutoConfig
 
     from pyrl.trainer.one_step_off import rollout_processes
@@ -671,7 +672,7 @@ def run_plan(config) -> MemoryPlan:
         shapes["critic"] = shape(config.critic.model, "token_classification")
     if rm:
         shapes["reward_model"] = shape(config.reward_model.model, "sequence_classification")
-    capacity = run_capacity(config, setting.device)
+    capacity = capacity or run_capacity(config, setting.device)
     uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
     runs_old = not skips_old_log_prob(config) and not config.algorithm.rollout_correction.bypass_mode
     return plan(config, shapes, setting, capacity.bytes, capacity.note, runs_old, uses_ref, critic, rm,
@@ -680,14 +681,19 @@ def run_plan(config) -> MemoryPlan:
 
 def check_memory_plan(config) -> MemoryPlan | None:
     """trainer.memory_plan: check (log the table; stop when a phase does not fit, naming its knobs), warn (log
-    and go on), off (nothing)."""
+    and go on), off (nothing). First resolve_gradient_checkpointing."""
+    from pyrl.trainer.workers import gpus_per_node
+
     mode = config.trainer.memory_plan
     if mode not in MODES:
         raise ValueError(f"trainer.memory_plan={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "off":
+        resolve_gradient_checkpointing(config, None)
         log.info("trainer.memory_plan=off: the memory plan is not checked")
         return None
-    result = run_plan(config)
+    capacity = run_capacity(config, "cuda" if gpus_per_node(config.trainer) > 0 else "cpu")
+    resolve_gradient_checkpointing(config, capacity)
+    result = run_plan(config, capacity)
     log.info("%s", result.table())
     if result.capacity is None:
         log.warning("memory plan: the fit check is skipped, the workers' memory is not visible from the driver (%s)",
@@ -697,3 +703,34 @@ def check_memory_plan(config) -> MemoryPlan | None:
             raise MemoryError(result.error())
         log.warning("trainer.memory_plan=warn: %s", result.error())
     return result
+
+
+CHECKPOINTING_HEADROOM = 0.5  # recompute unless every phase fits in this share of the memory per process without
+
+
+def resolve_gradient_checkpointing(config, capacity: Capacity | None) -> None:
+    """model.enable_gradient_checkpointing left null (pyrl's default for the actor and critic; verl 0.9.1's is true):
+    off where the plan without it keeps every phase within CHECKPOINTING_HEADROOM of `capacity` (the plan is an
+    upper bound and leaves out each process's runtime; recomputing every layer's forward in the backward costs about
+    a third more update time and changes no number), on otherwise and where the capacity is unknown (None: the plan
+    is off or cannot see the devices). An explicit true or false is kept. One log line says what was chosen."""
+    models = [(key, model) for key, model in (("actor_rollout_ref.model", config.actor_rollout_ref.model),
+                                              ("critic.model", config.critic.model))
+              if model.enable_gradient_checkpointing is None]
+    if not models:
+        return
+    if capacity is None or capacity.bytes is None:
+        recompute, why = True, "the memory per process is not known"
+    else:
+        for _, model in models:
+            model.enable_gradient_checkpointing = False
+        peak = max(phase.peak for phase in run_plan(config, capacity).running())
+        recompute = peak > CHECKPOINTING_HEADROOM * capacity.bytes
+        why = (f"the memory plan's largest phase without it, {peak / GiB:.2f} GiB, is "
+               f"{'over' if recompute else 'within'} {CHECKPOINTING_HEADROOM:.0%} of {capacity.bytes / GiB:.2f} GiB "
+               "per process")
+    for _, model in models:
+        model.enable_gradient_checkpointing = recompute
+    log.info("gradient checkpointing %s (%s: null, pyrl's default; verl 0.9.1's is true): %s; set it true or false to "
+             "choose", "on" if recompute else "off", ", ".join(f"{key}.enable_gradient_checkpointing" for key, _ in models),
+             why)

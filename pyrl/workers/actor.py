@@ -18,6 +18,7 @@ import torch
 
 from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
+from pyrl.config import recomputes
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.models import varlen_attention
 from pyrl.models.hub import model_dir, resolve_model_path  # noqa: F401 - the critic and reward model workers import them from here
@@ -59,7 +60,7 @@ def load_policy(model_config):
 
     lm = AutoModelForCausalLM.from_pretrained(model_dir(model_config), **model_kwargs(model_config),
                                               **dict(model_config.override_config))
-    if model_config.enable_gradient_checkpointing:
+    if recomputes(model_config):
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return lm, ResponseLogProbs(lm, model_config.use_fused_kernels)
 

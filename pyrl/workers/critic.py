@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pyrl import ops
+from pyrl.config import recomputes
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim
@@ -49,7 +50,7 @@ def load_value_model(model_config):
     config.num_labels = 1
     config.classifier_dropout = 0.0  # HF's default 0.1 would make values noisy in training
     model = AutoModelForTokenClassification.from_pretrained(path, config=config, **model_kwargs(model_config))
-    if model_config.enable_gradient_checkpointing:
+    if recomputes(model_config):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 

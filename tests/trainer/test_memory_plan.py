@@ -296,3 +296,42 @@ def test_a_run_joining_a_cluster_asks_the_nodes(ray_session):
     assert capacity.bytes is None and "no node of the cluster to ask: 2 distinct node(s) wanted" in capacity.note
     config.trainer.nnodes, config.trainer.n_gpus_per_node = 1, 8
     assert mp.run_capacity(config, "cuda").bytes is None
+
+
+def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
+    """model.enable_gradient_checkpointing null (pyrl's default for the actor and critic; verl's is true): off where
+    every phase of the plan without it is within half the memory per process, on where not and where that memory
+    is unknown; an explicit value is kept; one log line says which and why."""
+    import copy
+
+    from pyrl.ppo import resolve_defaults
+
+    config = compose(*SMALL, "algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=null")
+    resolve_defaults(config)
+    assert config.actor_rollout_ref.model.enable_gradient_checkpointing is None
+    assert config.critic.model.enable_gradient_checkpointing is None
+    without = copy.deepcopy(config)
+    without.actor_rollout_ref.model.enable_gradient_checkpointing = without.critic.model.enable_gradient_checkpointing = False
+    peak = max(p.peak for p in mp.run_plan(without, mp.Capacity(1 << 50, "all")).running())
+    with_it = copy.deepcopy(without)
+    with_it.actor_rollout_ref.model.enable_gradient_checkpointing = with_it.critic.model.enable_gradient_checkpointing = True
+    update = lambda c: next(p.peak for p in mp.run_plan(c, mp.Capacity(1 << 50, "all")).phases  # noqa: E731
+                            if p.name == "update_actor")
+    assert update(with_it) < update(without)  # it saves memory where it is on
+    for capacity, recompute in ((mp.Capacity(int(2.1 * peak), "roomy"), False),
+                                (mp.Capacity(int(1.9 * peak), "tight"), True),
+                                (mp.Capacity(None, "unseen"), True), (None, True)):
+        run = copy.deepcopy(config)
+        with caplog.at_level("INFO", logger="pyrl"):
+            caplog.clear()
+            mp.resolve_gradient_checkpointing(run, capacity)
+        assert run.actor_rollout_ref.model.enable_gradient_checkpointing is recompute, capacity
+        assert run.critic.model.enable_gradient_checkpointing is recompute, capacity
+        assert f"gradient checkpointing {'on' if recompute else 'off'}" in caplog.text
+        assert "actor_rollout_ref.model.enable_gradient_checkpointing, critic.model.enable_gradient_checkpointing" \
+            in caplog.text
+    explicit = copy.deepcopy(config)
+    explicit.actor_rollout_ref.model.enable_gradient_checkpointing = True
+    mp.resolve_gradient_checkpointing(explicit, mp.Capacity(1 << 50, "all"))
+    assert explicit.actor_rollout_ref.model.enable_gradient_checkpointing is True  # kept
+    assert explicit.critic.model.enable_gradient_checkpointing is False  # null: the plan's choice

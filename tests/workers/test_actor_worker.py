@@ -207,8 +207,9 @@ def _with_shared_prompts(batch):
 
 def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch):
     """pyrl's fast paths, on by default (pyrl.ppo.resolve_fast_paths), against verl's plain ones (unfused, unshared,
-    1 rank): model.use_fused_kernels (packed and padded) and actor.use_prefix_grouper (each prompt runs once for
-    its samples, in the log-prob pass and the update, groups kept whole in token-budget micro-batches) give the
+    gradient checkpointing on, 1 rank): model.use_fused_kernels (packed and padded), actor.use_prefix_grouper (each
+    prompt runs once for its samples, in the log-prob pass and the update, groups kept whole in token-budget
+    micro-batches) and no gradient checkpointing (the memory plan's choice where the update fits) give the
     same log-probs, metrics and trained weights, on 1 rank and on 2 (packed transport, as the trainer sends), with
     loss-mask holes."""
     from pyrl.workers.batching import ModelInputs
@@ -228,6 +229,7 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
                                ("fused", 1, [micro]),
                                ("fused-padded", 1, [micro, "actor_rollout_ref.model.use_remove_padding=false"]),
                                ("shared", 1, [micro]),
+                               ("uncheckpointed", 1, [micro, "actor_rollout_ref.model.enable_gradient_checkpointing=false"]),
                                ("shared-fused-2-ranks", 2, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
                                                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
                                                             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
@@ -255,7 +257,7 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
     assert tokens and sum(run for run, _ in tokens) < sum(unshared for _, unshared in tokens)  # prompts did run once
     seen = batch.batch["attention_mask"][:, -6:].bool()
     plain_logp, plain_metrics, plain_digest = results["plain"]
-    for name in ("fused", "fused-padded", "shared", "shared-fused-2-ranks"):
+    for name in ("fused", "fused-padded", "shared", "uncheckpointed", "shared-fused-2-ranks"):
         logp, metrics, digest = results[name]
         torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
         for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
