@@ -150,9 +150,10 @@ class Prepared:
     precision: str = "fp32"  # both sides: fp32, or bf16 compute over fp32 master weights (PRECISIONS)
 
 
-def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") -> Prepared:
-    """The model and the prompt file of `workload` for `steps` steps; checks that pyrl's data set and TRL's
-    tokenization give every prompt the same tokens, of the planned lengths."""
+def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32", spec=None) -> Prepared:
+    """The model (of `spec`, default BENCH_SPEC; the tiny default model in smoke mode) and the prompt file of
+    `workload` for `steps` steps; checks that pyrl's data set and TRL's tokenization give every prompt the same
+    tokens, of the planned lengths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
@@ -161,7 +162,7 @@ def prepare(workload: Workload, steps: int, root: str, precision: str = "fp32") 
     from pyrl.data import PromptBatches, RLHFDataset
     from pyrl.models.tiny import BENCH_SPEC, TinyModelSpec, eos_biased_model_path
 
-    spec = TinyModelSpec() if workload.smoke else BENCH_SPEC
+    spec = spec or (TinyModelSpec() if workload.smoke else BENCH_SPEC)
     model_path = eos_biased_model_path(spec, eos_prob=workload.eos_prob)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rng = random.Random(f"{workload.name}-{workload.smoke}")
