@@ -326,11 +326,13 @@ def equal_batch(systems, rounds: int, steps: int, root: str, model_path: str, ro
 
 
 def frontier(system: str, budget: int, root: str, model_path: str, precision: str, start_rows: int = 16,
-             max_rows: int = 1024) -> list[dict]:
+             max_rows: int = 1024, rows_list: tuple = ()) -> list[dict]:
     """Runs of one step with one micro-batch of 16, 32, 64, ... rows, until the process peak passes `budget` (that
-    run is kept: it shows by how much), a run fails, or max_rows: [{"rows", "tokens", run...}]."""
-    points, rows = [], start_rows
-    while rows <= max_rows:
+    run is kept: it shows by how much), a run fails, or max_rows: [{"rows", "tokens", run...}]. `rows_list`: run
+    exactly these sizes instead (to place the frontier between two doublings)."""
+    doubling = [start_rows << k for k in range(max(0, (max_rows // start_rows).bit_length()))]
+    points = []
+    for rows in rows_list or doubling:
         prep = prepared(workload(rows), 1, os.path.join(root, "data"), model_path, precision)
         start = time.perf_counter()
         result = run_one(system, prep, os.path.join(root, f"frontier-{system}-{rows}"))
@@ -338,9 +340,8 @@ def frontier(system: str, budget: int, root: str, model_path: str, precision: st
         print(f"frontier {system} {rows} rows: {time.perf_counter() - start:.0f} s, "
               + (f"process peak {result['peaks']['process_bytes'] / GiB:.2f} GiB" if "peaks" in result
                  else f"failed: {result['error'][-300:]}"), flush=True)
-        if "peaks" not in result or result["peaks"]["process_bytes"] > budget:
+        if not rows_list and ("peaks" not in result or result["peaks"]["process_bytes"] > budget):
             break
-        rows *= 2
     return points
 
 
@@ -498,6 +499,7 @@ def main(argv=None) -> None:
     parser.add_argument("--budget-gib", type=float, default=8.0, help="the frontier's budget per process")
     parser.add_argument("--frontier-systems", default="pyrl-vllm,trl")
     parser.add_argument("--max-rows", type=int, default=1024, help="the frontier's largest micro-batch tried")
+    parser.add_argument("--frontier-rows", default="", help="comma-separated: run exactly these micro-batch sizes")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: equal, frontier")
     parser.add_argument("--precision", default="fp32", choices=bench_e2e.PRECISIONS)
     parser.add_argument("--vocab", type=int, default=QWEN2_VOCAB)
@@ -511,7 +513,8 @@ def main(argv=None) -> None:
     equal = {} if "equal" in skip else equal_batch(args.systems.split(","), args.rounds, args.steps, root, model,
                                                       args.rows, args.micro_rows, args.precision)
     points = {} if "frontier" in skip else {
-        s: frontier(s, budget, root, model, args.precision, max_rows=args.max_rows)
+        s: frontier(s, budget, root, model, args.precision, max_rows=args.max_rows,
+                    rows_list=tuple(int(r) for r in args.frontier_rows.split(",") if r))
         for s in args.frontier_systems.split(",")}
     print(f"\nmodel {model} (vocab {args.vocab}), {args.precision}; runs in {root}\n")
     if equal:
