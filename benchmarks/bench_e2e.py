@@ -53,6 +53,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from spread import ratio, rotated, show  # noqa: E402
+
 REWARD_FILE = HERE / "e2e_reward.py"
 LEARNING_RATE = 1e-6
 PHASES = ("gen", "old_log_prob", "update", "sync", "other")

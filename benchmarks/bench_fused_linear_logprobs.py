@@ -3,11 +3,10 @@ forward + backward."""
 
 import pytest
 import torch
+from peers import fused_linear_logprobs_fn as liger_fused_linear_logprobs
 
 from pyrl.ops import fused_linear_logprobs
 from pyrl.ops import reference as ref
-
-from peers import fused_linear_logprobs_fn as liger_fused_linear_logprobs
 
 N, H, V = 1024, 256, 32000
 

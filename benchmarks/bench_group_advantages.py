@@ -17,12 +17,11 @@ import uuid
 import numpy as np
 import pytest
 import torch
+import verl091
 
 from pyrl.algos.advantage import get_adv_estimator_fn
 from pyrl.ops import group_advantages
 from pyrl.ops import reference as ref
-
-import verl091
 
 N, GROUPS = 65536, 8192
 IMPLS = ["pyrl", "verl091_grpo_loop", "verl091_grpo_vectorized", "reference_group_loop"]

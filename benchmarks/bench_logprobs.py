@@ -18,11 +18,10 @@ import sys
 
 import pytest
 import torch
-
-from pyrl.ops import logprobs_from_logits
-
 import verl091
 from peers import logprobs_fn as peer_logprobs_fn
+
+from pyrl.ops import logprobs_from_logits
 
 N, V = 4096, 32000
 

@@ -62,8 +62,9 @@ def growth_exponent(sizes, seconds) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def run(sweeps, rounds: int, root: str, precision: str) -> dict:
-    """{(sweep, size, system): [summary or {"error"}, ...]}: every point's runs, interleaved by round."""
+def run(sweeps, rounds: int, root: str, precision: str, out: str | None = None) -> dict:
+    """{(sweep, size, system): [summary or {"error"}, ...]}: every point's runs, interleaved by round; written to
+    `out` as JSON after each run, so that a long sweep cut short keeps what it measured."""
     preps = {(sweep, size): bench_e2e.prepare(point(sweep, size), STEPS, os.path.join(root, "data"), precision,
                                               spec=model_spec())
              for sweep in sweeps for size in SWEEPS[sweep][1]}
@@ -82,7 +83,15 @@ def run(sweeps, rounds: int, root: str, precision: str) -> dict:
             print(f"round {round_index + 1}/{rounds} {sweep} {size} {system}: {time.perf_counter() - start:.0f} s"
                   + (f", {summary['step']:.2f} s/step" if summary else f", failed: {result.get('error', '')[-300:]}"),
                   flush=True)
+            if out:
+                save(results, out)
     return results
+
+
+def save(results: dict, out: str) -> None:
+    with open(out + ".tmp", "w") as f:
+        json.dump([{"sweep": k[0], "size": k[1], "system": k[2], "runs": v} for k, v in results.items()], f, indent=1)
+    os.replace(out + ".tmp", out)
 
 
 def table(results: dict, sweep: str) -> str:
@@ -163,7 +172,7 @@ def main(argv=None) -> None:
     if unknown:
         raise SystemExit(f"--sweeps: unknown {unknown}, expected some of {list(SWEEPS)}")
     root = tempfile.mkdtemp(prefix="bench-scaling-")
-    results = run(sweeps, args.rounds, root, args.precision)
+    results = run(sweeps, args.rounds, root, args.precision, args.out)
     print(f"\n{STEPS} steps per run, the median of steps 2-{STEPS}; {PROMPTS} prompts per step; {args.precision}; "
           f"{args.rounds} interleaved rounds; runs in {root}\n")
     for sweep in sweeps:
@@ -174,10 +183,6 @@ def main(argv=None) -> None:
     if args.plot:
         plot(results, sweeps, args.plot, f"GRPO step cost as work grows, pyrl vs TRL 1.16, {args.precision}, "
                                          f"{PROMPTS} prompts per step")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump([{"sweep": k[0], "size": k[1], "system": k[2], "runs": v} for k, v in results.items()], f,
-                      indent=1)
 
 
 def test_growth_exponent():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pyrl.ops import value_loss
 from pyrl.ops import reference as ref
+from pyrl.ops import value_loss
 
 SHAPE = (256, 1024)
 

@@ -41,11 +41,19 @@ sys.path.insert(0, str(HERE))
 import peers  # noqa: E402
 import verl091  # noqa: E402
 
-from pyrl.ops import (compute_gae, compute_gae_packed, entropy_from_logits, fused_linear_logprobs, group_advantages,  # noqa: E402
-                      kl_penalty, logprobs_from_logits, ppo_policy_loss, value_loss)
+from pyrl.ops import (  # noqa: E402
+    compute_gae,
+    compute_gae_packed,
+    entropy_from_logits,
+    fused_linear_logprobs,
+    group_advantages,
+    kl_penalty,
+    logprobs_from_logits,
+    ppo_policy_loss,
+    value_loss,
+)
 from pyrl.ops import reference as ref  # noqa: E402
 from pyrl.ops.masked import masked_whiten  # noqa: E402
-
 
 DEVICE = "cuda"  # --smoke-cpu: "cpu", tiny shapes, to check the script's paths where there is no GPU
 

@@ -9,10 +9,10 @@ variants' extra peak memory (fresh process each).
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
 import sys
 import time
-import pathlib
 
 import torch
 

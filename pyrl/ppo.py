@@ -16,8 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
-from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
 from pyrl.models import resolve_model_path
+from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
 log = logging.getLogger("pyrl")
@@ -204,7 +204,6 @@ def resolve_settings(config: PPOConfig) -> None:
     """Fill what depends on this machine (the toy task files, the rollout engine) and check every
     value that needs no model or data file."""
     from pyrl.trainer.checks import check_config
-
     from pyrl.trainer.workers import worker_count
 
     migrate_legacy_reward(config)

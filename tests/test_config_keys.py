@@ -72,13 +72,13 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def keys_read(tmp_path_factory, ray_session) -> dict[str, set[str]]:
     """Each schema key read by pyrl's code in the runs -> the files (under pyrl/) that read it."""
+    import config_reads
     import ray.cloudpickle
     import torch
+    from trainer.trainer_helpers import compose
 
-    import config_reads
     import pyrl.ppo
     from pyrl.algos import POLICY_LOSS_REGISTRY
-    from trainer.trainer_helpers import compose
 
     tmp = tmp_path_factory.mktemp("config_reads")
     (tmp / "scorer.py").write_text(SCORER)
@@ -184,10 +184,10 @@ def test_every_schema_key_is_read_by_its_full_path_or_limited(keys_read):
     ("algorithm.adv_estimator=gdpo", "gdpo needs algorithm.gdpo_reward_keys"),
 ])
 def test_registry_names_checked_before_workers(override, message):
-    from pyrl.trainer.checks import check_names
     from trainer.trainer_helpers import compose
 
     from pyrl.config import migrate_legacy_reward
+    from pyrl.trainer.checks import check_names
 
     config = compose("preset=toy", override)
     migrate_legacy_reward(config)  # as resolve_defaults does first
@@ -196,8 +196,9 @@ def test_registry_names_checked_before_workers(override, message):
 
 
 def test_prefix_grouper_needs_the_packed_path():
-    from pyrl.trainer.checks import check_names
     from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_names
 
     config = compose("preset=toy", "actor_rollout_ref.actor.use_prefix_grouper=true",
                      "actor_rollout_ref.model.use_remove_padding=false")
@@ -221,9 +222,10 @@ def test_prefix_grouper_needs_the_packed_path():
       "algorithm.filter_groups.enable=true"], "data.gen_batch_size x actor_rollout_ref.rollout.n = 3 x 1 = 3 samples"),
 ])
 def test_batch_sizes_checked_before_workers(overrides, message):
+    from trainer.trainer_helpers import compose
+
     from pyrl.trainer.checks import check_batch_sizes
     from pyrl.trainer.workers import worker_count
-    from trainer.trainer_helpers import compose
 
     config = compose("preset=toy", *overrides)
     with pytest.raises(ValueError, match=message):
@@ -231,11 +233,11 @@ def test_batch_sizes_checked_before_workers(overrides, message):
 
 
 def test_lengths_and_vocabulary_checked_against_the_models():
+    from trainer.trainer_helpers import compose
     from transformers import AutoTokenizer
 
     from pyrl.models import tiny_model_path
     from pyrl.trainer.checks import check_models
-    from trainer.trainer_helpers import compose
 
     path = tiny_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -277,8 +279,9 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     ("actor_rollout_ref.rollout.multi_turn.tool_config_path=/no/such/tools.yaml", "tools.yaml"),
 ])
 def test_multi_turn_settings_checked_before_workers(override, message):
-    from pyrl.trainer.checks import check_multi_turn
     from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_multi_turn
 
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         check_multi_turn(compose("preset=toy", override))
@@ -289,8 +292,9 @@ def test_agent_loops_checked_against_the_rows_before_workers(tmp_path):
     tool-agent row's interaction, all named before any worker starts."""
     from types import SimpleNamespace
 
-    from pyrl.trainer.checks import check_agent_loops
     from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_agent_loops
 
     def check(rows, *overrides):
         check_agent_loops(compose("preset=toy", *overrides), [SimpleNamespace(rows=rows)])
@@ -324,8 +328,9 @@ ENGINE = "actor_rollout_ref.rollout.checkpoint_engine"
 def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
     """verl 0.9.1's rollout.checkpoint_engine: naive (its default) and nccl (its one_step_off_ppo_trainer's) run,
     as pyrl's own push; another transport, bucket size or backend option stops the run naming the key."""
-    from pyrl.config import check_supported
     from trainer.trainer_helpers import compose
+
+    from pyrl.config import check_supported
 
     for backend in ("naive", "nccl"):
         check_supported(compose(f"{ENGINE}.backend={backend}"))
@@ -394,8 +399,9 @@ def test_verl_deprecated_spellings_are_accepted_with_a_warning(caplog):
     """verl 0.9.1's deprecated keys: optim.warmup_style becomes lr_scheduler_type; a global micro-batch size becomes
     the per-rank one over the data-parallel ranks (verl's FSDP workers' rule; 0.9.1's engine workers check these keys
     and then never read them); both spellings at once is verl's own error."""
-    from pyrl.ppo import migrate_deprecated_keys
     from trainer.trainer_helpers import compose
+
+    from pyrl.ppo import migrate_deprecated_keys
 
     config = compose("preset=toy", "actor_rollout_ref.actor.ppo_micro_batch_size=16",
                      "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
@@ -431,8 +437,9 @@ def test_verl_deprecated_spellings_are_accepted_with_a_warning(caplog):
                                  "critic.fsdp.ulysses_sequence_parallel_size"])
 def test_a_refused_feature_is_refused_under_every_key_that_names_it(key):
     """Ulysses sequence parallelism by any of verl 0.9.1's keys for it: the feature named, not Hydra's 'Key ... not in'."""
-    from pyrl.config import check_supported
     from trainer.trainer_helpers import compose
+
+    from pyrl.config import check_supported
 
     with pytest.raises(ValueError, match=rf"{re.escape(key)}=2 is not supported \(Ulysses sequence parallelism is not "
                                          r"implemented\); expected 1"):
@@ -447,8 +454,9 @@ def test_a_refused_feature_is_refused_under_every_key_that_names_it(key):
 ])
 def test_engine_kwargs_only_for_the_engine_that_runs(overrides, message):
     """verl's rollout.engine_kwargs: another engine's options would do nothing, so they stop the run."""
-    from pyrl.trainer.checks import check_engine_kwargs
     from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_engine_kwargs
 
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", *overrides)
     with pytest.raises(ValueError, match=message):

@@ -24,8 +24,8 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
 from pyrl.cgroups import oom_kill_count
+from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
 from pyrl.controller.worker import FAULT_DIR_ENV, RemoteError, fault_file
 
 log = logging.getLogger("pyrl")

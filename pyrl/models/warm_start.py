@@ -39,9 +39,8 @@ def greedy_reward(model, tokenizer, questions, truths, max_new_tokens: int = 8) 
     """Mean toy reward of greedy answers (left-padded batch through HF generate)."""
     import torch
 
-    from pyrl.rewards.toy import compute_score
-
     from pyrl.protocol import left_padded
+    from pyrl.rewards.toy import compute_score
 
     input_ids, mask = left_padded(_chat_prompts(tokenizer, questions), tokenizer.pad_token_id)
     width = input_ids.shape[1]
@@ -385,8 +384,12 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
     on sums and differences."""
     import time
 
-    from pyrl.data.tool_calc import (check_transfer_products, tool_calc_pairs, tool_transfer_conversations,
-                                     tool_transfer_problems)
+    from pyrl.data.tool_calc import (
+        check_transfer_products,
+        tool_calc_pairs,
+        tool_transfer_conversations,
+        tool_transfer_problems,
+    )
 
     check_transfer_products(products)  # before the cache lookup: a misspelt value must not find another variant
     suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")

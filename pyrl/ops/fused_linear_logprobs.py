@@ -16,7 +16,6 @@ from pyrl.ops import reference
 from pyrl.ops._dispatch import FLOAT_KIND, check_positive, check_tensor, choose_backend
 from pyrl.ops.logprobs import check_labels, implementation
 
-
 MIN_CHUNK_ROWS = 256  # below this the matmuls get too thin to run at speed
 # On CUDA each chunk also reads and writes the float32 [V, H] weight gradient once (8 V H bytes) against
 # 6 rows V H FLOPs of matmuls: at 256 rows that traffic cost as much as the matmuls. Measured on an H200

@@ -17,7 +17,14 @@ import math
 import torch
 
 from pyrl.ops import reference
-from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous, maybe_buffer
+from pyrl.ops._dispatch import (
+    as_buffer,
+    check_same_shape,
+    check_tensor,
+    choose_backend,
+    float32_contiguous,
+    maybe_buffer,
+)
 from pyrl.ops.masked import check_unbiased_count
 
 

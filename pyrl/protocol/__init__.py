@@ -4,8 +4,13 @@
 """
 
 from pyrl.protocol.balance import balanced_partitions, token_budget_micro_batches
-from pyrl.protocol.dataproto import (DataProto, DataProtoItem, pad_dataproto_to_divisor, response_lengths,
-                                     unpad_dataproto)
+from pyrl.protocol.dataproto import (
+                                     DataProto,
+                                     DataProtoItem,
+                                     pad_dataproto_to_divisor,
+                                     response_lengths,
+                                     unpad_dataproto,
+)
 from pyrl.protocol.packed import PackedLayout, PackedTensor, left_padded
 
 __all__ = [

@@ -66,8 +66,16 @@ import urllib.error
 import urllib.request
 
 from pyrl.rewards import counts
-from pyrl.rewards.assert_cases import (MARKER_MAX_CHARS, Hostile, Leaves, Plan, harnessed, holds, plan_snippet,
-                                        read_leaves)
+from pyrl.rewards.assert_cases import (
+    MARKER_MAX_CHARS,
+    Hostile,
+    Leaves,
+    Plan,
+    harnessed,
+    holds,
+    plan_snippet,
+    read_leaves,
+)
 from pyrl.sandbox import SandboxLimits, run_code
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
-import marshal
 import logging
+import marshal
 import math
 import os
 import selectors

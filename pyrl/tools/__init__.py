@@ -14,8 +14,12 @@ re-exported here it would hide the submodule of the same name.
 
 from pyrl.tools.base_tool import BaseTool
 from pyrl.tools.function_tool import FunctionTool, normalize_function_tool_return
-from pyrl.tools.schemas import (OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema, OpenAIFunctionToolSchema,
-                                ToolResponse)
+from pyrl.tools.schemas import (
+                                OpenAIFunctionCallSchema,
+                                OpenAIFunctionParsedSchema,
+                                OpenAIFunctionToolSchema,
+                                ToolResponse,
+)
 from pyrl.tools.tool_registry import initialize_tools_from_config, load_all_tools
 
 __all__ = ["BaseTool", "FunctionTool", "OpenAIFunctionCallSchema", "OpenAIFunctionParsedSchema",

@@ -394,8 +394,9 @@ def micro_key(prefix: str, dynamic: bool) -> str:
 def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | None, rows: int) -> tuple[list, list]:
     """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts;
     vLLM on CUDA takes gpu_memory_utilization of the device (nothing counted when its size is unknown)."""
-    from pyrl.workers.precision import runnable_dtype
     import torch
+
+    from pyrl.workers.precision import runnable_dtype
 
     rollout = config.actor_rollout_ref.rollout
     key = "actor_rollout_ref.rollout"

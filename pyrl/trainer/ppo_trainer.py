@@ -13,11 +13,11 @@ import numpy as np
 import torch
 
 from pyrl import ops
+from pyrl.algos import get_adv_estimator_fn, get_kl_controller
+from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
+from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
 from pyrl.config import generation_batch_size
 from pyrl.controller import WorkerError
-from pyrl.algos import get_adv_estimator_fn, get_kl_controller
-from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
-from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
 from pyrl.trainer import checkpoints
 from pyrl.trainer import metrics as M

@@ -125,12 +125,16 @@ def build_workers(config) -> Workers:
     import torch
 
     from pyrl.controller import ResourcePool, WorkerGroup
+    from pyrl.trainer.one_step_off import (
+        build_rollout_workers,
+        rollout_processes,
+        rollout_resource_pool,
+        shared_cpus_per_process,
+    )
     from pyrl.workers.actor import ActorRolloutRefWorker
     from pyrl.workers.critic import CriticWorker
     from pyrl.workers.perf import peak_flops
     from pyrl.workers.reward_model import RewardModelWorker
-    from pyrl.trainer.one_step_off import (build_rollout_workers, rollout_processes, rollout_resource_pool,
-                                           shared_cpus_per_process)
 
     trainer = config.trainer
     gpus = gpus_per_node(trainer)

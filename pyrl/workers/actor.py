@@ -20,20 +20,20 @@ from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
 from pyrl.config import recomputes
 from pyrl.controller import Dispatch, Worker, register
+from pyrl.interactions.registry import initialize_interactions_from_config
 from pyrl.models import varlen_attention
 from pyrl.models.hub import model_dir, resolve_model_path  # noqa: F401 - the critic and reward model workers import them from here
 from pyrl.protocol import DataProto
+from pyrl.tools.tool_registry import load_all_tools
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import full_tensor, worker_device
 from pyrl.workers.policy import ResponseLogProbs
-from pyrl.workers.update import UpdatePlan, run_update
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
 from pyrl.workers.rollout.base import prompt_token_lists
 from pyrl.workers.rollout.tensor_parallel import LeaderEngine, TensorParallelGroup
-from pyrl.interactions.registry import initialize_interactions_from_config
-from pyrl.tools.tool_registry import load_all_tools
+from pyrl.workers.update import UpdatePlan, run_update
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref", "actor_ref", "rollout")
 

@@ -19,7 +19,6 @@ from pyrl.models.varlen_attention import VarlenAttention
 from pyrl.protocol import DataProto, PackedLayout, PackedTensor, balanced_partitions, token_budget_micro_batches
 from pyrl.workers.distributed import all_reduce
 
-
 TOKEN_KEYS = ("input_ids", "position_ids")
 
 

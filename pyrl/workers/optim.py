@@ -11,7 +11,6 @@ from torch import nn
 
 from pyrl.workers.distributed import full_tensor
 
-
 OPTIMIZERS = ("adamw",)  # optim.optimizer, lower-cased
 LR_SCHEDULES = ("constant", "cosine")  # optim.lr_scheduler_type
 

@@ -378,11 +378,11 @@ def test_compute_advantage_feeds_the_optimal_token_baseline(fresh_seed):
 
 def test_trainer_refuses_the_optimal_token_baseline_without_sum_pi_squared():
     """verl asserts at the first advantage computation; pyrl refuses the config before workers start."""
+    from omegaconf import OmegaConf
+
     from pyrl.config import PPOConfig
     from pyrl.trainer.checks import check_names
     from pyrl.trainer.ppo_trainer import PPOTrainer
-
-    from omegaconf import OmegaConf
 
     config = OmegaConf.to_object(OmegaConf.structured(PPOConfig))  # resolved, as the command line gives it
     config.algorithm.adv_estimator = "tir_optimal_token_baseline"

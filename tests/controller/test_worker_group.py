@@ -10,7 +10,16 @@ import time
 import pytest
 import torch
 
-from pyrl.controller import Dispatch, Execute, ResourcePool, Worker, WorkerError, WorkerGroup, register, register_dispatch_mode
+from pyrl.controller import (
+    Dispatch,
+    Execute,
+    ResourcePool,
+    Worker,
+    WorkerError,
+    WorkerGroup,
+    register,
+    register_dispatch_mode,
+)
 from pyrl.controller.worker_group import process_state
 from pyrl.protocol import DataProto
 

@@ -6,8 +6,17 @@ import os
 
 import pytest
 
-from pyrl.data.tool_calc import (HIGH, LOW, TOOL_USE_FROM, calculator_schema, tool_calc_demonstration,
-                                 tool_calc_mixed, tool_calc_pairs, tool_calc_task_files, tool_transfer_problems)
+from pyrl.data.tool_calc import (
+    HIGH,
+    LOW,
+    TOOL_USE_FROM,
+    calculator_schema,
+    tool_calc_demonstration,
+    tool_calc_mixed,
+    tool_calc_pairs,
+    tool_calc_task_files,
+    tool_transfer_problems,
+)
 from pyrl.models.tiny import CHAT_TEMPLATE, TOOL_TOKENS, TinyModelSpec, make_tokenizer, tiny_model_path
 from pyrl.models.warm_start import assistant_mask, conversation_tokens
 from pyrl.rewards.scorers import default_compute_score

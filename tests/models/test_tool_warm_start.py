@@ -8,8 +8,12 @@ import torch
 
 from pyrl.data.tool_calc import calculator_schema, tool_calc_pairs
 from pyrl.models.tiny import TinyModelSpec, make_tokenizer
-from pyrl.models.warm_start import (ToolCallEvaluator, supervised_warm_start, tool_transfer_warm_start_path,
-                                    tool_warm_start_path)
+from pyrl.models.warm_start import (
+    ToolCallEvaluator,
+    supervised_warm_start,
+    tool_transfer_warm_start_path,
+    tool_warm_start_path,
+)
 
 transformers = pytest.importorskip("transformers")
 

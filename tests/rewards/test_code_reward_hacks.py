@@ -17,11 +17,11 @@ import types
 import numpy as np
 import pytest
 import torch
+from test_code_exec import fenced, fusion  # noqa: F401 - the fusion fixture
 
 import pyrl.sandbox as sandbox
 from pyrl.rewards import assert_cases, code_exec, counts
 from pyrl.rewards.code_exec import HOSTILE, compute_score
-from test_code_exec import fenced, fusion  # noqa: F401 - the fusion fixture
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "sandbox"))
 from sandbox_leftovers import isolation_for, unavailable  # noqa: E402

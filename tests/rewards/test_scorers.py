@@ -1,7 +1,6 @@
 import pytest
 
-from pyrl.rewards import default_compute_score
-from pyrl.rewards import countdown, gsm8k, math_answer
+from pyrl.rewards import countdown, default_compute_score, gsm8k, math_answer
 
 
 def test_gsm8k_strict_and_flexible():

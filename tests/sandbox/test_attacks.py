@@ -36,11 +36,22 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sandbox_leftovers, also when run as a script
 
+from sandbox_leftovers import (  # noqa: E402
+    MODES,
+    adopt_orphans,
+    cgroups,
+    directories,
+    ipc_objects,
+    isolation_for,
+    leftovers,
+    processes,
+    unavailable,
+    using,
+)
+
 import pyrl  # noqa: E402
 import pyrl.sandbox as sandbox  # noqa: E402
 from pyrl.sandbox import SandboxLimits, cgroup  # noqa: E402
-from sandbox_leftovers import (MODES, adopt_orphans, cgroups, directories, ipc_objects,  # noqa: E402
-                               isolation_for, leftovers, processes, unavailable, using)
 
 C, E = "contained", "escapes"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(pyrl.__file__)))

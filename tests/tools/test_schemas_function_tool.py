@@ -10,8 +10,12 @@ from pydantic import ValidationError
 
 from pyrl.tools import function_tool as ft
 from pyrl.tools.function_tool import FunctionTool, function_tool, get_function_tool, normalize_function_tool_return
-from pyrl.tools.schemas import (OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema, OpenAIFunctionToolSchema,
-                                ToolResponse)
+from pyrl.tools.schemas import (
+    OpenAIFunctionCallSchema,
+    OpenAIFunctionParsedSchema,
+    OpenAIFunctionToolSchema,
+    ToolResponse,
+)
 
 
 @pytest.fixture(autouse=True)

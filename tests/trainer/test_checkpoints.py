@@ -7,9 +7,9 @@ import os
 import shutil
 
 import pytest
+from trainer_helpers import SMALL, compose, read_metrics
 
 from pyrl.trainer import checkpoints
-from trainer_helpers import SMALL, compose, read_metrics
 
 
 def fake_checkpoint(run_dir, step: int, critic: bool = False) -> str:

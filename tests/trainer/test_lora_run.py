@@ -5,7 +5,6 @@ and resumes; the merged checkpoint is what the run trained."""
 import os
 
 import pytest
-
 from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read_metrics
 
 LORA = ["actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",

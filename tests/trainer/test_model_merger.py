@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-
 from trainer_helpers import SMALL, compose, run_cli
 
 WITH_HF = "[model,optimizer,extra,hf_model]"

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from trainer_helpers import SMALL, compose, kill_after_checkpoint, read_metrics, run_cli
 
 # hosts the cluster until its stdin closes; prints its address and node ids (head first). The head is big enough

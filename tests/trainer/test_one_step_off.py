@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-
 from trainer_helpers import compose, kill_after_checkpoint, read_metrics, run_cli
 
 ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.train_batch_size=8",

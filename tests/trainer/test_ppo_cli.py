@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from trainer_helpers import SMALL, compose, read_metrics, run_cli
 
 from pyrl.algos import ADV_ESTIMATOR_REGISTRY
 from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
-from trainer_helpers import SMALL, compose, read_metrics, run_cli
 
 STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
              "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from trainer_helpers import SMALL, kill_after_checkpoint, marked_processes, read_metrics, run_cli
 
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
@@ -43,8 +42,9 @@ def test_rerunning_in_a_used_run_directory(tmp_path, ray_session, caplog):
     """Without a checkpoint the same command starts over and metrics.jsonl holds the new run only (not the
     old one with a second run appended); max_actor_ckpt_to_keep keeps the newest checkpoints; with the
     final checkpoint there is nothing left to train."""
-    from pyrl.ppo import run_ppo
     from trainer_helpers import compose
+
+    from pyrl.ppo import run_ppo
 
     args = [*SMALL, "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
             f"trainer.default_local_dir={tmp_path}"]

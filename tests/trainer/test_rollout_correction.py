@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
+from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read_metrics
 
 from pyrl.algos.rollout_correction import apply_rollout_correction, offpolicy_metrics, rollout_probs_diff
 from pyrl.config import RolloutCorrectionConfig
 from pyrl.protocol import DataProto
-from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read_metrics
 
 
 def _inputs(seed=0, rows=5, width=7):

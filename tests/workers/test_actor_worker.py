@@ -4,12 +4,18 @@ import os
 
 import pytest
 import torch
+from worker_helpers import (
+    PROMPT_WIDTH,
+    check_rollout_fields,
+    hf_response_logprobs,
+    make_config,
+    random_batch,
+    rollout_prompts,
+)
 
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers.actor import ActorRolloutRefWorker
 from pyrl.workers.precision import cpu_has_bf16
-from worker_helpers import (PROMPT_WIDTH, check_rollout_fields, hf_response_logprobs, make_config, random_batch,
-                            rollout_prompts)
 
 ROWS = 8
 TRAIN = [

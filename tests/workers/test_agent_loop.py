@@ -11,12 +11,12 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from worker_helpers import hf_response_logprobs, make_config
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.data.tool_calc import TOOL_USE_FROM, tool_calc_pairs, tool_calc_prompt
 from pyrl.protocol import DataProto, left_padded
 from pyrl.workers.actor import ActorRolloutRefWorker
-from worker_helpers import hf_response_logprobs, make_config
 
 PROMPT, RESPONSE = 32, 64
 CALCULATOR = str(importlib.resources.files("pyrl.configs").joinpath("tools/calculator.yaml"))

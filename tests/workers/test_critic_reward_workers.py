@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from worker_helpers import make_config, random_batch
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.workers.critic import CriticWorker
 from pyrl.workers.reward_model import RewardModelWorker
-from worker_helpers import make_config, random_batch
 
 ROWS = 6
 CRITIC = ["critic.optim.lr=0.001", "critic.ppo_mini_batch_size=2", "critic.cliprange_value=0.05"]

@@ -7,11 +7,11 @@ import os
 
 import pytest
 import torch
+from worker_helpers import hf_response_logprobs, make_config, random_batch, rollout_prompts
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.workers import lora
 from pyrl.workers.actor import ActorRolloutRefWorker, load_policy
-from worker_helpers import hf_response_logprobs, make_config, random_batch, rollout_prompts
 
 ROWS, RANK, ALPHA, LR = 8, 4, 8, 0.01
 LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.lora_alpha={ALPHA}",

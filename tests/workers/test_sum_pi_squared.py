@@ -4,11 +4,11 @@ old-log-prob pass with actor.calculate_sum_pi_squared."""
 
 import pytest
 import torch
+from worker_helpers import make_config, random_batch
 
 from pyrl.models import tiny_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.policy import ResponseLogProbs, sum_pi_squared
-from worker_helpers import make_config, random_batch
 
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")

@@ -6,11 +6,11 @@ import sys
 import pytest
 import ray
 import torch
+from worker_helpers import check_rollout_fields, make_config, random_batch, rollout_prompts
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.protocol import DataProto
 from pyrl.workers.actor import ActorRolloutRefWorker
-from worker_helpers import check_rollout_fields, make_config, random_batch, rollout_prompts
 
 pytest.importorskip("vllm")
 
