@@ -76,6 +76,12 @@ def recomputes(model: ModelConfig) -> bool:
     return model.enable_gradient_checkpointing is not False
 
 
+def is_on_policy(actor_config, rollout_n: int, rows: int) -> bool:
+    """Whether an update of `rows` samples takes exactly one optimizer step on each (one epoch, one mini-batch),
+    so that its old log-probs equal its own."""
+    return actor_config.ppo_epochs == 1 and actor_config.ppo_mini_batch_size * rollout_n >= rows
+
+
 @dataclass
 class RolloutCorrectionConfig:
     """verl 0.9.1's algorithm.rollout_correction: correcting for the rollout engine's log-probs differing from the

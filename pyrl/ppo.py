@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
 from pyrl.models import resolve_model_path
+from pyrl.trainer.run_plan import RunPlan, resolve_run_plan, trainer_pool
 from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
@@ -55,14 +56,12 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_s
                          tools_for)
 
 
-def resolve_model_paths(config: PPOConfig) -> None:
-    """Every model and tokenizer path the run uses -> its local directory (hub ids through the Hugging Face cache,
-    pyrl:tiny... made on first use), once, in the driver: a missing model stops the run here, naming its key."""
-    from pyrl.trainer.workers import uses_critic
-
+def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
+    """Every model and tokenizer path the run's roles use -> its local directory (hub ids through the Hugging Face
+    cache, pyrl:tiny... made on first use), once, in the driver: a missing model stops the run here, naming its key."""
     models = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
-    models += [("critic.model", config.critic.model)] if uses_critic(config) else []
-    models += [("reward.reward_model.model_path", config.reward_model.model)] if config.reward.reward_model.enable else []
+    models += [("critic.model", config.critic.model)] if plan.has("critic") else []
+    models += [("reward.reward_model.model_path", config.reward_model.model)] if plan.has("reward_model") else []
     for key, model in models:
         model.path = resolve_model_path(model.path, key if key.endswith("model_path") else f"{key}.path")
         if model.tokenizer_path:
@@ -194,20 +193,20 @@ def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
                     name, size, ranks, size // ranks)
 
 
-def resolve_defaults(config: PPOConfig) -> None:
+def resolve_defaults(config: PPOConfig) -> RunPlan:
     """resolve_settings, then the models' local paths (a hub id is downloaded here, once, before workers start)."""
-    resolve_settings(config)
-    resolve_model_paths(config)
+    plan = resolve_settings(config)
+    resolve_model_paths(config, plan)
+    return plan
 
 
-def resolve_settings(config: PPOConfig) -> None:
-    """Fill what depends on this machine (the toy task files, the rollout engine) and check every
-    value that needs no model or data file."""
-    from pyrl.trainer.checks import check_config
-    from pyrl.trainer.workers import worker_count
+def resolve_settings(config: PPOConfig) -> RunPlan:
+    """Fill what depends on this machine (the toy task files, the rollout engine), check every value that needs no
+    model or data file, and resolve the run's plan (pyrl.trainer.run_plan): what runs where, which passes."""
+    from pyrl.trainer.checks import check_config  # lazy: the checks import torch; the CLI's --help does not need it
 
     migrate_legacy_reward(config)
-    migrate_deprecated_keys(config, worker_count(config.trainer))
+    migrate_deprecated_keys(config, trainer_pool(config.trainer).world_size)
     check_supported(config)
     if not config.actor_rollout_ref.model.path:
         raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "
@@ -229,7 +228,9 @@ def resolve_settings(config: PPOConfig) -> None:
         raise ValueError(f"actor_rollout_ref.rollout.name: {rollout.name!r} is not supported; use vllm or hf")
     apply_rollout_correction_config(config)
     resolve_fast_paths(config)
-    check_config(config)  # names and batch sizes: before any model is downloaded or built
+    plan = resolve_run_plan(config)
+    check_config(config, plan)  # names and batch sizes: before any model is downloaded or built
+    return plan
 
 
 def run_ppo(config: PPOConfig) -> dict:
@@ -241,10 +242,11 @@ def run_ppo(config: PPOConfig) -> dict:
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.actor import load_tokenizer
 
-    resolve_defaults(config)
+    plan = resolve_defaults(config)
+    log.info("%s", plan.describe())
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-    check_models(config, tokenizer)  # lengths and vocabulary against the models, before workers start
-    check_memory_plan(config)  # each phase's peak memory per rank against the device, before workers start
+    check_models(config, plan, tokenizer)  # lengths and vocabulary against the models, before workers start
+    check_memory_plan(config, plan)  # each phase's peak memory per rank against the device, before workers start
     tool_schemas = check_multi_turn(config)  # the tools load here first: a bad tool file stops the run now
     train = prompt_batches(config, tokenizer, config.data.train_files, config.data.train_max_samples, tool_schemas)
     val = prompt_batches(config, tokenizer, config.data.val_files, config.data.val_max_samples, tool_schemas) \
@@ -263,9 +265,9 @@ def run_ppo(config: PPOConfig) -> dict:
         f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
     global WORKERS_STARTED
     WORKERS_STARTED = True
-    workers = build_workers(config)
+    workers = build_workers(config, plan)
     try:
-        trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers)
+        trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers, plan)
         final_val = trainer.fit()
     finally:
         if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends

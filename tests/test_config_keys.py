@@ -225,11 +225,11 @@ def test_batch_sizes_checked_before_workers(overrides, message):
     from trainer.trainer_helpers import compose
 
     from pyrl.trainer.checks import check_batch_sizes
-    from pyrl.trainer.workers import worker_count
+    from pyrl.trainer.run_plan import resolve_run_plan
 
     config = compose("preset=toy", *overrides)
     with pytest.raises(ValueError, match=message):
-        check_batch_sizes(config, worker_count(config.trainer))
+        check_batch_sizes(config, resolve_run_plan(config))
 
 
 def test_lengths_and_vocabulary_checked_against_the_models():
@@ -238,35 +238,39 @@ def test_lengths_and_vocabulary_checked_against_the_models():
 
     from pyrl.models import tiny_model_path
     from pyrl.trainer.checks import check_models
+    from pyrl.trainer.run_plan import resolve_run_plan
+
+    def checked(config, tokenizer):
+        check_models(config, resolve_run_plan(config), tokenizer)
 
     path = tiny_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     config = compose("preset=toy", f"actor_rollout_ref.model.path={path}")
-    check_models(config, tokenizer)  # the toy run fits
+    checked(config, tokenizer)  # the toy run fits
     too_long = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "data.max_response_length=100000")
     with pytest.raises(ValueError, match=r"data.max_prompt_length \+ data.max_response_length = 32 \+ 100000 = 100032 "
                                          r"exceeds actor_rollout_ref.model.path's max_position_embeddings"):
-        check_models(too_long, tokenizer)
+        checked(too_long, tokenizer)
     short_engine = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.rollout.max_model_len=16")
     with pytest.raises(ValueError, match="rollout.max_model_len=16 is shorter than"):
-        check_models(short_engine, tokenizer)
+        checked(short_engine, tokenizer)
     too_split = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
                         "actor_rollout_ref.rollout.tensor_model_parallel_size=4")  # 2 attention heads
     with pytest.raises(ValueError, match="tensor_model_parallel_size=4 does not divide actor_rollout_ref.model.path's "
                                          "2 attention heads"):
-        check_models(too_split, tokenizer)
+        checked(too_split, tokenizer)
     kv_split = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
                        "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
                        "+actor_rollout_ref.model.override_config.num_attention_heads=6",
                        "+actor_rollout_ref.model.override_config.num_key_value_heads=4")
     with pytest.raises(ValueError, match="tensor_model_parallel_size=3 and actor_rollout_ref.model.path's 4 key/value "
                                          "heads .*: one must divide the other"):
-        check_models(kv_split, tokenizer)
-    check_models(compose("preset=toy", f"actor_rollout_ref.model.path={path}",  # 2 heads split, 1 KV head copied
-                         "actor_rollout_ref.rollout.tensor_model_parallel_size=2"), tokenizer)
+        checked(kv_split, tokenizer)
+    checked(compose("preset=toy", f"actor_rollout_ref.model.path={path}",  # 2 heads split, 1 KV head copied
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2"), tokenizer)
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
-        check_models(config, tokenizer)
+        checked(config, tokenizer)
 
 
 @pytest.mark.parametrize("override, message", [

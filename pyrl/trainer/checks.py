@@ -8,23 +8,20 @@ import logging
 
 import torch
 
-from pyrl.trainer.workers import uses_critic, worker_count, workers_per_node
+from pyrl.trainer.one_step_off import check_one_step_off
 from pyrl.verl_features import NotImplementedFeature
 
 log = logging.getLogger("pyrl")
 
 
-def check_config(config) -> None:
-    """What needs no model: run before any model is downloaded or built."""
-    from pyrl.trainer.one_step_off import check_one_step_off
-
-    workers = worker_count(config.trainer)
+def check_config(config, plan) -> None:
+    """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
     check_names(config)
-    check_batch_sizes(config, workers)
+    check_batch_sizes(config, plan)
     check_one_step_off(config)
-    check_rollout_tensor_parallel(config)
+    check_rollout_tensor_parallel(config, plan)
     check_engine_kwargs(config.actor_rollout_ref.rollout)
-    check_fsdp_sizes(config, workers)
+    check_fsdp_sizes(config, plan)
 
 
 def _check_name(key: str, value, known) -> None:
@@ -41,7 +38,7 @@ def check_names(config) -> None:
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
     from pyrl.trainer.tracking import check_backends
-    from pyrl.workers.lora import check_lora_config, uses_lora
+    from pyrl.workers.lora import check_lora_config
     from pyrl.workers.optim import LR_SCHEDULES, OPTIMIZERS
 
     actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
@@ -69,9 +66,6 @@ def check_names(config) -> None:
     check_backends(config.trainer.logger)
     check_lora_config(config.actor_rollout_ref.model, "actor_rollout_ref.model", "CAUSAL_LM")
     check_lora_config(config.critic.model, "critic.model", "TOKEN_CLS")
-    if uses_lora(config.actor_rollout_ref.model) and (actor.use_kl_loss or algorithm.use_kl_in_reward):
-        log.info("actor_rollout_ref.model.lora_rank > 0: the reference policy is the actor with its adapters off (no "
-                 "model of its own), so actor_rollout_ref.ref.fsdp_config is not used")
     if actor.use_prefix_grouper and not config.actor_rollout_ref.model.use_remove_padding:
         raise NotImplementedFeature("prefix sharing on padded batches", "actor_rollout_ref.actor.use_prefix_grouper="
                                     "true with actor_rollout_ref.model.use_remove_padding=false",
@@ -85,7 +79,7 @@ def check_names(config) -> None:
                          "algorithm.rollout_correction.bypass_mode=true skips")
 
 
-def check_fsdp_sizes(config, workers: int) -> None:
+def check_fsdp_sizes(config, plan) -> None:
     """The fsdp_size of each model that runs: -1 (every rank) or a divisor of the trainer's ranks (hybrid
     sharding). (A model that does not run ignores its section, as in verl.)"""
     from pyrl.workers.fsdp import shard_group_size
@@ -93,13 +87,13 @@ def check_fsdp_sizes(config, workers: int) -> None:
     arr = config.actor_rollout_ref
     sections = [("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
                 ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config)]
-    if uses_critic(config):
+    if plan.has("critic"):
         sections.append(("critic.fsdp", config.critic.fsdp))
-    if config.reward.reward_model.enable:
+    if plan.has("reward_model"):
         sections.append(("reward_model.fsdp_config", config.reward_model.fsdp_config))
     for key, section in sections:
         try:
-            shard_group_size(section.fsdp_size, workers)
+            shard_group_size(section.fsdp_size, plan.world_size)
         except ValueError as e:
             raise ValueError(f"{key}.{e} (the trainer's worker processes)") from None
 
@@ -120,10 +114,8 @@ def check_engine_kwargs(rollout) -> None:
                              f"{rollout.name} (actor_rollout_ref.rollout.name): those options would do nothing")
 
 
-def check_rollout_tensor_parallel(config) -> None:
+def check_rollout_tensor_parallel(config, plan) -> None:
     """A tensor-parallel rollout group is TP consecutive ranks on one node sharing one vLLM engine."""
-    from pyrl.trainer.one_step_off import rollout_pool_shape
-
     rollout = config.actor_rollout_ref.rollout
     tp, key = rollout.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
     if tp < 1:
@@ -136,10 +128,8 @@ def check_rollout_tensor_parallel(config) -> None:
         missing = " (vLLM is not installed here, so pyrl chose hf)" if importlib.util.find_spec("vllm") is None else ""
         raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm{missing}: the {rollout.name} engine runs "
                          f"whole in each worker")
-    if config.actor_rollout_ref.hybrid_engine:
-        per_node, where = workers_per_node(config.trainer), "trainer"
-    else:
-        per_node, where = rollout_pool_shape(config)[0], "rollout"
+    pool = plan.rollout_pool or plan.trainer_pool  # the hybrid engine generates in the trainer's workers
+    per_node, where = pool.processes_per_node, pool.name
     if tp > per_node:
         raise NotImplementedFeature("tensor-parallel rollout across nodes", f"{key}={tp} with {per_node} rollout "
                                     f"workers per node ({where}.n_gpus_per_node, or {where}.n_cpu_workers_per_node "
@@ -150,8 +140,9 @@ def check_rollout_tensor_parallel(config) -> None:
                          f"share one engine, on one node)")
 
 
-def check_batch_sizes(config, workers: int) -> None:
+def check_batch_sizes(config, plan) -> None:
     """Every rank gets whole rows and the same number of whole mini-batches (verl checks the same)."""
+    workers = plan.world_size
     n = config.actor_rollout_ref.rollout.n
     train = config.data.train_batch_size
     if train * n % workers:
@@ -171,7 +162,7 @@ def check_batch_sizes(config, workers: int) -> None:
             raise ValueError(f"data.gen_batch_size x actor_rollout_ref.rollout.n = {gen} x {n} = {gen * n} samples do "
                              f"not split over the {workers} worker processes")
     roles = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor.ppo_mini_batch_size)]
-    if uses_critic(config):
+    if plan.has("critic"):
         roles.append(("critic", config.critic.ppo_mini_batch_size))
     for key, mini in roles:
         if mini < 1 or mini > train or train % mini:
@@ -182,7 +173,7 @@ def check_batch_sizes(config, workers: int) -> None:
                              f"do not split over the {workers} worker processes")
 
 
-def check_models(config, tokenizer) -> None:
+def check_models(config, plan, tokenizer) -> None:
     """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
     embeddings (they read the actor's token ids)."""
     from transformers import AutoConfig
@@ -190,9 +181,9 @@ def check_models(config, tokenizer) -> None:
     data = config.data
     length = data.max_prompt_length + data.max_response_length
     models = [("actor_rollout_ref.model", config.actor_rollout_ref.model, True)]
-    if uses_critic(config):
+    if plan.has("critic"):
         models.append(("critic.model", config.critic.model, True))
-    if config.reward.reward_model.enable:
+    if plan.has("reward_model"):
         models.append(("reward_model.model", config.reward_model.model, False))  # may re-tokenize with its own
     for key, model, reads_actor_ids in models:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,

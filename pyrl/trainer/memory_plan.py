@@ -558,20 +558,6 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
 PROBE_TIMEOUT_S = 60.0  # a cluster node's probe task (it waits for a free GPU)
 
 
-def processes_per_node(config) -> int:
-    """The worker processes that share a node's memory: the trainer's ranks, and on CPU the one-step-off rollout's
-    processes beside them (their pool shares the nodes' CPUs with the trainer's, pyrl.trainer.one_step_off; on GPUs
-    each process has a device of its own)."""
-    from pyrl.trainer.one_step_off import rollout_pool_shape
-    from pyrl.trainer.workers import gpus_per_node, workers_per_node
-
-    trainer = config.trainer
-    per_node = workers_per_node(trainer)
-    if gpus_per_node(trainer) == 0 and not config.actor_rollout_ref.hybrid_engine:
-        per_node += rollout_pool_shape(config)[0]
-    return per_node
-
-
 def device_memory(device: str) -> tuple[int, str] | None:
     """(bytes, what they are) on the machine this runs on: the first GPU's memory, or the RAM available now; None
     for "cuda" where torch sees no GPU. Runs in the driver, or in a Ray task on a cluster node (cluster_capacity)."""
@@ -601,7 +587,7 @@ def capacity_of(found: tuple[int, str], device: str, per_node: int, where: str) 
     return Capacity(total // per_node, f"{name} {total / GiB:.1f} GiB{where} / {per_node} process(es) per node")
 
 
-def cluster_capacity(config, device: str, per_node: int) -> Capacity:
+def cluster_capacity(config, run, device: str, per_node: int) -> Capacity:
     """Joins the run's cluster (build_workers finds it joined) and asks the nodes the trainer's pool would take now
     (choose_nodes over their free resources), each with a small Ray task pinned to it (holding a GPU for GPU
     workers): the smallest capacity over them. None when no node can be chosen or a probe does not answer."""
@@ -611,11 +597,10 @@ def cluster_capacity(config, device: str, per_node: int) -> Capacity:
     from pyrl.controller.worker_group import PlacementError, alive_nodes, choose_nodes
     from pyrl.trainer.workers import start_ray
 
-    trainer = config.trainer
     start_ray(config)
     gpus = 1 if device == "cuda" else 0
     try:
-        nodes = choose_nodes(alive_nodes(), [per_node] * trainer.nnodes, 1, gpus,
+        nodes = choose_nodes(alive_nodes(), [per_node] * run.trainer_pool.nnodes, 1, gpus,
                              first=ray.get_runtime_context().get_node_id())
     except PlacementError as e:
         return Capacity(None, f"no node of the cluster to ask: {e}")
@@ -637,27 +622,23 @@ def cluster_capacity(config, device: str, per_node: int) -> Capacity:
     return capacity_of(found[smallest], device, per_node, where)
 
 
-def run_capacity(config, device: str) -> Capacity:
-    """Bytes one worker process may use where the processes will run: on the nodes of the cluster the run joins
-    (trainer.ray_address or $RAY_ADDRESS, Ray's own switch), asked there; otherwise this machine's (a private
-    local Ray), unless it has no GPU for GPU workers."""
-    per_node = processes_per_node(config)
+def run_capacity(config, run) -> Capacity:
+    """Bytes one worker process may use where the processes of `run` (its RunPlan) will run: on the nodes of the
+    cluster the run joins (trainer.ray_address or $RAY_ADDRESS, Ray's own switch), asked there; otherwise this
+    machine's (a private local Ray), unless it has no GPU for GPU workers."""
+    device, per_node = run.trainer_pool.device, run.processes_per_node
     if config.trainer.ray_address or os.environ.get("RAY_ADDRESS"):
-        return cluster_capacity(config, device, per_node)
+        return cluster_capacity(config, run, device, per_node)
     found = device_memory(device)
     if found is None:
         return Capacity(None, "GPU workers, but torch in the driver sees no GPU")
     return capacity_of(found, device, per_node, "")
 
 
-def run_plan(config, capacity: Capacity | None = None) -> MemoryPlan:
-    """The plan of the run `config` (resolved: model paths local) on the devices the workers will get (their
-    `capacity` when it was asked already)."""
+def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
+    """The memory plan of the run `config` (resolved: model paths local) with RunPlan `run`, on the devices the
+    workers will get (their `capacity` when it was asked already)."""
     from transformers import AutoConfig
-
-    from pyrl.trainer.one_step_off import rollout_processes
-    from pyrl.trainer.ppo_trainer import skips_old_log_prob
-    from pyrl.trainer.workers import gpus_per_node, uses_critic, worker_count
 
     def shape(model, kind):
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
@@ -665,36 +646,31 @@ def run_plan(config, capacity: Capacity | None = None) -> MemoryPlan:
         return ModelShape.from_hf_config(hf, kind, model.trust_remote_code, model if kind != "sequence_classification"
                                          else None)
 
-    trainer = config.trainer
-    setting = Setting("cuda" if gpus_per_node(trainer) > 0 else "cpu", worker_count(trainer))
+    setting = Setting(run.trainer_pool.device, run.world_size)
     shapes = {"actor": shape(config.actor_rollout_ref.model, "causal_lm")}
-    critic, rm = uses_critic(config), config.reward.reward_model.enable
+    critic, rm = run.has("critic"), run.has("reward_model")
     if critic:
         shapes["critic"] = shape(config.critic.model, "token_classification")
     if rm:
         shapes["reward_model"] = shape(config.reward_model.model, "sequence_classification")
-    capacity = capacity or run_capacity(config, setting.device)
-    uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
-    runs_old = not skips_old_log_prob(config) and not config.algorithm.rollout_correction.bypass_mode
-    return plan(config, shapes, setting, capacity.bytes, capacity.note, runs_old, uses_ref, critic, rm,
-                rollout_processes(config))
+    capacity = capacity or run_capacity(config, run)
+    return plan(config, shapes, setting, capacity.bytes, capacity.note, run.runs("old_log_prob"), run.has("ref"),
+                critic, rm, run.rollout_pool.world_size if run.rollout_pool else 0)
 
 
-def check_memory_plan(config) -> MemoryPlan | None:
+def check_memory_plan(config, run) -> MemoryPlan | None:
     """trainer.memory_plan: check (log the table; stop when a phase does not fit, naming its knobs), warn (log
-    and go on), off (nothing). First resolve_gradient_checkpointing."""
-    from pyrl.trainer.workers import gpus_per_node
-
+    and go on), off (nothing), for the run's RunPlan `run`. First resolve_gradient_checkpointing."""
     mode = config.trainer.memory_plan
     if mode not in MODES:
         raise ValueError(f"trainer.memory_plan={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "off":
-        resolve_gradient_checkpointing(config, None)
+        resolve_gradient_checkpointing(config, run, None)
         log.info("trainer.memory_plan=off: the memory plan is not checked")
         return None
-    capacity = run_capacity(config, "cuda" if gpus_per_node(config.trainer) > 0 else "cpu")
-    resolve_gradient_checkpointing(config, capacity)
-    result = run_plan(config, capacity)
+    capacity = run_capacity(config, run)
+    resolve_gradient_checkpointing(config, run, capacity)
+    result = memory_plan_of(config, run, capacity)
     log.info("%s", result.table())
     if result.capacity is None:
         log.warning("memory plan: the fit check is skipped, the workers' memory is not visible from the driver (%s)",
@@ -709,7 +685,7 @@ def check_memory_plan(config) -> MemoryPlan | None:
 CHECKPOINTING_HEADROOM = 0.5  # recompute unless every phase fits in this share of the memory per process without
 
 
-def resolve_gradient_checkpointing(config, capacity: Capacity | None) -> None:
+def resolve_gradient_checkpointing(config, run, capacity: Capacity | None) -> None:
     """model.enable_gradient_checkpointing left null (pyrl's default for the actor and critic; verl 0.9.1's is true):
     off where the plan without it keeps every phase within CHECKPOINTING_HEADROOM of `capacity` (the plan is an
     upper bound and leaves out each process's runtime; recomputing every layer's forward in the backward costs about
@@ -725,7 +701,7 @@ def resolve_gradient_checkpointing(config, capacity: Capacity | None) -> None:
     else:
         for _, model in models:
             model.enable_gradient_checkpointing = False
-        peak = max(phase.peak for phase in run_plan(config, capacity).running())
+        peak = max(phase.peak for phase in memory_plan_of(config, run, capacity).running())
         recompute = peak > CHECKPOINTING_HEADROOM * capacity.bytes
         why = (f"the memory plan's largest phase without it, {peak / GiB:.2f} GiB, is "
                f"{'over' if recompute else 'within'} {CHECKPOINTING_HEADROOM:.0%} of {capacity.bytes / GiB:.2f} GiB "

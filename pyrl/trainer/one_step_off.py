@@ -35,75 +35,6 @@ from pyrl.trainer import metrics as M
 log = logging.getLogger("pyrl")
 
 
-def rollout_pool_shape(config) -> tuple[int, int]:
-    """(rollout processes per node, GPUs per process) from the top-level rollout section. n_gpus_per_node -1: the
-    GPUs this machine has beyond trainer.n_gpus_per_node (none on a machine without GPUs: CPU workers)."""
-    from pyrl.trainer.workers import gpus_per_node
-
-    pool, trainer = config.rollout, config.trainer
-    trainer_gpus = gpus_per_node(trainer)
-    gpus = pool.n_gpus_per_node
-    if gpus < 0:
-        import torch
-
-        machine = torch.cuda.device_count() if trainer.device in ("auto", "cuda") else 0
-        gpus = machine - trainer_gpus if machine else 0
-        if machine and gpus < 1:
-            raise ValueError(f"rollout.n_gpus_per_node=-1 takes this machine's GPUs beyond trainer.n_gpus_per_node="
-                             f"{trainer_gpus}, and it has {machine}: none are left for the rollout; set both keys")
-    if (gpus > 0) != (trainer_gpus > 0):
-        raise ValueError(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} and trainer.n_gpus_per_node="
-                         f"{trainer.n_gpus_per_node}: the rollout and the trainer run both on GPUs or both on CPU")
-    per_node = gpus if gpus > 0 else pool.n_cpu_workers_per_node
-    if per_node < 1:
-        raise ValueError("rollout.n_cpu_workers_per_node must be >= 1 when the rollout runs on CPU")
-    if pool.nnodes < 1:
-        raise ValueError(f"rollout.nnodes={pool.nnodes}: the rollout needs at least one node")
-    return per_node, 1 if gpus > 0 else 0
-
-
-def rollout_processes(config) -> int:
-    """The rollout's own worker processes over all its nodes (0 with the hybrid engine)."""
-    return 0 if config.actor_rollout_ref.hybrid_engine else rollout_pool_shape(config)[0] * config.rollout.nnodes
-
-
-def shared_cpus_per_process(config, trainer_per_node: int) -> int:
-    """CPUs of each worker process when the rollout's processes share the driver's node with the trainer's (the
-    pools place their first node there): the node's CPUs over both counts."""
-    import ray
-
-    here = ray.get_runtime_context().get_node_id()
-    cpus = next(node["Resources"].get("CPU", 1) for node in ray.nodes() if node["NodeID"] == here)
-    return max(1, int(cpus // (trainer_per_node + rollout_pool_shape(config)[0])))
-
-
-def rollout_resource_pool(config, cpus_per_process: int):
-    """The rollout's own pool: rollout.nnodes distinct nodes with rollout_pool_shape's processes each (not yet
-    placed; pyrl.trainer.workers.place puts it after the trainer's, on the nodes with room left)."""
-    from pyrl.controller import ResourcePool
-
-    per_node, gpus = rollout_pool_shape(config)
-    return ResourcePool([per_node] * config.rollout.nnodes, gpus_per_process=gpus, cpus_per_process=cpus_per_process)
-
-
-def build_rollout_workers(config, pool, env: dict):
-    """The rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on their pool
-    (rollout_resource_pool); each generates its share of a batch alone, so they form no process group, unless
-    rollout.tensor_model_parallel_size > 1 makes groups of them share an engine."""
-    from pyrl.controller import WorkerGroup
-    from pyrl.workers.actor import ActorRolloutRefWorker
-
-    gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
-    env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
-    tensor_parallel = config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
-    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", group_name="rollout",
-                        init_distributed=tensor_parallel, env=env, dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
-    group.init_model()
-    log.info("rollout workers (one-step-off-policy): %d process(es) x %s", pool.world_size,
-             f"{gpus} GPU" if gpus else f"CPU ({cpus} thread(s))")
-    return group
-
-
 def check_one_step_off(config) -> None:
     """What actor_rollout_ref.hybrid_engine and the rollout section ask for, checked before any worker starts:
     the rollout section only means something without the hybrid engine, and one-step-off needs the rollout's
@@ -127,7 +58,6 @@ def check_one_step_off(config) -> None:
         raise ValueError("actor_rollout_ref.hybrid_engine=false trains on samples one update older than the policy: "
                          "set actor_rollout_ref.rollout.calculate_log_probs=true so that their log-probs are kept "
                          "(algorithm.rollout_correction weights them; verl's one_step_off_ppo_trainer sets it)")
-    rollout_pool_shape(config)
 
 
 class WeightPush:

@@ -19,12 +19,12 @@ from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_prob
 from pyrl.config import generation_batch_size
 from pyrl.controller import WorkerError
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
+from pyrl.seeding import derive_seed
 from pyrl.trainer import checkpoints
 from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
-from pyrl.workers.actor import is_on_policy
 from pyrl.workers.checkpoint import save_failed
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
 
@@ -135,20 +135,6 @@ def filter_groups(batch: DataProto, metric: str) -> DataProto:
     return batch.select_idxs(keep)
 
 
-def skips_old_log_prob(config) -> bool:
-    """Each sample is used by exactly one optimizer step and nothing needs the old log-probs before the update
-    (the KL in the reward, the optimal token baseline, rollout correction's IS weights or rejection): the
-    old-log-prob forward is skipped, the update's own log-probs serve. With the rollout engine's log-probs
-    (rollout.calculate_log_probs), the update returns its own, taken before its optimizer step, and the
-    rollout-vs-trainer metrics come from them (the same numbers the extra pass would give)."""
-    algorithm, rollout_n = config.algorithm, config.actor_rollout_ref.rollout.n
-    correction = algorithm.rollout_correction
-    return (is_on_policy(config.actor_rollout_ref.actor, rollout_n, config.data.train_batch_size * rollout_n)
-            and not algorithm.use_kl_in_reward and algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS
-            and not (correction.rollout_is or correction.rollout_rs))
-
-
-
 class RunStopped(SystemExit):
     """The run stopped (a worker failed, Ctrl-C) with `line` to say so: pyrl.ppo.cli prints it last, after the
     workers and Ray are gone (their own late output would otherwise follow it)."""
@@ -167,16 +153,16 @@ def training_steps(config, train_prompts: int) -> int:
 
 
 class PPOTrainer:
-    def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers):
+    def __init__(self, config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, workers, plan):
         """workers: pyrl.trainer.workers.Workers (the actor/rollout/ref group, or the actor/ref and the rollout groups,
-        and optional critic / reward model)."""
-        self.config, self.tokenizer = config, tokenizer
+        and optional critic / reward model); plan: the run's RunPlan (pyrl.trainer.run_plan), which says which of
+        them run and which passes a step makes."""
+        self.config, self.tokenizer, self.plan = config, tokenizer, plan
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.workers = workers
         algorithm = config.algorithm
-        self.use_critic = workers.critic is not None
-        self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward
+        self.use_critic = plan.has("critic")
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
         self.run_dir = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
@@ -188,17 +174,12 @@ class PPOTrainer:
         self.total_steps = training_steps(config, len(train_dataset))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.correction = algorithm.rollout_correction
-        self.on_policy = skips_old_log_prob(config)
         # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers (pyrl.trainer.one_step_off)
         self.weight_push = self.one_step_off = None
-        if not config.actor_rollout_ref.hybrid_engine:
+        if plan.rollout_pool is not None:
             self.weight_push = WeightPush(workers.actor, workers.rollout)
             self.one_step_off = OneStepOff(self.collect_step_batch, lambda: {"perf/update_weights_bytes": self.push_weights()},
                                            self.total_steps)
-        if self.on_policy:
-            log.info("on-policy update (actor.ppo_epochs=1, one mini-batch): the old-log-prob pass is skipped, the "
-                     "update's own log-probs serve as old_log_probs%s", " and give the rollout-vs-trainer metrics"
-                     if config.actor_rollout_ref.rollout.calculate_log_probs else "")
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
@@ -219,7 +200,8 @@ class PPOTrainer:
         did. The workers' metrics (perf/mfu/gen) go into `metrics` when given."""
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"n": rollout.n, "temperature": rollout.temperature,
-                "seed": rollout.seed + 7919 * (self.global_steps if step is None else step) + 1_000_003 * refill,
+                "seed": derive_seed(self.plan.seed, "rollout", step=self.global_steps if step is None else step,
+                                    refill=refill),
                 # the agent loop renders appended messages as the dataset rendered the prompts
                 "apply_chat_template_kwargs": dict(self.config.data.apply_chat_template_kwargs)}
         meta.update(overrides)
@@ -307,7 +289,7 @@ class PPOTrainer:
             metrics.update(balance_batch(batch, self.workers.world_size, cfg.actor_rollout_ref.actor.use_prefix_grouper))
         if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-        elif not self.on_policy:  # on-policy, the update's own log-probs are the old ones (and give actor/entropy)
+        elif self.plan.runs("old_log_prob"):  # else the update's own log-probs are the old ones (and give entropy)
             with M.timer("old_log_prob", timing):
                 old = actor.compute_log_prob(packed_tokens(batch))
                 metrics.update(M.reduce_metrics(old.meta_info.pop("metrics")))
@@ -318,12 +300,12 @@ class PPOTrainer:
                 batch.union(old.select([key for key in ("old_log_probs", "sum_pi_squared") if key in old.batch]))
             if "rollout_log_probs" in batch.batch:  # weights pushed intact: both engines give the same log-probs
                 metrics.update(rollout_vs_trainer(batch))
-        if self.use_ref:
+        if self.plan.runs("ref"):
             with M.timer("ref", timing):
                 ref = actor.compute_ref_log_prob(packed_tokens(batch))
                 metrics.update(M.reduce_metrics(ref.meta_info.pop("metrics")))
                 batch.union(ref)
-        if self.use_critic:
+        if self.plan.runs("values"):
             with M.timer("values", timing):
                 batch.union(self.workers.critic.compute_values(packed_tokens(batch)))
         with M.timer("adv", timing):
@@ -334,7 +316,7 @@ class PPOTrainer:
             if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch and not self.correction.bypass_mode:
                 metrics.update(apply_rollout_correction(batch, self.correction))  # IS weights, rejections: before
             metrics.update(compute_advantage(batch, algorithm))
-        if self.use_critic:
+        if self.plan.runs("update_critic"):
             with M.timer("update_critic", timing):
                 metrics.update(M.reduce_metrics(self.workers.critic.update_critic(packed_tokens(batch)).meta_info["metrics"]))
         if cfg.trainer.critic_warmup <= self.global_steps:
@@ -368,7 +350,7 @@ class PPOTrainer:
             batch = self.val_dataset.batch(indices, self.pad_token_id)
             batch.non_tensor_batch["uid"] = np.asarray([f"val-{i}" for i in indices], dtype=object)
             out = self.generate(batch, n=val.n, temperature=val.temperature, top_k=val.top_k, top_p=val.top_p,
-                                do_sample=val.do_sample, seed=self.config.actor_rollout_ref.rollout.seed)
+                                do_sample=val.do_sample, seed=self.plan.seed)
             token_scores, extra, _ = self.val_reward_fn(out)
             sequence_scores = token_scores.sum(-1)
             batch_infos.append((len(out), {"reward": sequence_scores.tolist(), **extra}))

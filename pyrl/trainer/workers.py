@@ -1,8 +1,8 @@
-"""Placing the workers: one resource pool over the nodes; the actor, rollout and reference share each
-process (the hybrid engine); the critic and the reward model are processes colocated on the same
-bundles. trainer.n_gpus_per_node=0 gives CPU workers on gloo (trainer.n_cpu_workers_per_node of them).
-Without the hybrid engine (actor_rollout_ref.hybrid_engine=false) the rollout has a pool and workers of its own
-(pyrl.trainer.one_step_off)."""
+"""Placing the workers as the RunPlan says (pyrl.trainer.run_plan): one resource pool over the trainer's nodes; the
+actor, rollout and reference share each process (the hybrid engine); the critic and the reward model are processes
+colocated on the same bundles. trainer.n_gpus_per_node=0 gives CPU workers on gloo (trainer.n_cpu_workers_per_node
+of them). Without the hybrid engine (actor_rollout_ref.hybrid_engine=false) the rollout has a pool and workers of
+its own, placed after the trainer's (pyrl.trainer.one_step_off runs them)."""
 
 from __future__ import annotations
 
@@ -31,33 +31,6 @@ class Workers:
         for group in (self.reward_model, self.critic, self.actor, self.rollout):
             if group is not None:
                 group.kill()
-
-
-def gpus_per_node(trainer_config) -> int:
-    if trainer_config.n_gpus_per_node >= 0:
-        return trainer_config.n_gpus_per_node
-    import torch
-
-    return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
-
-
-def workers_per_node(trainer_config) -> int:
-    """The trainer's worker processes on each node: a GPU each, or n_cpu_workers_per_node."""
-    gpus = gpus_per_node(trainer_config)
-    per_node = gpus if gpus > 0 else trainer_config.n_cpu_workers_per_node
-    if per_node < 1:
-        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
-    return per_node
-
-
-def worker_count(trainer_config) -> int:
-    """Worker processes (data-parallel ranks) over all nodes."""
-    return workers_per_node(trainer_config) * trainer_config.nnodes
-
-
-def uses_critic(config) -> bool:
-    """critic.enable, or (None) exactly when the estimator is gae."""
-    return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
 
 
 def place(pool, section, prefix: str = "trainer") -> None:
@@ -121,44 +94,65 @@ def start_ray(config, processes: int = 1) -> None:
     init_ray(config.trainer.ray_address, num_cpus=num_cpus, **ray_init)
 
 
-def build_workers(config) -> Workers:
-    import torch
+def shared_cpus_per_process(plan) -> int:
+    """CPUs of each worker process when the rollout's processes share the driver's node with the trainer's (the
+    pools place their first node there): the node's CPUs over both counts."""
+    import ray  # lazy: ray starts only with the workers
 
-    from pyrl.controller import ResourcePool, WorkerGroup
-    from pyrl.trainer.one_step_off import (
-        build_rollout_workers,
-        rollout_processes,
-        rollout_resource_pool,
-        shared_cpus_per_process,
-    )
-    from pyrl.workers.actor import ActorRolloutRefWorker
-    from pyrl.workers.critic import CriticWorker
-    from pyrl.workers.perf import peak_flops
-    from pyrl.workers.reward_model import RewardModelWorker
+    here = ray.get_runtime_context().get_node_id()
+    cpus = next(node["Resources"].get("CPU", 1) for node in ray.nodes() if node["NodeID"] == here)
+    return max(1, int(cpus // (plan.trainer_pool.processes_per_node + plan.rollout_pool.processes_per_node)))
 
-    trainer = config.trainer
-    gpus = gpus_per_node(trainer)
-    use_critic = uses_critic(config)
-    use_rm = config.reward.reward_model.enable
+
+def build_rollout_workers(config, pool, env: dict):
+    """The one-step-off rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on their own pool;
+    each generates its share of a batch alone, so they form no process group, unless
+    rollout.tensor_model_parallel_size > 1 makes groups of them share an engine."""
+    from pyrl.controller import WorkerGroup  # lazy: ray starts only with the workers
+    from pyrl.workers.actor import ActorRolloutRefWorker  # lazy: torch and the model code load with the workers
+
+    gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
+    env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
+    tensor_parallel = config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
+    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", group_name="rollout",
+                        init_distributed=tensor_parallel, env=env, dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
+    group.init_model()
+    return group
+
+
+def build_workers(config, plan) -> Workers:
+    """The worker groups of `plan` (a RunPlan), placed and initialized."""
+    import torch  # lazy: torch and the model code load with the workers
+
+    from pyrl.controller import ResourcePool, WorkerGroup  # lazy: ray starts only with the workers
+    from pyrl.workers.actor import ActorRolloutRefWorker  # lazy: torch and the model code load with the workers
+    from pyrl.workers.critic import CriticWorker  # lazy: as above
+    from pyrl.workers.perf import peak_flops  # lazy: as above
+    from pyrl.workers.reward_model import RewardModelWorker  # lazy: as above
+
+    trainer = plan.trainer_pool
+    use_critic, use_rm = plan.has("critic"), plan.has("reward_model")
     groups = 1 + use_critic + use_rm
-    per_node = workers_per_node(trainer)
-    processes = per_node * trainer.nnodes + rollout_processes(config)  # the rollout's own workers too
-    start_ray(config, processes)
+    rollout_processes = plan.rollout_pool.world_size if plan.rollout_pool else 0
+    start_ray(config, trainer.world_size + rollout_processes)  # the rollout's own workers too
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
-    pool = ResourcePool([per_node] * trainer.nnodes, gpus_per_process=1 if gpus > 0 else 0, cpus_per_process=None,
-                        max_colocate_count=groups)
-    if not config.actor_rollout_ref.hybrid_engine:  # the rollout's processes share the nodes' CPUs
-        pool.cpus_per_process = shared_cpus_per_process(config, per_node)
-    place(pool, trainer)
+    pool = ResourcePool([trainer.processes_per_node] * trainer.nnodes, gpus_per_process=trainer.gpus_per_process,
+                        cpus_per_process=None, max_colocate_count=groups)
+    if plan.rollout_pool is not None:  # the rollout's processes share the nodes' CPUs
+        pool.cpus_per_process = shared_cpus_per_process(plan)
+    place(pool, config.trainer)
     rollout_pool = None
-    if not config.actor_rollout_ref.hybrid_engine:  # placed now too, on what the trainer's pool leaves free
-        rollout_pool = rollout_resource_pool(config, pool.cpus_per_process)
+    if plan.rollout_pool is not None:  # placed now too, on what the trainer's pool leaves free
+        shape = plan.rollout_pool
+        rollout_pool = ResourcePool([shape.processes_per_node] * shape.nnodes, gpus_per_process=shape.gpus_per_process,
+                                    cpus_per_process=pool.cpus_per_process)
         try:
             place(rollout_pool, config.rollout, "rollout")
         except ValueError:
             pool.release()
             raise
     world = pool.world_size
+    gpus = trainer.gpus_per_process
     if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
         for dtype in (torch.float32, torch.bfloat16):
@@ -168,10 +162,7 @@ def build_workers(config) -> Workers:
     if gpus == 0:
         env["OMP_NUM_THREADS"] = threads_per_process(pool, groups)
     group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
-    role = "actor_rollout_ref" if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) \
-        else "actor_rollout"
-    if not config.actor_rollout_ref.hybrid_engine:  # the rollout runs in workers of its own
-        role = role.replace("_rollout", "")
+    role = plan.actor_group
     actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, group_name=role, **group_options)
     for line in actor.describe_placements():
         log.info("placement: %s", line)
@@ -185,7 +176,5 @@ def build_workers(config) -> Workers:
         reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path,
                                    group_name="reward_model", **group_options)
         reward_model.init_model()
-    log.info("workers: %d process(es) x %s, roles %s%s%s", world, f"{gpus} GPU(s)" if gpus else "CPU (gloo)", role,
-             " + critic" if use_critic else "", " + reward model" if use_rm else "")
     rollout = None if rollout_pool is None else build_rollout_workers(config, rollout_pool, env)
     return Workers(actor, critic, reward_model, world, pool, rollout)

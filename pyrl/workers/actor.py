@@ -18,12 +18,13 @@ import torch
 
 from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
-from pyrl.config import recomputes
+from pyrl.config import is_on_policy, recomputes
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.interactions.registry import initialize_interactions_from_config
 from pyrl.models import varlen_attention
 from pyrl.models.hub import model_dir, resolve_model_path  # noqa: F401 - the critic and reward model workers import them from here
 from pyrl.protocol import DataProto
+from pyrl.seeding import derive_seed
 from pyrl.tools.tool_registry import load_all_tools
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
@@ -66,12 +67,6 @@ def load_policy(model_config):
 
 
 ROW = "_update_row"  # update_actor's own column: each row's place in its batch
-
-
-def is_on_policy(actor_config, rollout_n: int, rows: int) -> bool:
-    """Whether an update of `rows` samples takes exactly one optimizer step on each (one epoch, one mini-batch),
-    so that its old log-probs equal its own."""
-    return actor_config.ppo_epochs == 1 and actor_config.ppo_mini_batch_size * rollout_n >= rows
 
 
 class ActorRolloutRefWorker(Worker):
@@ -123,12 +118,13 @@ class ActorRolloutRefWorker(Worker):
                 self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp, self.config.nccl_timeout)
             # the ranks of a tensor-parallel group share one engine, seeded as their leader's
             engine_rank = self.tp_group.leader if self.tp_group else self.rank
-            rollout = dataclasses.replace(self.config.rollout, seed=self.config.rollout.seed + engine_rank)
+            rollout = dataclasses.replace(self.config.rollout,
+                                          seed=derive_seed(self.config.rollout.seed, "engine", rank=engine_rank))
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
                                       self.tp_group.name if self.tp_group else "")
             if self.tp_group is not None and self.tp_group.is_leader:
                 self.engine = LeaderEngine(self.engine, self.tp_group)
-        torch.manual_seed(self.config.actor.data_loader_seed + self.rank)
+        torch.manual_seed(derive_seed(self.config.actor.data_loader_seed, "dropout", rank=self.rank))
 
     # ---- rollout ----
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -191,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
         prompts = parts[0] if len(parts) == 1 else DataProto.concat(parts)
         spec = SamplingSpec.from_config(self.config.rollout, prompts.meta_info)
         if spec.seed is not None:  # each rank (group) draws its own samples
-            spec = dataclasses.replace(spec, seed=spec.seed + 15_485_863 * self.rank)  # not the trainer's refill stride
+            spec = dataclasses.replace(spec, seed=derive_seed(spec.seed, "rank", rank=self.rank))
         start = time.perf_counter()
         masks, trajectories = None, None
         ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])

@@ -11,6 +11,7 @@ from pyrl import ops
 from pyrl.config import recomputes
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
+from pyrl.seeding import derive_seed
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim
 from pyrl.workers.actor import load_tokenizer, model_dir, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
@@ -70,7 +71,7 @@ class CriticWorker(Worker):
         self.peft_model = None
         if lora.uses_lora(self.config.model):  # adapters on the body; the new value head trains whole
             self.peft_model = lora.add_adapters(self.value_model, self.config.model, "TOKEN_CLS", "critic.model")
-        torch.manual_seed(self.config.data_loader_seed + self.rank)
+        torch.manual_seed(derive_seed(self.config.data_loader_seed, "dropout", rank=self.rank))
         self.critic = ResponseValues(self.value_model)
         self.compute_dtype = fsdp.fsdp_wrap(self.critic, self.critic.body.layers, self.config.fsdp, self.device)
         self.optimizer = optim.build_optimizer([p for p in self.critic.parameters() if p.requires_grad],

@@ -383,6 +383,7 @@ def test_trainer_refuses_the_optimal_token_baseline_without_sum_pi_squared():
     from pyrl.config import PPOConfig
     from pyrl.trainer.checks import check_names
     from pyrl.trainer.ppo_trainer import PPOTrainer
+    from pyrl.trainer.run_plan import resolve_run_plan
 
     config = OmegaConf.to_object(OmegaConf.structured(PPOConfig))  # resolved, as the command line gives it
     config.algorithm.adv_estimator = "tir_optimal_token_baseline"
@@ -394,5 +395,5 @@ def test_trainer_refuses_the_optimal_token_baseline_without_sum_pi_squared():
         check_names(config)
     config.actor_rollout_ref.actor.calculate_sum_pi_squared = True
     check_names(config)
-    trainer = PPOTrainer(config, tokenizer, list(range(4)), None, None, None, workers)
-    assert not trainer.on_policy  # the baseline needs the old-log-prob pass before the update
+    trainer = PPOTrainer(config, tokenizer, list(range(4)), None, None, None, workers, resolve_run_plan(config))
+    assert trainer.plan.runs("old_log_prob")  # the baseline needs the old-log-prob pass before the update

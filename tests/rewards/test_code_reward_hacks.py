@@ -403,6 +403,7 @@ def test_a_grpo_step_never_rewards_the_early_exit():
 
     from pyrl.rewards.managers import load_reward_manager
     from pyrl.trainer.ppo_trainer import PPOTrainer, compute_advantage
+    from pyrl.trainer.run_plan import resolve_run_plan
 
     config = compose("preset=toy", "algorithm.adv_estimator=grpo", "data.train_batch_size=1",
                      "actor_rollout_ref.rollout.n=4", "reward.num_workers=1", "trainer.total_training_steps=1")
@@ -412,7 +413,7 @@ def test_a_grpo_step_never_rewards_the_early_exit():
     workers = types.SimpleNamespace(critic=None, reward_model=None, actor=None, world_size=1,
                                     rollout=OneBatchRollout(tokenizer, responses, truth))
     trainer = PPOTrainer(config, tokenizer, PromptsDataset(1), None, load_reward_manager(config, tokenizer),
-                         None, workers)
+                         None, workers, resolve_run_plan(config))
     timing, metrics = {}, {}
     batch = trainer.collect_batch(timing, metrics)  # sample prompts, generate, score: the step's reward stage
     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # train_step without KL in the reward

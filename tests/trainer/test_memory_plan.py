@@ -14,6 +14,7 @@ import memory_measure  # noqa: E402
 from trainer_helpers import SMALL, compose, run_cli  # noqa: E402
 
 from pyrl.trainer import memory_plan as mp  # noqa: E402
+from pyrl.trainer.run_plan import resolve_run_plan  # noqa: E402
 
 # hidden 64, 2 layers, 2 heads of 32, 1 KV head, intermediate 128, vocab 100, untied head
 TINY = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -172,13 +173,13 @@ def test_warn_mode_logs_and_goes_on(caplog):
     from pyrl.trainer.memory_plan import check_memory_plan
 
     config = compose(*SMALL, *IMPOSSIBLE, "trainer.memory_plan=warn")
-    resolve_defaults(config)
+    plan = resolve_defaults(config)
     with caplog.at_level("WARNING", logger="pyrl"):
-        result = check_memory_plan(config)
+        result = check_memory_plan(config, plan)
     assert [p.name for p in result.over()] and "trainer.memory_plan=warn" in caplog.text
     config.trainer.memory_plan = "sometimes"
     with pytest.raises(ValueError, match="trainer.memory_plan='sometimes': expected one of check, warn, off"):
-        check_memory_plan(config)
+        check_memory_plan(config, plan)
 
 
 ONE_STEP_OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
@@ -250,12 +251,12 @@ def test_cpu_processes_share_the_nodes_ram_with_the_rollouts(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = compose("preset=toy", *ONE_STEP_OFF, "trainer.n_cpu_workers_per_node=2", "rollout.n_cpu_workers_per_node=3")
-    assert mp.processes_per_node(config) == 5
-    capacity = mp.run_capacity(config, "cpu")
+    assert resolve_run_plan(config).processes_per_node == 5
+    capacity = mp.run_capacity(config, resolve_run_plan(config))
     assert "/ 5 process(es) per node" in capacity.note
     assert capacity.bytes == pytest.approx(psutil.virtual_memory().available / 5, rel=0.2)
     hybrid = compose("preset=toy", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2")
-    assert mp.processes_per_node(hybrid) == 2
+    assert resolve_run_plan(hybrid).processes_per_node == 2
 
 
 def test_gpu_workers_from_a_driver_without_cuda_log_the_plan_and_skip_the_check(caplog, monkeypatch):
@@ -270,9 +271,9 @@ def test_gpu_workers_from_a_driver_without_cuda_log_the_plan_and_skip_the_check(
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = compose(*SMALL, *IMPOSSIBLE, "trainer.n_gpus_per_node=8")
-    resolve_defaults(config)
+    plan = resolve_defaults(config)
     with caplog.at_level("INFO", logger="pyrl"):
-        result = mp.check_memory_plan(config)
+        result = mp.check_memory_plan(config, plan)
     assert result.capacity is None and result.over() == []
     assert "memory plan per process (GPU workers, but torch in the driver sees no GPU)" in caplog.text
     assert "the fit check is skipped, the workers' memory is not visible from the driver" in caplog.text
@@ -288,14 +289,14 @@ def test_a_run_joining_a_cluster_asks_the_nodes(ray_session):
     node = ray_session.get_runtime_context().get_node_id()
     config = compose("preset=toy", "trainer.ray_address=auto", "trainer.n_gpus_per_node=0",
                      "trainer.n_cpu_workers_per_node=2")
-    capacity = mp.run_capacity(config, "cpu")
+    capacity = mp.run_capacity(config, resolve_run_plan(config))
     assert f"on node {node[:8]} (" in capacity.note and capacity.note.endswith("probed / 2 process(es) per node")
     assert capacity.bytes == pytest.approx(psutil.virtual_memory().available / 2, rel=0.2)
     config.trainer.nnodes = 2
-    capacity = mp.run_capacity(config, "cpu")
+    capacity = mp.run_capacity(config, resolve_run_plan(config))
     assert capacity.bytes is None and "no node of the cluster to ask: 2 distinct node(s) wanted" in capacity.note
     config.trainer.nnodes, config.trainer.n_gpus_per_node = 1, 8
-    assert mp.run_capacity(config, "cuda").bytes is None
+    assert mp.run_capacity(config, resolve_run_plan(config)).bytes is None
 
 
 def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
@@ -307,15 +308,15 @@ def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
     from pyrl.ppo import resolve_defaults
 
     config = compose(*SMALL, "algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=null")
-    resolve_defaults(config)
+    plan = resolve_defaults(config)
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing is None
     assert config.critic.model.enable_gradient_checkpointing is None
     without = copy.deepcopy(config)
     without.actor_rollout_ref.model.enable_gradient_checkpointing = without.critic.model.enable_gradient_checkpointing = False
-    peak = max(p.peak for p in mp.run_plan(without, mp.Capacity(1 << 50, "all")).running())
+    peak = max(p.peak for p in mp.memory_plan_of(without, plan, mp.Capacity(1 << 50, "all")).running())
     with_it = copy.deepcopy(without)
     with_it.actor_rollout_ref.model.enable_gradient_checkpointing = with_it.critic.model.enable_gradient_checkpointing = True
-    update = lambda c: next(p.peak for p in mp.run_plan(c, mp.Capacity(1 << 50, "all")).phases  # noqa: E731
+    update = lambda c: next(p.peak for p in mp.memory_plan_of(c, plan, mp.Capacity(1 << 50, "all")).phases  # noqa: E731
                             if p.name == "update_actor")
     assert update(with_it) < update(without)  # it saves memory where it is on
     for capacity, recompute in ((mp.Capacity(int(2.1 * peak), "roomy"), False),
@@ -324,7 +325,7 @@ def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
         run = copy.deepcopy(config)
         with caplog.at_level("INFO", logger="pyrl"):
             caplog.clear()
-            mp.resolve_gradient_checkpointing(run, capacity)
+            mp.resolve_gradient_checkpointing(run, plan, capacity)
         assert run.actor_rollout_ref.model.enable_gradient_checkpointing is recompute, capacity
         assert run.critic.model.enable_gradient_checkpointing is recompute, capacity
         assert f"gradient checkpointing {'on' if recompute else 'off'}" in caplog.text
@@ -332,6 +333,6 @@ def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
             in caplog.text
     explicit = copy.deepcopy(config)
     explicit.actor_rollout_ref.model.enable_gradient_checkpointing = True
-    mp.resolve_gradient_checkpointing(explicit, mp.Capacity(1 << 50, "all"))
+    mp.resolve_gradient_checkpointing(explicit, plan, mp.Capacity(1 << 50, "all"))
     assert explicit.actor_rollout_ref.model.enable_gradient_checkpointing is True  # kept
     assert explicit.critic.model.enable_gradient_checkpointing is False  # null: the plan's choice

@@ -249,10 +249,11 @@ def test_a_grpo_run_with_two_ranks_sharing_a_tensor_parallel_vllm_engine(tmp_pat
 ])
 def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, message):
     from pyrl.trainer.checks import check_config
+    from pyrl.trainer.run_plan import resolve_run_plan
 
     config = compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides)
     with pytest.raises(ValueError, match=message):
-        check_config(config)
+        check_config(config, resolve_run_plan(config))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -263,15 +264,19 @@ def test_rollout_tensor_parallelism_that_cannot_run_stops_at_start(overrides, me
 ])
 def test_fsdp_sizes_that_do_not_divide_the_ranks_stop_at_start(overrides, message):
     from pyrl.trainer.checks import check_config
+    from pyrl.trainer.run_plan import resolve_run_plan
+
+    def checked(config):
+        check_config(config, resolve_run_plan(config))
 
     with pytest.raises(ValueError, match=message):
-        check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides))
+        checked(compose(*SMALL, "trainer.n_gpus_per_node=0", *overrides))
     for size in (-1, 1, 2, 8):  # verl's readings: every rank; groups of 1 or 2; at least the world: every rank
-        check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
-                             "algorithm.adv_estimator=gae", f"critic.fsdp.fsdp_size={size}"))
+        checked(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
+                        "algorithm.adv_estimator=gae", f"critic.fsdp.fsdp_size={size}"))
     # a model that does not run ignores its section, as in verl (grpo: no critic)
-    check_config(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
-                         "critic.fsdp.fsdp_size=0"))
+    checked(compose(*SMALL, "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
+                    "critic.fsdp.fsdp_size=0"))
 
 
 def test_verl_command_lines_are_accepted():

@@ -178,9 +178,9 @@ def test_bad_sampling_fails_on_every_rank_and_the_group_goes_on(vllm_group):
 
 
 def test_seeded_samples_draw_distinct_streams(ray_session):
-    """A seeded call gives sample k (prompt i's j-th of n) the seed + k: the same prompt twice with n=3 gives six
-    different samples from the untrained model (nearly uniform over its vocabulary), and the call repeated gives
-    the same six."""
+    """A seeded call gives prompt i a seed derived from the call's and its j-th sample that seed + j: the same
+    prompt twice with n=3 gives six different samples from the untrained model (nearly uniform over its
+    vocabulary), and the call repeated gives the same six."""
     config = make_config(*CONFIG_OVERRIDES, "actor_rollout_ref.rollout.load_format=auto")
     wg = WorkerGroup(ResourcePool([1]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor_rollout")
     try:

@@ -32,6 +32,7 @@ from typing import Any
 from uuid import uuid4
 
 from pyrl.sandbox import SandboxUnavailable
+from pyrl.seeding import derive_seed
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 log = logging.getLogger("pyrl")
@@ -39,7 +40,6 @@ log = logging.getLogger("pyrl")
 SINGLE_TURN, TOOL_AGENT = "single_turn_agent", "tool_agent"
 AGENT_LOOPS = (SINGLE_TURN, TOOL_AGENT)
 TRUNCATE_SIDES = ("left", "right", "middle")
-ROUND_SEED_STRIDE = 7_919_993  # each round's sampling seeds differ from every other round's
 # the synthetic conversation an appended message is rendered after (verl 0.9.1's continuous-token builder)
 _SYSTEM = {"role": "system", "content": "continuous token synthetic system"}
 _USER = {"role": "user", "content": "continuous token synthetic user"}
@@ -270,7 +270,7 @@ class AgentLoop:
         turn_spec = dataclasses.replace(spec, n=1)
         round_index = 0
         while live := [t for t in trajectories if not t.done]:
-            seed = None if spec.seed is None else spec.seed + ROUND_SEED_STRIDE * round_index
+            seed = None if spec.seed is None else derive_seed(spec.seed, "turn", round=round_index)
             budgets = [self.response_length - len(t.response_ids) for t in live]
             tokens, logprobs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
                                                     dataclasses.replace(turn_spec, seed=seed), max_tokens=budgets)

@@ -23,7 +23,7 @@ class SamplingSpec:
     max_tokens: int = 16
     ignore_eos: bool = False
     logprobs: bool = False
-    seed: int | None = None  # set: sample i of the call draws from seed + i, whatever ran before (resumable)
+    seed: int | None = None  # set: the call's samples are drawn from this seed, whatever ran before (resumable)
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Iterable
 
 import torch
 
+from pyrl.seeding import derive_seed
 from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
@@ -104,10 +105,10 @@ class VLLMEngine(RolloutEngine):
         if spec.seed is None and max_tokens is None:
             params = SamplingParams(**base, max_tokens=spec.max_tokens)
         else:  # one seeded generator per sample: the samples do not depend on the engine's history
-            # vLLM seeds a prompt's j-th sample with its seed + j: prompt i's seed + i * n gives sample k = i * n + j
-            # the seed + k, no two samples of the call the same stream
+            # vLLM seeds a prompt's j-th sample with its seed + j; prompts' seeds are derived (62 bits apart at
+            # random), so no two samples of the call share a stream
             params = [SamplingParams(**base, max_tokens=budget,
-                                     seed=None if spec.seed is None else spec.seed + i * spec.n)
+                                     seed=None if spec.seed is None else derive_seed(spec.seed, "prompt", prompt=i))
                       for i, budget in enumerate(budgets)]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         responses, logprobs = [], [] if spec.logprobs else None

@@ -1,0 +1,248 @@
+"""The run's shape, resolved once from the config before any worker starts: which roles run (and in which worker
+group, on which pool, training or not), which passes a step makes, the pools' shapes, each role's rows per rank and
+micro-batches, and the seed every random stream derives from (pyrl.seeding). The placement (build_workers), the
+memory plan, the start checks and the trainer read it; none of them decides these again.
+
+    plan = resolve_run_plan(config)      # after pyrl.ppo.resolve_settings: the config's values are final
+    log.info("%s", plan.describe())      # one block at start
+
+A step makes the plan's passes in this order (pyrl.trainer.ppo_trainer.PPOTrainer.train_step):
+generate -> reward -> old_log_prob -> ref -> values -> advantage -> update_critic -> update_actor -> push_weights
+(a pass absent from the plan is skipped; `why` says why each ran or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyrl.config import is_on_policy
+
+PASSES = ("generate", "reward", "old_log_prob", "ref", "values", "advantage", "update_critic", "update_actor",
+          "push_weights")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Worker processes on `nnodes` nodes, `processes_per_node` each, one GPU each or none (CPU, gloo)."""
+    name: str  # its config section: trainer, or rollout (the one-step-off rollout's own pool)
+    nnodes: int
+    processes_per_node: int
+    gpus_per_process: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.processes_per_node
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus_per_process else "cpu"
+
+    def describe(self) -> str:
+        each = f"{self.gpus_per_process} GPU" if self.gpus_per_process else "CPU (gloo)"
+        return f"{self.name} pool: {self.nnodes} node(s) x {self.processes_per_node} process(es), {each} each"
+
+
+@dataclass(frozen=True)
+class Role:
+    """A model's part in the run."""
+    name: str  # actor, rollout, ref, critic, reward_model
+    section: str  # its config section, for errors
+    model_key: str  # the config key of its model
+    trains: bool
+    group: str  # the worker group that hosts it (the hybrid engine hosts actor, rollout and ref in one)
+    pool: str  # the pool its group runs on
+    detail: str = ""  # how it runs: its passes' micro-batches, its engine
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    trainer_pool: Pool
+    rollout_pool: Pool | None  # None: the hybrid engine generates in the trainer's workers
+    roles: tuple[Role, ...]
+    passes: tuple[str, ...]  # in PASSES' order
+    why: tuple[tuple[str, str], ...]  # (pass, why it runs or is skipped)
+    rows_per_step: int  # samples trained on per step: data.train_batch_size x rollout.n
+    seed: int  # actor_rollout_ref.rollout.seed: every sampling seed derives from it (pyrl.seeding)
+
+    # ---- what the rest of the run asks ----
+    def has(self, role: str) -> bool:
+        return any(r.name == role for r in self.roles)
+
+    def role(self, name: str) -> Role:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(f"the run has no {name} role; its roles are {[r.name for r in self.roles]}")
+
+    def runs(self, step_pass: str) -> bool:
+        if step_pass not in PASSES:
+            raise KeyError(f"unknown pass {step_pass!r}; the passes are {PASSES}")
+        return step_pass in self.passes
+
+    @property
+    def world_size(self) -> int:
+        """The trainer's data-parallel ranks."""
+        return self.trainer_pool.world_size
+
+    @property
+    def rows_per_rank(self) -> int:
+        return self.rows_per_step // self.world_size
+
+    @property
+    def actor_group(self) -> str:
+        """The actor's worker group's role string (ActorRolloutRefWorker's `role`): the roles it hosts."""
+        return self.role("actor").group
+
+    @property
+    def processes_per_node(self) -> int:
+        """Worker processes sharing a node's memory: the trainer's ranks, and on CPU the one-step-off rollout's
+        processes beside them (on GPUs each has a device of its own)."""
+        shared = self.rollout_pool is not None and self.trainer_pool.device == "cpu"
+        return self.trainer_pool.processes_per_node + (self.rollout_pool.processes_per_node if shared else 0)
+
+    def describe(self) -> str:
+        lines = ["run plan:"]
+        for pool in (self.trainer_pool, self.rollout_pool):
+            if pool is not None:
+                lines.append(f"  {pool.describe()}")
+        lines.append(f"  rows: {self.rows_per_step} per step, {self.rows_per_rank} per trainer rank")
+        for r in self.roles:
+            lines.append(f"  role {r.name}: {r.model_key}, {'trains' if r.trains else 'frozen'}, group {r.group} "
+                         f"({r.pool} pool)" + (f", {r.detail}" if r.detail else ""))
+        lines.append(f"  passes: {' -> '.join(self.passes)}")
+        for step_pass, why in self.why:
+            lines.append(f"    {step_pass}: {why}")
+        lines.append(f"  seeds: derived from actor_rollout_ref.rollout.seed={self.seed} (pyrl.seeding)")
+        return "\n".join(lines)
+
+
+# ---- resolving ----
+
+def gpus_per_node(trainer_config) -> int:
+    """trainer.n_gpus_per_node; -1: the GPUs this machine has (none unless trainer.device allows CUDA)."""
+    if trainer_config.n_gpus_per_node >= 0:
+        return trainer_config.n_gpus_per_node
+    import torch  # lazy: torch stays off the config-check path until a GPU count is asked for
+
+    return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
+
+
+def trainer_pool(trainer_config) -> Pool:
+    """The trainer's pool: a GPU per process, or trainer.n_cpu_workers_per_node CPU processes per node."""
+    gpus = gpus_per_node(trainer_config)
+    per_node = gpus if gpus > 0 else trainer_config.n_cpu_workers_per_node
+    if per_node < 1:
+        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
+    if trainer_config.nnodes < 1:
+        raise ValueError(f"trainer.nnodes={trainer_config.nnodes}: the trainer needs at least one node")
+    return Pool("trainer", trainer_config.nnodes, per_node, 1 if gpus > 0 else 0)
+
+
+def rollout_pool(config) -> Pool | None:
+    """The one-step-off rollout's own pool (actor_rollout_ref.hybrid_engine=false), from the top-level rollout
+    section; None with the hybrid engine. rollout.n_gpus_per_node -1: the GPUs this machine has beyond
+    trainer.n_gpus_per_node (none on a machine without GPUs: CPU workers)."""
+    if config.actor_rollout_ref.hybrid_engine:
+        return None
+    section, trainer = config.rollout, config.trainer
+    trainer_gpus = gpus_per_node(trainer)
+    gpus = section.n_gpus_per_node
+    if gpus < 0:
+        import torch  # lazy: torch stays off the config-check path until a GPU count is asked for
+
+        machine = torch.cuda.device_count() if trainer.device in ("auto", "cuda") else 0
+        gpus = machine - trainer_gpus if machine else 0
+        if machine and gpus < 1:
+            raise ValueError(f"rollout.n_gpus_per_node=-1 takes this machine's GPUs beyond trainer.n_gpus_per_node="
+                             f"{trainer_gpus}, and it has {machine}: none are left for the rollout; set both keys")
+    if (gpus > 0) != (trainer_gpus > 0):
+        raise ValueError(f"rollout.n_gpus_per_node={section.n_gpus_per_node} and trainer.n_gpus_per_node="
+                         f"{trainer.n_gpus_per_node}: the rollout and the trainer run both on GPUs or both on CPU")
+    per_node = gpus if gpus > 0 else section.n_cpu_workers_per_node
+    if per_node < 1:
+        raise ValueError("rollout.n_cpu_workers_per_node must be >= 1 when the rollout runs on CPU")
+    if section.nnodes < 1:
+        raise ValueError(f"rollout.nnodes={section.nnodes}: the rollout needs at least one node")
+    return Pool("rollout", section.nnodes, per_node, 1 if gpus > 0 else 0)
+
+
+def uses_critic(config) -> bool:
+    """critic.enable, or (None) exactly when the estimator is gae."""
+    return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
+
+
+def uses_ref(config) -> bool:
+    """The reference model runs when a KL term needs it: in the loss (actor.use_kl_loss) or in the reward."""
+    return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def old_log_prob_source(config) -> tuple[str, str]:
+    """("pass" | "rollout" | "update", why): where the old log-probs come from. The rollout engine's in verl's
+    bypass mode; the update's own (taken before its optimizer step) when each sample gets exactly one optimizer
+    step and nothing needs them before the update (the KL in the reward, the optimal token baseline's
+    sum_pi_squared, rollout correction's IS weights or rejection); otherwise the old-log-prob forward pass."""
+    from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS  # lazy: pyrl.algos imports torch
+
+    algorithm, actor, n = config.algorithm, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
+    correction = algorithm.rollout_correction
+    if correction.bypass_mode:
+        return "rollout", "algorithm.rollout_correction.bypass_mode: the rollout engine's log-probs are the old ones"
+    if not is_on_policy(actor, n, config.data.train_batch_size * n):
+        return "pass", (f"runs: actor.ppo_epochs={actor.ppo_epochs}, ppo_mini_batch_size={actor.ppo_mini_batch_size}"
+                        f" of data.train_batch_size={config.data.train_batch_size}: several optimizer steps per sample")
+    needs = [what for what, on in (("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
+                                   (f"adv_estimator={algorithm.adv_estimator}",
+                                    algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS),
+                                   ("rollout_correction.rollout_is", bool(correction.rollout_is)),
+                                   ("rollout_correction.rollout_rs", bool(correction.rollout_rs))) if on]
+    if needs:
+        return "pass", f"runs: {', '.join(needs)} needs the old log-probs before the update"
+    return "update", ("skipped: on-policy (one epoch, one mini-batch), the update's own log-probs, taken before its "
+                      "optimizer step, are the old ones")
+
+
+def micro_batches(section, prefix: str) -> str:
+    """How a role's pass splits a rank's rows: a token budget (use_dynamic_bsz) or rows per micro-batch."""
+    if getattr(section, "use_dynamic_bsz", False):
+        budget = getattr(section, f"{prefix}_max_token_len_per_gpu", None)
+        return f"{prefix}: token budget {budget} per micro-batch"
+    rows = getattr(section, f"{prefix}_micro_batch_size_per_gpu", None)
+    return f"{prefix}: {rows} rows per micro-batch" if rows else f"{prefix}: all of a rank's rows in one micro-batch"
+
+
+def resolve_run_plan(config) -> RunPlan:
+    """The plan of `config` (its settings resolved: pyrl.ppo.resolve_settings)."""
+    arr = config.actor_rollout_ref
+    trainer, rollout = trainer_pool(config.trainer), rollout_pool(config)
+    ref, critic, rm = uses_ref(config), uses_critic(config), config.reward.reward_model.enable
+    hosted = "actor" + ("_rollout" if rollout is None else "") + ("_ref" if ref else "")
+    actor_micro = ", ".join([micro_batches(arr.actor, "ppo"), micro_batches(arr.rollout, "log_prob")])
+    roles = [Role("actor", "actor_rollout_ref.actor", "actor_rollout_ref.model", True, hosted, "trainer", actor_micro)]
+    roles.append(Role("rollout", "actor_rollout_ref.rollout", "actor_rollout_ref.model", False,
+                      hosted if rollout is None else "rollout", "trainer" if rollout is None else "rollout",
+                      f"engine {arr.rollout.name}, tensor parallel {arr.rollout.tensor_model_parallel_size}"))
+    if ref:
+        lora = arr.model.lora_rank > 0  # the actor with its adapters off: no model, no ref.fsdp_config of its own
+        roles.append(Role("ref", "actor_rollout_ref.ref", "actor_rollout_ref.model", False, hosted, "trainer",
+                          micro_batches(arr.ref, "log_prob") + (", LoRA: the actor with its adapters off (no model "
+                                                                "of its own, ref.fsdp_config unused)" if lora else "")))
+    if critic:
+        roles.append(Role("critic", "critic", "critic.model", True, "critic", "trainer",
+                          ", ".join([micro_batches(config.critic, "ppo"), micro_batches(config.critic, "forward")])))
+    if rm:
+        roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
+                          "reward_model", "trainer", micro_batches(config.reward_model, "forward")))
+    source, old_why = old_log_prob_source(config)
+    why = [("old_log_prob", old_why),
+           ("ref", "runs: " + ("actor.use_kl_loss" if arr.actor.use_kl_loss else "algorithm.use_kl_in_reward")
+            if ref else "skipped: no KL term (actor.use_kl_loss and algorithm.use_kl_in_reward are false)")]
+    if critic:
+        why.append(("values", f"runs: critic.enable={config.critic.enable} (adv_estimator="
+                              f"{config.algorithm.adv_estimator})"))
+    if rm:
+        why.append(("reward", "reward model scores, then the reward function (reward.reward_model.enable)"))
+    passes = [p for p in PASSES
+              if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref)
+              and (p not in ("values", "update_critic") or critic)]
+    return RunPlan(trainer, rollout, tuple(roles), tuple(passes), tuple(why),
+                   config.data.train_batch_size * arr.rollout.n, arr.rollout.seed)

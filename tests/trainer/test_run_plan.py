@@ -1,0 +1,87 @@
+"""The RunPlan (pyrl.trainer.run_plan): what a config resolves to, checked against the keys that decide it, for the
+run shapes pyrl supports: GRPO, PPO with a critic, a KL term, several epochs, bypass mode, a reward model, the
+one-step-off rollout's own pool, several CPU ranks."""
+
+import pytest
+from trainer_helpers import SMALL, compose
+
+from pyrl.trainer.run_plan import PASSES
+
+CPU = ["trainer.n_gpus_per_node=0"]
+
+
+def plan_of(*overrides, config_name="ppo_trainer"):
+    from pyrl.ppo import resolve_settings
+
+    config = compose(*SMALL, *CPU, *overrides, config_name=config_name)
+    return resolve_settings(config), config
+
+
+def test_grpo_on_policy_skips_the_old_log_prob_and_ref_passes():
+    plan, config = plan_of("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                           "actor_rollout_ref.actor.ppo_epochs=1")
+    assert [r.name for r in plan.roles] == ["actor", "rollout"]
+    assert plan.passes == ("generate", "reward", "advantage", "update_actor", "push_weights")
+    assert plan.actor_group == "actor_rollout"
+    assert (plan.rows_per_step, plan.world_size, plan.rows_per_rank) == (32, 1, 32)
+    assert plan.rollout_pool is None and plan.trainer_pool.device == "cpu"
+    assert dict(plan.why)["old_log_prob"].startswith("skipped: on-policy")
+    assert plan.seed == config.actor_rollout_ref.rollout.seed
+
+
+def test_ppo_with_a_critic_and_a_kl_loss():
+    plan, _ = plan_of("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
+    assert [r.name for r in plan.roles] == ["actor", "rollout", "ref", "critic"]
+    assert plan.role("critic").trains and not plan.role("ref").trains
+    assert plan.role("ref").group == plan.role("actor").group == "actor_rollout_ref"
+    # two epochs (the toy preset's), mini-batches of 4 of 8 prompts: the old log-probs need their own pass
+    assert plan.passes == PASSES
+    assert "actor.ppo_epochs=2, ppo_mini_batch_size=4" in dict(plan.why)["old_log_prob"]
+
+
+@pytest.mark.parametrize("overrides, needs", [
+    (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
+    (["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+     "adv_estimator=optimal_token_baseline"),
+])
+def test_what_needs_the_old_log_probs_before_the_update(overrides, needs):
+    plan, _ = plan_of("actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_epochs=1",
+                      *overrides)
+    assert plan.runs("old_log_prob")
+    assert needs in dict(plan.why)["old_log_prob"]
+
+
+def test_bypass_mode_takes_the_rollouts_log_probs():
+    plan, _ = plan_of("algorithm.rollout_correction.bypass_mode=true",
+                      "actor_rollout_ref.rollout.calculate_log_probs=true")
+    assert not plan.runs("old_log_prob")
+    assert "bypass_mode" in dict(plan.why)["old_log_prob"]
+
+
+def test_the_one_step_off_rollout_has_a_pool_of_its_own():
+    plan, _ = plan_of("rollout.n_cpu_workers_per_node=2", "trainer.n_cpu_workers_per_node=2",
+                      config_name="one_step_off_ppo_trainer")
+    assert plan.rollout_pool is not None and plan.rollout_pool.world_size == 2
+    assert plan.role("rollout").group == "rollout" and plan.role("rollout").pool == "rollout"
+    assert plan.actor_group == "actor"
+    assert (plan.world_size, plan.rows_per_rank, plan.processes_per_node) == (2, 16, 4)
+    text = plan.describe()
+    assert "rollout pool: 1 node(s) x 2 process(es), CPU (gloo) each" in text
+    assert "trainer pool: 1 node(s) x 2 process(es), CPU (gloo) each" in text
+
+
+def test_a_reward_model_role_and_the_plan_as_logged():
+    plan, _ = plan_of("reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny")
+    assert plan.role("reward_model").model_key == "reward.reward_model.model_path"
+    text = plan.describe()
+    assert "role reward_model: reward.reward_model.model_path, frozen" in text
+    assert "passes: generate -> reward -> " in text
+    assert f"seeds: derived from actor_rollout_ref.rollout.seed={plan.seed}" in text
+
+
+def test_asking_for_what_the_plan_lacks_names_it():
+    plan, _ = plan_of()
+    with pytest.raises(KeyError, match="no critic role"):
+        plan.role("critic")
+    with pytest.raises(KeyError, match="unknown pass 'refs'"):
+        plan.runs("refs")
