@@ -45,7 +45,8 @@ def main(argv=None) -> None:
     train, _, _ = tool_calc_pairs()
     pairs = [p for p in train if p[0] >= TOOL_USE_FROM][:args.prompts]
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": tool_calc_prompt(a, b)}],
-                                                       tools=loop.tool_schemas, add_generation_prompt=True, tokenize=False),
+                                                       tools=loop.tool_schemas, add_generation_prompt=True,
+                                                       tokenize=False),
                          add_special_tokens=False)["input_ids"] for a, b in pairs]
     rows = [{"agent_name": "tool_agent"}] * len(prompts)
 
@@ -62,11 +63,13 @@ def main(argv=None) -> None:
     lengths = [len(t.response_ids) for t in out.trajectories]
     generated = sum(sum(t.response_mask) for t in out.trajectories)
     width = round(statistics.mean(lengths))
-    single_s, _ = timed(lambda: engine.generate(prompts, SamplingSpec(n=args.n, max_tokens=width, seed=1, ignore_eos=True)))
+    single_s, _ = timed(lambda: engine.generate(prompts, SamplingSpec(n=args.n, max_tokens=width, seed=1,
+                                                                      ignore_eos=True)))
     samples = len(out.trajectories)
     print(f"engine {args.engine}, {len(prompts)} prompts x {args.n} samples, torch threads {torch.get_num_threads()}")
-    print(f"tool agent loop: {multi_s:.3f} s ({samples} trajectories, mean response {statistics.mean(lengths):.1f} tokens "
-          f"of which {generated / samples:.1f} generated, {sum(t.tool_calls for t in out.trajectories)} tool calls)")
+    print(f"tool agent loop: {multi_s:.3f} s ({samples} trajectories, mean response "
+          f"{statistics.mean(lengths):.1f} tokens of which {generated / samples:.1f} generated, "
+          f"{sum(t.tool_calls for t in out.trajectories)} tool calls)")
     print(f"single turn, {width} tokens each: {single_s:.3f} s")
     print(f"ratio agent loop / single turn: {multi_s / single_s:.2f}")
 

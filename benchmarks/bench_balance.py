@@ -33,7 +33,8 @@ def test_balanced_partitions(benchmark, impl):
     lengths = _lengths()
     fn = balanced_partitions if impl == "pyrl" else ref.karmarkar_karp
     benchmark.group = f"balanced partitions {N_SEQS} seqs -> {RANKS} ranks, equal size"
-    parts = benchmark.pedantic(fn, args=(lengths, RANKS, True), rounds=3 if impl == "python_verl" else 30, warmup_rounds=1)
+    parts = benchmark.pedantic(fn, args=(lengths, RANKS, True), rounds=3 if impl == "python_verl" else 30,
+                               warmup_rounds=1)
     spread = _spread(parts, lengths)
     benchmark.extra_info["spread"] = spread
     assert spread <= _verl_spread()  # the target: a spread no larger than verl's on the same lengths

@@ -16,7 +16,8 @@ def _batch(packed: bool):
     lengths = (lengths.double() * (1_000_000 / float(lengths.sum()))).round().clamp(1, 2048).long()  # ~1M tokens
     mask = PackedLayout.from_lengths(lengths).mask().long()
     data = DataProto.from_dict(
-        {"input_ids": torch.randint(0, 32000, mask.shape, generator=gen), "old_log_probs": torch.randn(mask.shape, generator=gen),
+        {"input_ids": torch.randint(0, 32000, mask.shape, generator=gen),
+         "old_log_probs": torch.randn(mask.shape, generator=gen),
          "attention_mask": mask, "score": torch.randn(B, generator=gen)},
         {"uid": np.array([f"uid-{i // 8}" for i in range(B)], dtype=object)},
     )

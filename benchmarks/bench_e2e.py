@@ -59,7 +59,8 @@ LEARNING_RATE = 1e-6
 PHASES = ("gen", "old_log_prob", "update", "sync", "other")
 _VLLM, _HF = "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=hf"
 # pyrl's defaults share each prompt's tokens among its samples (actor.use_prefix_grouper, on when n > 1 and packed)
-_PADDED, _UNSHARED = "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_prefix_grouper=false"
+_PADDED, _UNSHARED = ("actor_rollout_ref.model.use_remove_padding=false",
+                      "actor_rollout_ref.actor.use_prefix_grouper=false")
 PYRL_SYSTEMS = {"pyrl-vllm": [_VLLM], "pyrl-vllm-unshared": [_VLLM, _UNSHARED], "pyrl-vllm-padded": [_VLLM, _PADDED],
                 "pyrl-hf": [_HF], "pyrl-hf-unshared": [_HF, _UNSHARED], "pyrl-hf-padded": [_HF, _PADDED],
                 "pyrl-verl-defaults": []}  # -> overrides (pyrl-verl-defaults: verl_defaults_command)
@@ -241,7 +242,8 @@ def pyrl_command(prep: Prepared, system: str, run_dir: str) -> list[str]:
             f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
             "reward.num_workers=1", "data.dataloader_num_workers=0",
             # no recompute on either side (TRL's side sets gradient_checkpointing=False), the fused log-prob kernel
-            "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.use_fused_kernels=true",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.model.use_fused_kernels=true",
             "actor_rollout_ref.rollout.calculate_log_probs=false",
             "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.seed=0",
             "actor_rollout_ref.actor.data_loader_seed=1",
@@ -448,7 +450,8 @@ def rounds_table(results: dict) -> str:
     s/step median (min-max) of the runs' medians, the phases' medians, and the ratio to TRL of the same workload,
     claimed only when the ranges are apart."""
     lines = ["| workload | system | runs | s/step, median (min-max) | " + " | ".join(PHASES)
-             + " | prompt len | resp len | update MFU | verl perf/mfu/actor | / TRL |", "|---" * (len(PHASES) + 9) + "|"]
+             + " | prompt len | resp len | update MFU | verl perf/mfu/actor | / TRL |",
+             "|---" * (len(PHASES) + 9) + "|"]
     for (workload, system), runs in results.items():
         ok = [r["summary"] for r in runs if r.get("summary")]
         failed = [r.get("error", "no steps") for r in runs if not r.get("summary")]

@@ -32,4 +32,5 @@ def test_gae_packed(benchmark, device):
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
     n = int(cu[-1])
     benchmark.group = f"compute_gae {B}x{T} {device}"
-    benchmark(compute_gae_packed, torch.randn(n, device=device), torch.randn(n, device=device), cu.to(device), 0.99, 0.95)
+    benchmark(compute_gae_packed, torch.randn(n, device=device), torch.randn(n, device=device),
+              cu.to(device), 0.99, 0.95)

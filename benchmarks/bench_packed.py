@@ -2,7 +2,6 @@
 padded width): bytes of the PPO loop's token-level fields. Target: packed within 5% of the true token
 count. Also the time of packing and unpacking."""
 
-import pytest
 import torch
 
 from pyrl.protocol import DataProto, PackedLayout, PackedTensor

@@ -41,7 +41,8 @@ def long_tailed_batch(rows: int, vocab: int, seed: int = 0):
     cols = torch.arange(prompt_width + response_width)
     mask = ((cols >= prompt_width - prompt[:, None]) & (cols < prompt_width + response[:, None])).long()
     ids = torch.randint(3, vocab, mask.shape, generator=g) * mask
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, response_width
+    return {"input_ids": ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, response_width
 
 
 def uniform_batch(rows: int, vocab: int, seed: int = 0, prompt: int = 74, response: int = 16):
@@ -115,7 +116,8 @@ def test_varlen_attention(benchmark, benchmark_disabled, method):
         attention = varlen_attention.VarlenAttention.from_lengths(lengths, CPU)
 
         def run():
-            varlen_attention.varlen_attention_forward(_Module, q, k, v, None, **attention.as_kwargs())[0].sum().backward()
+            varlen_attention.varlen_attention_forward(_Module, q, k, v, None,
+                                                      **attention.as_kwargs())[0].sum().backward()
     elif method == "per_sequence":
         def run():
             outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e].repeat_interleave(groups, 1),

@@ -26,7 +26,8 @@ def test_default_run_step_time(benchmark, tmp_path):
     steady = rows[2:] or rows
     summary = {key: statistics.median(r[key] for r in steady)
                for key in sorted({k for r in steady for k in r})
-               if key.startswith("timing_s/") or key in ("perf/gen_tokens_per_s", "perf/throughput", "perf/total_num_tokens")}
+               if key.startswith("timing_s/") or key in ("perf/gen_tokens_per_s", "perf/throughput",
+                                                         "perf/total_num_tokens")}
     benchmark.extra_info.update(summary)
     print("\n".join(f"{k:32s} {v:10.4f}" for k, v in summary.items()))
     assert summary["timing_s/step"] > 0

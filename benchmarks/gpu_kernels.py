@@ -93,7 +93,7 @@ def ceilings():
     numel, side = (1 << 30, 8192) if DEVICE == "cuda" else (1 << 22, 256)  # 4 GiB copied on a GPU
     x = torch.randn(numel, device=DEVICE, dtype=torch.float32)
     y = torch.empty_like(x)
-    ms, _, _ = bench(lambda: y.copy_(x))
+    ms, _, _ = bench(lambda x=x, y=y: y.copy_(x))  # bound now: the del below frees them before the matmul
     bandwidth = 2 * x.numel() * 4 / (ms * 1e-3)
     del x, y
     a = torch.randn(side, side, device=DEVICE, dtype=torch.bfloat16)
@@ -146,15 +146,18 @@ class Report:
     def markdown(self):
         lines = [f"Ceilings measured in this run: copy {self.bandwidth / 1e12:.2f} TB/s (read + write), bf16 matmul "
                  f"{self.flops / 1e12:.0f} TFLOP/s.", "",
-                 "| op | shape | implementation | median ms (p20-p80) | floor ms | x floor | extra peak MiB | rel. error vs float64 |",
+                 "| op | shape | implementation | median ms (p20-p80) | floor ms | x floor | extra peak MiB | "
+                 "rel. error vs float64 |",
                  "|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             err = "" if r["rel_error_vs_float64"] is None else f"{r['rel_error_vs_float64']:.1e}"
             if "skipped" in r:
-                lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | not run: {r['skipped']} | {r['floor_ms']:.3f} | | | |")
+                lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | not run: {r['skipped']} | "
+                             f"{r['floor_ms']:.3f} | | | |")
                 continue
             lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | {r['median_ms']:.3f} ({r['p20_ms']:.3f}-"
-                         f"{r['p80_ms']:.3f}) | {r['floor_ms']:.3f} | {r['x_floor']:.2f} | {r['extra_peak_MiB']:.0f} | {err} |")
+                         f"{r['p80_ms']:.3f}) | {r['floor_ms']:.3f} | {r['x_floor']:.2f} | "
+                         f"{r['extra_peak_MiB']:.0f} | {err} |")
         return "\n".join(lines)
 
 
@@ -193,7 +196,8 @@ def logprob_cases(report, n, v):
     # verl 0.9.1 without flash-attn (its logprobs_from_logits_v2 row loop): only where it finishes in seconds
     if n <= 8192:
         got = verl091.logprobs_from_logits(logits, labels)
-        report.add("logprobs fwd", shape, "verl091_no_flash_attn_v2_row_loop", lambda: verl091.logprobs_from_logits(logits, labels),
+        report.add("logprobs fwd", shape, "verl091_no_flash_attn_v2_row_loop",
+                   lambda: verl091.logprobs_from_logits(logits, labels),
                    logits_bytes, error=rel_error(got[rows], want_logp))
 
     got = entropy_from_logits(logits)
@@ -219,7 +223,8 @@ def logprob_cases(report, n, v):
     for impl, fn in (("pyrl_triton", lambda x: logprobs_from_logits(x, labels)),
                      ("torch_eager_verl_formula", lambda x: ref.logprobs_from_logits(x, labels))):
         grad = fwd_bwd(fn)()
-        report.add("logprobs fwd+bwd", shape, impl, fwd_bwd(fn), 3 * logits_bytes, error=rel_error(grad[rows], want_grad))
+        report.add("logprobs fwd+bwd", shape, impl, fwd_bwd(fn), 3 * logits_bytes,
+                   error=rel_error(grad[rows], want_grad))
     liger, why = peer(peers.logprobs_fn, "liger", dev)
     if liger is not None:
         fn = lambda x: liger(x, labels)  # noqa: E731
@@ -231,7 +236,6 @@ def logprob_cases(report, n, v):
         report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", None, 3 * logits_bytes, skip=why)
     else:
         report.add("logprobs fwd+bwd", shape, "liger_cross_entropy", fwd_bwd(fn), 3 * logits_bytes, error=error)
-    del logits, leaf, exact
 
 
 def fused_linear_cases(report, n, h, v, chunk_sweep=()):
@@ -276,8 +280,8 @@ def fused_linear_cases(report, n, h, v, chunk_sweep=()):
             continue
         report.add("fused_linear_logprobs fwd+bwd", shape, impl, fwd_bwd(fn), nbytes, nflops, error=err)
     if why:
-        report.add("fused_linear_logprobs fwd+bwd", shape, "liger_fused_linear_cross_entropy", None, nbytes, nflops, skip=why)
-    del hidden, weight
+        report.add("fused_linear_logprobs fwd+bwd", shape, "liger_fused_linear_cross_entropy",
+                   None, nbytes, nflops, skip=why)
 
 
 def token_cases(report, b, t):
@@ -321,7 +325,8 @@ def token_cases(report, b, t):
     err = check(lambda: ppo_policy_loss(logp, old, adv, mask, 0.2, 0.28, 3.0)[0],
                 lambda x: ref.ppo_policy_loss(x, old.double(), adv.double(), mask.double(), 0.2, 0.28, 3.0)[0], logp)
     for impl, fn in (("pyrl_triton", lambda: ppo_policy_loss(logp, old, adv, mask, 0.2, 0.28, 3.0)[0]),
-                     ("torch_eager_verl_formula", lambda: ref.ppo_policy_loss(logp, old, adv, mask, 0.2, 0.28, 3.0)[0])):
+                     ("torch_eager_verl_formula",
+                      lambda: ref.ppo_policy_loss(logp, old, adv, mask, 0.2, 0.28, 3.0)[0])):
         report.add("ppo_policy_loss vanilla fwd+bwd", shape, impl, backward_of(fn, logp, True), 5 * 4 * n,
                    error=err if impl == "pyrl_triton" else None)
 
@@ -439,7 +444,8 @@ def main():
     parser.add_argument("--cases", default="logprobs,fused_linear,token,gae,group",
                         help="which groups of rows to run (comma-separated; default all)")
     parser.add_argument("--profile", action="store_true", help="also print the profiler's table for the token ops")
-    parser.add_argument("--smoke-cpu", action="store_true", help="tiny shapes on the CPU: checks the script, times nothing")
+    parser.add_argument("--smoke-cpu", action="store_true",
+                        help="tiny shapes on the CPU: checks the script, times nothing")
     args = parser.parse_args()
     global DEVICE
     if args.smoke_cpu:

@@ -240,7 +240,8 @@ def main():
                      "verl_mfu_datasheet": [r["verl_mfu"] for r in runs],
                      "transient_gib": max(r["transient_gib"] for r in runs), "held_gib": runs[-1]["held_gib"]})
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
-            "torch": torch.__version__, "model": {**shape, "parameters": params}, "rows": len(loads["uniform"][0]), "rounds": args.rounds,
+            "torch": torch.__version__, "model": {**shape, "parameters": params},
+            "rows": len(loads["uniform"][0]), "rounds": args.rounds,
             "matmul_peak_flops": peaks, "seconds": time.time() - started}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +268,8 @@ def profile_update(model_path, device, args) -> None:
     for m in (micro, 4 * micro):
         timed_update(worker, batch, m, device)
     times = {m: [timed_update(worker, batch, m, device)["seconds"] for _ in range(2)] for m in (micro, 4 * micro)}
-    print(f"update seconds: {micro} rows per micro-batch {times[micro]}, {4 * micro} rows {times[4 * micro]}", flush=True)
+    print(f"update seconds: {micro} rows per micro-batch {times[micro]}, {4 * micro} rows {times[4 * micro]}",
+          flush=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     worker.config.actor.ppo_micro_batch_size_per_gpu = micro
     sync(device)
@@ -301,7 +303,8 @@ def profile_update(model_path, device, args) -> None:
         sync(device)
         seconds.append(time.perf_counter() - start)
     print(f"plain transformers bf16 forward + backward of {micro} x {ids.shape[1]} tokens: "
-          f"{show(seconds[2:], 4)} s; pyrl's update per micro-batch: {min(times[micro]) * micro / len(prompt_lens):.4f} s")
+          f"{show(seconds[2:], 4)} s; pyrl's update per micro-batch: "
+          f"{min(times[micro]) * micro / len(prompt_lens):.4f} s")
 
 
 def markdown(rows) -> str:
@@ -309,7 +312,8 @@ def markdown(rows) -> str:
              "MFU vs measured peak | verl perf/mfu/actor | transient GiB | held GiB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['worker']} | {r['workload']} | {r['micro_rows']} | {r['real_tokens']} / {r['padded_tokens']} "
+        lines.append(f"| {r['worker']} | {r['workload']} | {r['micro_rows']} | "
+                     f"{r['real_tokens']} / {r['padded_tokens']} "
                      f"| {show(r['seconds'], 3)} | {r['tokens_per_s']:.0f} | {show(r['mfu_measured_peak'], 3)} "
                      f"| {show(r['verl_mfu_datasheet'], 3)} | {r['transient_gib']:.2f} | {r['held_gib']:.2f} |")
     return "\n".join(lines)

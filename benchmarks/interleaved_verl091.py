@@ -86,8 +86,9 @@ def main():
         ours = statistics.median(times["pyrl"])
         for impl, t in times.items():
             med = statistics.median(t)
-            print(f"| {name} | {impl} | {_fmt(med)} | {_fmt(min(t))} - {_fmt(max(t))} | {len(t)} | "
-                  f"{'-' if impl == 'pyrl' else f'{med / ours:.1f}x faster' if med >= ours else f'{ours / med:.2f}x slower'} |")
+            ratio = ("-" if impl == "pyrl" else f"{med / ours:.1f}x faster" if med >= ours
+                     else f"{ours / med:.2f}x slower")
+            print(f"| {name} | {impl} | {_fmt(med)} | {_fmt(min(t))} - {_fmt(max(t))} | {len(t)} | {ratio} |")
     if not a.no_memory:
         for impl in blp.CPU_IMPLS:
             e = blp.extra_peak_bytes(impl)

@@ -125,7 +125,8 @@ def main() -> None:
         print(f"{r['mode']:<9} {r['sync_s']:>8.3f} {r['gen_s']:>11.3f} {r['sync_s'] + r['gen_s']:>8.3f} "
               f"{r['greedy_match_of_8']:>17}/8")
     merged, adapter = results
-    print(f"adapter / merged, per step: {(adapter['sync_s'] + adapter['gen_s']) / (merged['sync_s'] + merged['gen_s']):.2f}x")
+    print("adapter / merged, per step: "
+          f"{(adapter['sync_s'] + adapter['gen_s']) / (merged['sync_s'] + merged['gen_s']):.2f}x")
 
 
 if __name__ == "__main__":

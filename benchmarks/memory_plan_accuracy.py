@@ -42,7 +42,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="the first shape's two corners only (a smoke run)")
     args = parser.parse_args(argv)
     shapes = SHAPES[:1] if args.quick else SHAPES
-    corners = ((False, False), (True, True)) if args.quick else ((False, False), (True, False), (False, True), (True, True))
+    corners = ((False, False), (True, True)) if args.quick else ((False, False), (True, False),
+                                                                 (False, True), (True, True))
     MiB = 2 ** 20
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; float32, one process (no FSDP group)\n")
     print("| model | batch | checkpointing | fused | phase | estimate MiB | measured MiB | estimate / measured |")

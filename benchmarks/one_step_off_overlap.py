@@ -39,9 +39,11 @@ KEYS = ["step", "gen", "generate_async", "reward", "old_log_prob", "update_actor
 def run(mode: str, args, root: str, repeat: int) -> list[dict]:
     run_dir = os.path.join(root, f"{mode}-{repeat}")
     overrides = ["preset=toy", f"trainer.total_training_steps={args.warmup + args.steps}", "trainer.test_freq=-1",
-                 "trainer.val_before_train=false", "trainer.save_freq=-1", f"data.max_response_length={args.response_length}",
+                 "trainer.val_before_train=false", "trainer.save_freq=-1",
+                 f"data.max_response_length={args.response_length}",
                  "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                 f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
+                 f"data.train_batch_size={args.prompts}",
+                 f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
                  f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]"]
     if mode == "one-step-off":
         overrides += ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false"]

@@ -23,7 +23,8 @@ def rollout_group(tp: int, model_path: str, args):
     from pyrl.workers.actor import ActorRolloutRefWorker
 
     overrides = [f"actor_rollout_ref.model.path={model_path}", "actor_rollout_ref.rollout.name=vllm",
-                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "actor_rollout_ref.rollout.dtype=float32",
+                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+                 "actor_rollout_ref.rollout.dtype=float32",
                  "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.enforce_eager=true",
                  "actor_rollout_ref.rollout.free_cache_engine=false", f"data.max_prompt_length={args.prompt_len}",
                  f"data.max_response_length={args.new_tokens}"]
@@ -78,7 +79,8 @@ def main() -> None:
         results[tp] = statistics.median(seconds)
         group.kill()
         print(f"tensor_model_parallel_size={tp}: {results[tp]:.2f} s per generate call (rounds: "
-              f"{', '.join(f'{s:.2f}' for s in seconds)}), engine weights per rank {params * 4 / tp / 2**20:.1f} MiB (computed: float32 / TP)",
+              f"{', '.join(f'{s:.2f}' for s in seconds)}), engine weights per rank "
+              f"{params * 4 / tp / 2**20:.1f} MiB (computed: float32 / TP)",
               flush=True)
     ray.shutdown()
     same = (tokens[1] == tokens[2]).all(-1).float().mean().item()

@@ -15,11 +15,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 SCRIPTS = {  # script and its smallest arguments -> a line its output must contain
     "interleaved_verl091.py": (["--rounds", "1", "--fast-calls", "1", "--no-memory"], "verl091_grpo_vectorized"),
-    "rollout_tensor_parallel.py": (["--prompts", "4", "--new-tokens", "4", "--rounds", "1"], "rows with equal greedy tokens"),
+    "rollout_tensor_parallel.py": (["--prompts", "4", "--new-tokens", "4", "--rounds", "1"],
+                                   "rows with equal greedy tokens"),
     "lora_sync.py": (["--steps", "1"], "adapter / merged, per step"),
     "one_step_off_overlap.py": (["--steps", "1", "--warmup", "0", "--prompts", "8", "--response-length", "8",
                                  "--repeats", "1"], "hybrid / one-step-off seconds per step"),
-    "agent_loop_cost.py": (["--engine", "hf", "--prompts", "2", "--n", "2", "--repeats", "1"], "ratio agent loop / single turn"),
+    "agent_loop_cost.py": (["--engine", "hf", "--prompts", "2", "--n", "2", "--repeats", "1"],
+                           "ratio agent loop / single turn"),
     "memory_plan_accuracy.py": (["--quick"], "| h256-L4-V32k (21M) | 32 x (32+32) | True | True | old_log_prob |"),
     "heldout_eval.py": (["--preset", "toy", "--quick"], "| toy | 1 |"),
     "micro_batch_sizes.py": (["--quick", "--rows", "4", "256"], "| 256 | "),

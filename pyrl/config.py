@@ -7,8 +7,13 @@ dataclass objects themselves (`OmegaConf.to_object`), so they read plain attribu
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from pyrl.verl_features import NotImplementedFeature, Unsupported, feature_of
 
 
 @dataclass
@@ -58,7 +63,8 @@ class ModelConfig:
     # without it. A worker given null (built outside a run) recomputes, as verl does (recomputes)
     enable_gradient_checkpointing: Optional[bool] = None
     # true: log-probs from hidden states without [tokens, vocab] logits; null (pyrl's default; verl's is false): true
-    # for the actor and reference, which have an LM head, false for the critic and reward model (pyrl.ppo.resolve_fast_paths)
+    # for the actor and reference, which have an LM head, false for the critic and reward model
+    # (pyrl.ppo.resolve_fast_paths)
     use_fused_kernels: Optional[bool] = None
     override_config: dict = field(default_factory=dict)
     custom_chat_template: Optional[str] = None  # a Jinja chat template used instead of the tokenizer's
@@ -465,7 +471,8 @@ class TrainerConfig:
     nnodes: int = 1
     n_gpus_per_node: int = -1  # -1: the GPUs this machine has, 0 (no GPU) meaning CPU workers on gloo
     n_cpu_workers_per_node: int = 1  # worker processes per node when n_gpus_per_node is 0
-    ray_address: Optional[str] = None  # join this Ray cluster (auto, host:port); None: $RAY_ADDRESS, else a private local one
+    # join this Ray cluster (auto, host:port); None: $RAY_ADDRESS, else a private local one
+    ray_address: Optional[str] = None
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
@@ -542,12 +549,14 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch (verl's importlib "
                                                     "managers are classes of verl's own reward-loop API)"),
     "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),
-    "reward.reward_manager.module.name": (("custom_reward_manager",), "only with reward.reward_manager.source=importlib"),
+    "reward.reward_manager.module.name": (("custom_reward_manager",),
+                                          "only with reward.reward_manager.source=importlib"),
     # the critic and the reward model score the actor's tokens: no LM head, no chat template of their own
     **{f"{role}.use_fused_kernels": ((False, None), "no LM head: nothing to fuse") for role in ("critic.model",
                                                                                            "reward_model.model")},
     **{f"{role}.custom_chat_template": ((None,), "the prompts are the actor's (actor_rollout_ref.model."
-                                                 "custom_chat_template)") for role in ("critic.model", "reward_model.model")},
+                                                 "custom_chat_template)")
+       for role in ("critic.model", "reward_model.model")},
     "actor_rollout_ref.rollout.layered_summon": ((False, True), "either way the push gathers one tensor at a time"),
     # verl's weight transports (pyrl.config.CheckpointEngineConfig): pyrl's own push stands for naive (the hybrid
     # engine's in-process load) and nccl (to separate rollout workers, through Ray's object store)
@@ -574,9 +583,11 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
     # refused under every key that names it, as verl 0.9.1 has them
     **{key: ((1,), "Ulysses sequence parallelism is not implemented") for key in (
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
         "critic.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
-        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
+        "critic.fsdp.ulysses_sequence_parallel_size",
         "reward_model.fsdp_config.ulysses_sequence_parallel_size")},
     # forward_only says which models train: the actor and critic do, the reference and reward model never
     "actor_rollout_ref.actor.fsdp_config.forward_only": ((False,), "the actor trains"),
@@ -593,7 +604,8 @@ LIMITS: dict[str, tuple[tuple, str]] = {
        for key, value in (("use_inference_chat_template", False), ("tokenization_sanity_check_mode", "strict"),
                           ("num_repeat_rollouts", None))},
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": ((None,), "custom agent loop classes are not "
-                                                                        "implemented: single_turn_agent and tool_agent"),
+                                                                        "implemented: single_turn_agent and "
+                                                                        "tool_agent"),
     **{f"actor_rollout_ref.rollout.agent.custom_async_server.{key}": ((None,), "pyrl's engines run in the rollout "
                                                                                "workers, not behind a server")
        for key in ("path", "name")},
@@ -654,8 +666,6 @@ def generation_batch_size(data: "DataConfig") -> int:
 
 def field_types(schema) -> dict:
     """A config dataclass's field names -> their types, Optional[X] read as X (the schema's one rule for nesting)."""
-    import typing
-
     types = {}
     for name, kind in typing.get_type_hints(schema).items():
         if typing.get_origin(kind) is typing.Union:
@@ -670,8 +680,6 @@ def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]
     `++key=value` add them to any node; so every composed config is walked: a key is known where its dataclass has
     the field, and anything goes only inside the free-form sections (fields typed dict or Any: override_config,
     engine_kwargs, reward_kwargs, apply_chat_template_kwargs, ray_kwargs.ray_init, ...), as in verl 0.9.1."""
-    import dataclasses
-
     schema = schema or PPOConfig
     types = field_types(schema)
     found = []
@@ -702,8 +710,6 @@ def unknown_node(key: str) -> tuple[str, list[str]] | None:
 def check_known_keys(cfg) -> None:
     """Stop naming the first key the schema lacks that asks for a verl feature pyrl does not implement
     (pyrl.verl_features), else each key the schema lacks (unknown_keys) with the nearest known names."""
-    from pyrl.verl_features import NotImplementedFeature, feature_of
-
     unknown = unknown_keys(cfg)
     for name, _ in unknown:
         feature = feature_of(name)
@@ -715,8 +721,6 @@ def check_known_keys(cfg) -> None:
 
 def describe_unknown(unknown: list[tuple[str, list[str]]]) -> str:
     """The one line naming unknown keys (unknown_keys' pairs), each with the nearest names beside it."""
-    import difflib
-
     lines = []
     for name, siblings in unknown:
         parent, _, leaf = name.rpartition(".")
@@ -736,8 +740,6 @@ def _value(config, key: str):
 
 def check_supported(config: PPOConfig) -> None:
     """Every LIMITS key holds an allowed value; checkpoint contents hold model, optimizer and extra."""
-    from pyrl.verl_features import Unsupported
-
     for key, (allowed, why) in LIMITS.items():
         value = _value(config, key)
         if value not in allowed:
@@ -757,7 +759,7 @@ TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bf
 
 def torch_dtype(name: str, key: str):
     """'bf16' / 'bfloat16' / ... -> torch dtype; `key` names the config key in the error."""
-    import torch
+    import torch  # lazy: torch stays off the config-check path
 
     if name not in TORCH_DTYPES:
         raise ValueError(f"{key}: unknown dtype {name!r}, expected one of {', '.join(TORCH_DTYPES)}")

@@ -20,6 +20,7 @@ master weights): the merged model is the trained policy exactly; config.json's d
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def auto_model_class(config):
     """As verl's merger picks it: from the config's architecture."""
+    # lazy: transformers loads only when a command runs
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     arch = (config.architectures or ["?"])[0]
@@ -65,7 +67,7 @@ def auto_model_class(config):
 
 def load_merged_model(local_dir: str, trust_remote_code: bool = False):
     """The checkpoint's whole model as a transformers model on CPU, in the checkpoint's dtype."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig  # lazy: transformers loads only when a command runs
 
     if not local_dir or not os.path.isfile(os.path.join(local_dir, ".metadata")):
         raise FileNotFoundError(f"--local_dir {local_dir!r}: not a pyrl checkpoint (no .metadata); give a "
@@ -90,9 +92,7 @@ def load_merged_model(local_dir: str, trust_remote_code: bool = False):
 def merged_lora_model(local_dir: str, config, trust_remote_code: bool):
     """A LoRA checkpoint (its shards and lora_adapter/ hold the adapters only) merged into its base model, which
     adapter_config.json names (the model directory the run trained from: it must still be there)."""
-    import json
-
-    from peft import PeftModel
+    from peft import PeftModel  # lazy: peft loads only for a LoRA checkpoint
 
     adapter_dir = os.path.join(local_dir, ADAPTER_DIR)
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
@@ -109,6 +109,7 @@ def merged_lora_model(local_dir: str, config, trust_remote_code: bool):
 def checkpoint_state(local_dir: str, expected) -> dict[str, torch.Tensor]:
     """The model part of a checkpoint, every rank's shards merged, named as the HF model names its weights: the
     worker's wrapper prefix ("lm." for the actor, "value_model." for the critic) is found and dropped."""
+    # lazy: torch.distributed.checkpoint loads only to read the shards
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     with warnings.catch_warnings():  # "torch.distributed is uninitialized": a single process is what is meant
@@ -126,7 +127,7 @@ def checkpoint_state(local_dir: str, expected) -> dict[str, torch.Tensor]:
 
 
 def merge(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers loads only when a command runs
 
     model = load_merged_model(args.local_dir, args.trust_remote_code)
     os.makedirs(args.target_dir, exist_ok=True)
@@ -139,7 +140,7 @@ def merge(args: argparse.Namespace) -> None:
                         dirs_exist_ok=True)
     print(f"saved the merged model to {os.path.abspath(args.target_dir)}")
     if args.hf_upload_path:
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi  # lazy: huggingface_hub loads only for --hf_upload_path
 
         api = HfApi()
         api.create_repo(args.hf_upload_path, private=args.private, exist_ok=True)

@@ -26,10 +26,10 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 
 def plot_run(run_dir: str, out: str | None = None) -> str:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib loads only to plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: pyplot only after the Agg backend is chosen
 
     rows = read_metrics(run_dir)
     panels = [(title, sorted({k for row in rows for k in row for p in patterns

@@ -6,6 +6,8 @@ machine, and prints where its run directory, metrics and plot are.
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 import importlib.util
 import logging
 import os
@@ -17,41 +19,33 @@ from omegaconf import DictConfig, OmegaConf
 
 from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
 from pyrl.models import resolve_model_path
+from pyrl.plot import plot_run
 from pyrl.trainer.run_plan import RunPlan, resolve_run_plan, trainer_pool
+from pyrl.trainer.workers import build_workers
+from pyrl.usercode import load_object
 from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
 log = logging.getLogger("pyrl")
 
 
-def load_class(path: str, name: str, key: str):
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{key}.path: {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"pyrl_user_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, name):
-        raise AttributeError(f"{key}.name: {path!r} defines no {name!r}")
-    return getattr(module, name)
-
-
 def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_schemas: list[dict] | None = None):
     """The data set (pyrl's RLHFDataset or data.custom_cls, built with verl's constructor) tokenized for rollout,
     with the tools' schemas in the chat template of the rows the tool agent runs (as verl's loops render them)."""
-    import functools
-
+    # lazy: pyrl.data and the rollout load torch; the CLI's --help does not need it
     from pyrl.data import PromptBatches, RLHFDataset
     from pyrl.workers.rollout.agent_loop import prompt_tools
 
     dataset_cls = RLHFDataset
     if config.data.custom_cls.path:
-        dataset_cls = load_class(config.data.custom_cls.path, config.data.custom_cls.name, "data.custom_cls")
+        dataset_cls = load_object(config.data.custom_cls.path, "data.custom_cls.path", name=config.data.custom_cls.name,
+                                  name_key="data.custom_cls.name")
     # verl's datasets read their options with config.get(key, default): an OmegaConf view, read-only
     data_config = OmegaConf.structured(config.data, flags={"readonly": True})
     dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=data_config,
                           max_samples=max_samples)
-    tools_for = functools.partial(prompt_tools, tool_schemas, config.actor_rollout_ref.rollout.agent.default_agent_loop) \
-        if tool_schemas else None
+    tools_for = functools.partial(prompt_tools, tool_schemas,
+                                  config.actor_rollout_ref.rollout.agent.default_agent_loop) if tool_schemas else None
     return PromptBatches(dataset, tokenizer, config.data, config.actor_rollout_ref.model.custom_chat_template,
                          tools_for)
 
@@ -98,7 +92,7 @@ BUILTIN_TASKS = {"pyrl:toy_addition": "toy_task_files", "pyrl:tool_calc": "tool_
 def builtin_task_file(value: str, key: str, default_split: str) -> tuple[str, str | None]:
     """A data file named as one of pyrl's built-in tasks: "pyrl:<task>" (its `default_split`) or
     "pyrl:<task>:<split>" (train, val or test: the held-out split) -> (that file, the task's val file)."""
-    import pyrl.data
+    import pyrl.data  # lazy: pyrl.data loads torch; the CLI's --help does not need it
 
     task, _, split = value.rpartition(":") if value.count(":") == 2 else (value, "", default_split)
     if task not in BUILTIN_TASKS:
@@ -115,8 +109,6 @@ def resolve_builtin_files(config: PPOConfig) -> None:
     made on first use; its validation split too unless data.val_files is given), data.val_files=pyrl:tool_calc:test
     (a split by name: the held-out test split here), and tool or interaction configs as pyrl:tools/calculator.yaml
     (the YAML shipped in pyrl's configs/)."""
-    import importlib.resources
-
     data, multi_turn = config.data, config.actor_rollout_ref.rollout.multi_turn
     if isinstance(data.val_files, str) and data.val_files.startswith("pyrl:"):
         data.val_files, _ = builtin_task_file(data.val_files, "data.val_files", "val")
@@ -157,8 +149,8 @@ def resolve_fast_paths(config: PPOConfig) -> None:
 
 
 def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
-    """verl 0.9.1's deprecated spellings, accepted as it accepts them, each with a warning: optim.warmup_style is
-    copied into lr_scheduler_type (constant or cosine, as verl asserts); a global micro-batch size (ppo_micro_batch_size,
+    """verl 0.9.1's deprecated spellings, accepted as it accepts them, each with a warning: optim.warmup_style is copied
+    into lr_scheduler_type (constant or cosine, as verl asserts); a global micro-batch size (ppo_micro_batch_size,
     log_prob_micro_batch_size, critic.forward_micro_batch_size) becomes the per-rank one, divided by the `ranks`
     data-parallel ranks as verl's FSDP workers did (verl 0.9.1 checks these keys but its engine workers never read
     them: there they do nothing). Both spellings at once is verl's error."""
@@ -187,7 +179,8 @@ def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
                              "deprecated).")
         if size < ranks or (mini is not None and mini % size):
             raise ValueError(f"{section}.{name}={size}: a global micro-batch size must be at least the {ranks} "
-                             f"data-parallel ranks" + (f" and divide {section}.ppo_mini_batch_size={mini}" if mini else ""))
+                             f"data-parallel ranks"
+                             + (f" and divide {section}.ppo_mini_batch_size={mini}" if mini else ""))
         setattr(node, f"{name}_per_gpu", size // ranks)
         log.warning("%s.%s is deprecated (verl 0.9.1): %s.%s_per_gpu = %d / %d ranks = %d", section, name, section,
                     name, size, ranks, size // ranks)
@@ -213,7 +206,7 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
                          "hub id, or pyrl:tiny-toy-sft (or give no data either, for the toy preset)")
     resolve_builtin_files(config)
     if not config.data.train_files:
-        from pyrl.data import toy_task_files
+        from pyrl.data import toy_task_files  # lazy: pyrl.data loads torch; the CLI's --help does not need it
 
         log.info("data.train_files is empty: training on pyrl's toy task (two-digit addition)")
         toy = toy_task_files()
@@ -234,13 +227,13 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
 
 
 def run_ppo(config: PPOConfig) -> dict:
+    # lazy: torch, Ray and the models load only when a run starts; the CLI's --help does not need them
     from pyrl.rewards import load_reward_manager
     from pyrl.rewards.managers import close_scoring_pools
     from pyrl.trainer.checks import check_agent_loops, check_code_sandbox, check_models, check_multi_turn
     from pyrl.trainer.memory_plan import check_memory_plan
     from pyrl.trainer.ppo_trainer import PPOTrainer, training_steps
-    from pyrl.trainer.workers import build_workers
-    from pyrl.workers.actor import load_tokenizer
+    from pyrl.workers.models import load_tokenizer
 
     plan = resolve_defaults(config)
     log.info("%s", plan.describe())
@@ -271,7 +264,7 @@ def run_ppo(config: PPOConfig) -> dict:
         final_val = trainer.fit()
     finally:
         if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends
-            import ray
+            import ray  # lazy: Ray stays off the CLI's import path
 
             ray.timeline(filename=config.ray_kwargs.timeline_json_file)
         workers.shutdown()
@@ -279,8 +272,6 @@ def run_ppo(config: PPOConfig) -> dict:
     outputs = {"run_dir": run_dir}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_path):
-        from pyrl.plot import plot_run
-
         outputs["metrics"] = metrics_path
         outputs["plot"] = plot_run(run_dir)
     print(f"run directory: {run_dir}")
@@ -316,6 +307,7 @@ def run_from_hydra(cfg: DictConfig) -> None:
     checked), run_ppo."""
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
     if not sys.stderr.isatty():  # a log file (CI, nohup): no progress-bar redraws from transformers or the hub
+        # lazy: transformers loads only when a run starts (not for --help or --cfg)
         import huggingface_hub.utils
         import transformers
 

@@ -19,7 +19,8 @@ import numpy as np
 PURPOSES = {
     "rollout": "the trainer's generation call: coordinates step, refill (dynamic sampling's extra batches)",
     "rank": "a rank's (or tensor-parallel group's) share of a generation call: coordinate rank",
-    "engine": "a rollout engine's own generator at start: coordinate rank (the group leader's)",
+    "engine": "a rollout engine's own generators at start (32 bits: vLLM seeds numpy with it): coordinate rank "
+              "(the group leader's)",
     "dropout": "a training rank's torch generator (dropout) at start: coordinate rank",
     "turn": "an agent loop's generation round: coordinate round",
     "prompt": "a prompt of an engine call (vLLM adds the sample's index): coordinate prompt",
@@ -33,8 +34,9 @@ def _word(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def derive_seed(base: int, purpose: str, **coordinates: int) -> int:
-    """The seed of `purpose`'s stream at `coordinates` (non-negative integers) for the run seeded `base`."""
+def derive_seed(base: int, purpose: str, *, bits: int = SEED_BITS, **coordinates: int) -> int:
+    """The seed of `purpose`'s stream at `coordinates` (non-negative integers) for the run seeded `base`: its first
+    `bits` bits (fewer for a consumer that takes fewer, e.g. 32)."""
     if purpose not in PURPOSES:
         raise ValueError(f"derive_seed: unknown purpose {purpose!r}, expected one of {sorted(PURPOSES)}")
     key = [_word(purpose)]
@@ -46,4 +48,6 @@ def derive_seed(base: int, purpose: str, **coordinates: int) -> int:
     if isinstance(base, bool) or not isinstance(base, (int, np.integer)):
         raise ValueError(f"derive_seed: the base seed must be an integer, got {base!r}")
     words = np.random.SeedSequence(int(base) % 2**64, spawn_key=key).generate_state(2, dtype=np.uint32)
-    return (int(words[0]) << 32 | int(words[1])) >> (64 - SEED_BITS)
+    if not 1 <= bits <= 64:
+        raise ValueError(f"derive_seed: bits={bits}, expected 1 to 64")
+    return (int(words[0]) << 32 | int(words[1])) >> (64 - bits)

@@ -162,7 +162,7 @@ def check_command_line(argv: list[str]) -> None:
     known names (ValueError). `key=`, `+key=`, `++key=` and `~key` are checked the same way here. What this does
     not parse (a whole section given as a dict, `group@package=` choices) is checked as Hydra composes it, and the
     keys it adds by check_known_keys after."""
-    from pyrl.config import describe_unknown, unknown_node
+    from pyrl.config import describe_unknown, unknown_node  # lazy: import cycle (pyrl.config imports this module)
 
     name = config_name_of(argv)
     if name in CONFIG_FEATURES:

@@ -16,7 +16,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _backends():
     names = ["torch", "triton"] if DEVICE == "cuda" else ["cpp", "torch", "triton"]
-    return [pytest.param(n, marks=pytest.mark.skipif(n == "triton" and not triton_available(), reason="no triton")) for n in names]
+    return [pytest.param(n, marks=pytest.mark.skipif(n == "triton" and not triton_available(), reason="no triton"))
+            for n in names]
 
 
 @pytest.fixture(params=_backends())

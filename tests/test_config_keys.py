@@ -43,7 +43,8 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
         "critic_reference_reward_model": [
             *SMALL, "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=gae", "critic.model.lora_rank=4",
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
-            "algorithm.kl_ctrl.type=adaptive", "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny",
+            "algorithm.kl_ctrl.type=adaptive", "reward.reward_model.enable=true",
+            "reward.reward_model.model_path=pyrl:tiny",
             "trainer.val_before_train=true", "data.val_max_samples=8", "data.val_batch_size=4",
             "trainer.log_val_generations=1", f"trainer.validation_data_dir={tmp / 'validation'}", "trainer.save_freq=1",
             "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1", scorer,
@@ -53,10 +54,12 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
         "tools": [
             "preset=tool_calc", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false", "trainer.test_freq=-1",
-            "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf", "algorithm.filter_groups.enable=true",
+            "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
+            "algorithm.filter_groups.enable=true",
             "algorithm.filter_groups.max_num_gen_batches=3", "actor_rollout_ref.model.lora_rank=4",
             "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token",
-            "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.5"],
+            "algorithm.rollout_correction.rollout_rs=token_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.5"],
         # one-step-off: the rollout in vLLM workers of its own, bypass mode, gdpo's reward components, a dataset class
         "one_step_off": [
             *SMALL, "trainer.total_training_steps=1", f"actor_rollout_ref.rollout.name={'vllm' if VLLM else 'hf'}",
@@ -107,18 +110,21 @@ def keys_read(tmp_path_factory, ray_session) -> dict[str, set[str]]:
 NOT_READ_HERE = {
     "data.filter_overlong_prompts": "read for a prompt longer than data.max_prompt_length; the runs' prompts fit "
                                     "(tests/data/test_dataset.py filters and truncates)",
-    "trainer.resume_from_path": "read with trainer.resume_mode=resume_path, as verl (tests/trainer/test_checkpoints.py)",
+    "trainer.resume_from_path": "read with trainer.resume_mode=resume_path, as verl "
+                                "(tests/trainer/test_checkpoints.py)",
 }
 if not VLLM:  # the one-step-off run generates with the hf engine
-    NOT_READ_HERE.update({f"actor_rollout_ref.rollout.{key}": "vLLM's engine options (vLLM is not installed)" for key in (
-        "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "prompt_length",
-        "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "load_format", "logprobs_mode")})
+    NOT_READ_HERE.update({
+        f"actor_rollout_ref.rollout.{key}": "vLLM's engine options (vLLM is not installed)" for key in (
+            "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "prompt_length",
+            "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "load_format", "logprobs_mode")})
 # the start-up checks and the memory plan read many keys to check or size them; a key counts as acted on there
 # only where they are its consumer
 START_CHECKS = {"trainer/checks.py", "trainer/memory_plan.py"}
 CONSUMED_BY_START_CHECKS = {
     "trainer.memory_plan": "the memory plan's own switch",
-    "data.function_tool_path": "check_multi_turn loads these tools for the prompts' chat template (pyrl.ppo.prompt_batches)",
+    "data.function_tool_path": "check_multi_turn loads these tools for the prompts' chat template "
+                               "(pyrl.ppo.prompt_batches)",
     "actor_rollout_ref.rollout.agent.num_workers": "accepted with a log line saying it has no effect: pyrl has no "
                                                   "separate agent-loop workers",
 }
@@ -179,7 +185,8 @@ def test_every_schema_key_is_read_by_its_full_path_or_limited(keys_read):
     ("trainer.logger=[console,swanlab]", "trainer.logger: unknown \\['swanlab'\\]"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "optim.lr_scheduler_type='linear' is unknown"),
     ("critic.optim.optimizer=SGD", "critic.optim.optimizer='sgd' is unknown"),
-    ("algorithm.rollout_correction.rollout_is=batch", "algorithm.rollout_correction.rollout_is: expected token, sequence"),
+    ("algorithm.rollout_correction.rollout_is=batch",
+     "algorithm.rollout_correction.rollout_is: expected token, sequence"),
     ("algorithm.rollout_correction.rollout_rs=token_k9", "algorithm.rollout_correction.rollout_rs: unknown option"),
     ("algorithm.adv_estimator=gdpo", "gdpo needs algorithm.gdpo_reward_keys"),
 ])
@@ -202,8 +209,9 @@ def test_prefix_grouper_needs_the_packed_path():
 
     config = compose("preset=toy", "actor_rollout_ref.actor.use_prefix_grouper=true",
                      "actor_rollout_ref.model.use_remove_padding=false")
-    with pytest.raises(ValueError, match="prefix sharing on padded batches: not implemented in pyrl .*use_prefix_grouper="
-                                         "true with .*use_remove_padding=false .*set use_remove_padding=true"):
+    with pytest.raises(ValueError, match="prefix sharing on padded batches: not implemented in pyrl "
+                                         ".*use_prefix_grouper=true with .*use_remove_padding=false "
+                                         ".*set use_remove_padding=true"):
         check_names(config)
 
 
@@ -251,7 +259,8 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     with pytest.raises(ValueError, match=r"data.max_prompt_length \+ data.max_response_length = 32 \+ 100000 = 100032 "
                                          r"exceeds actor_rollout_ref.model.path's max_position_embeddings"):
         checked(too_long, tokenizer)
-    short_engine = compose("preset=toy", f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.rollout.max_model_len=16")
+    short_engine = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
+                           "actor_rollout_ref.rollout.max_model_len=16")
     with pytest.raises(ValueError, match="rollout.max_model_len=16 is shorter than"):
         checked(short_engine, tokenizer)
     too_split = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
@@ -275,7 +284,8 @@ def test_lengths_and_vocabulary_checked_against_the_models():
 
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.rollout.agent.default_agent_loop=react_agent", "default_agent_loop='react_agent' is unknown"),
-    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss", "multi_turn.format='gpt-oss' is unknown; expected one of hermes"),
+    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss",
+     "multi_turn.format='gpt-oss' is unknown; expected one of hermes"),
     ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=both", "tool_response_truncate_side='both'"),
     ("actor_rollout_ref.rollout.multi_turn.max_user_turns=-1", "max_user_turns=-1: expected null or 0"),
     ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0", "max_parallel_calls=0: expected > 0"),
@@ -311,7 +321,8 @@ def test_agent_loops_checked_against_the_rows_before_workers(tmp_path):
     with pytest.raises(ValueError, match="multi_turn.enable=true, but no row runs the tool agent"):
         check([{}, {"agent_name": "single_turn_agent"}], "actor_rollout_ref.rollout.multi_turn.enable=true")
     config = tmp_path / "interactions.yaml"
-    config.write_text("interaction:\n  - name: guess\n    class_name: pyrl.interactions.guess_number.GuessNumberInteraction\n"
+    config.write_text("interaction:\n  - name: guess\n"
+                      "    class_name: pyrl.interactions.guess_number.GuessNumberInteraction\n"
                       "  - name: other\n    class_name: pyrl.interactions.guess_number.GuessNumberInteraction\n")
     with_interactions = f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={config}"
     check([{"agent_name": "tool_agent", "interaction_kwargs": {"name": "guess"}}, {}], with_interactions)
@@ -326,7 +337,8 @@ ENGINE = "actor_rollout_ref.rollout.checkpoint_engine"
 
 
 @pytest.mark.parametrize("override, key", [(f"{ENGINE}.backend=nixl", "backend"),
-                                           (f"{ENGINE}.update_weights_bucket_megabytes=512", "update_weights_bucket_megabytes"),
+                                           (f"{ENGINE}.update_weights_bucket_megabytes=512",
+                                            "update_weights_bucket_megabytes"),
                                            (f"+{ENGINE}.engine_kwargs.nccl.rebuild_group=true", "engine_kwargs"),
                                            (f"{ENGINE}.custom_backend_module=my_backend", "custom_backend_module")])
 def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
@@ -349,7 +361,8 @@ def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
     ("+trainer.bogus.deep=1", r"unknown config key: trainer\.bogus\. "),
     ("+bogus=1", r"unknown config key: bogus\. "),
     ("+critic.optim.warmup=1", r"unknown config key: critic\.optim\.warmup\b"),
-    ("+reward_model.overlong_buffr.enable=true", r"reward_model\.overlong_buffr \(did you mean reward_model\.overlong_buffer\?\)"),
+    ("+reward_model.overlong_buffr.enable=true",
+     r"reward_model\.overlong_buffr \(did you mean reward_model\.overlong_buffer\?\)"),
 ])
 def test_plus_overrides_go_through_the_key_check(override, message):
     """`+key=` / `++key=` add keys Hydra would refuse as `key=`: the composed config is checked against the schema."""
@@ -408,7 +421,8 @@ def test_verl_deprecated_spellings_are_accepted_with_a_warning(caplog):
     from pyrl.ppo import migrate_deprecated_keys
 
     config = compose("preset=toy", "actor_rollout_ref.actor.ppo_micro_batch_size=16",
-                     "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size=8",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
                      "critic.ppo_micro_batch_size=16", "actor_rollout_ref.actor.optim.warmup_style=cosine",
                      "critic.optim.warmup_style=constant", "critic.optim.lr_scheduler_type=cosine")
     with caplog.at_level("WARNING", logger="pyrl"):
@@ -427,20 +441,25 @@ def test_verl_deprecated_spellings_are_accepted_with_a_warning(caplog):
         (["actor_rollout_ref.actor.ppo_micro_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
          r"\[actor_rollout_ref.actor\] You have set both 'actor_rollout_ref.actor.ppo_micro_batch_size' AND "
          r"'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size=2"], r"actor_rollout_ref.actor.ppo_micro_batch_size=2: a global "
-                                                             r"micro-batch size must be at least the 4 data-parallel ranks"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size=24"], r"and divide actor_rollout_ref.actor.ppo_mini_batch_size=32"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=2"],
+         r"actor_rollout_ref.actor.ppo_micro_batch_size=2: a global "
+         r"micro-batch size must be at least the 4 data-parallel ranks"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=24"],
+         r"and divide actor_rollout_ref.actor.ppo_mini_batch_size=32"),
         (["critic.optim.warmup_style=linear"], r"critic.optim.warmup_style: expected constant or cosine, got 'linear'"),
     ]:
         with pytest.raises(ValueError, match=message):
-            migrate_deprecated_keys(compose("preset=toy", "actor_rollout_ref.actor.ppo_mini_batch_size=32", *overrides), 4)
+            migrate_deprecated_keys(compose("preset=toy", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                                            *overrides), 4)
 
 
-@pytest.mark.parametrize("key", ["actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",
+@pytest.mark.parametrize("key", ["actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+                                 "critic.ulysses_sequence_parallel_size",
                                  "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                                  "critic.fsdp.ulysses_sequence_parallel_size"])
 def test_a_refused_feature_is_refused_under_every_key_that_names_it(key):
-    """Ulysses sequence parallelism by any of verl 0.9.1's keys for it: the feature named, not Hydra's 'Key ... not in'."""
+    """Ulysses sequence parallelism by any of verl 0.9.1's keys for it: the feature named, not Hydra's
+    'Key ... not in'."""
     from trainer.trainer_helpers import compose
 
     from pyrl.config import check_supported

@@ -47,10 +47,12 @@ def test_cpp_core_checks_its_buffers():
         _C.kl_forward(a, a, 7, torch.zeros(4).numpy())
     logits = torch.zeros(2, 5).numpy()
     with pytest.raises(ValueError, match=r"labels: entry 1 is 9, outside \[0, 5\)"):
-        _C.logprobs_forward(logits, 0, torch.tensor([0, 9]).numpy(), 1.0, torch.zeros(2).numpy(), torch.zeros(2).numpy(), None)
+        _C.logprobs_forward(logits, 0, torch.tensor([0, 9]).numpy(), 1.0,
+                            torch.zeros(2).numpy(), torch.zeros(2).numpy(), None)
     with pytest.raises(ValueError, match="logits: expected 2 dims"):
         _C.logprobs_forward(torch.zeros(10).numpy(), 0, None, 1.0, None, torch.zeros(10).numpy(), None)
     with pytest.raises(ValueError, match="cu_seqlens: last entry 3 != number of tokens 4"):
-        _C.gae(a, a, None, torch.tensor([0, 3]).numpy(), 1, 0, 1.0, 1.0, True, torch.zeros(4).numpy(), torch.zeros(4).numpy())
+        _C.gae(a, a, None, torch.tensor([0, 3]).numpy(), 1, 0, 1.0, 1.0, True,
+               torch.zeros(4).numpy(), torch.zeros(4).numpy())
     with pytest.raises(ValueError, match="advantages: must be contiguous"):
         _C.gae(a, a, None, None, 2, 2, 1.0, 1.0, False, torch.zeros(2, 2).t().numpy(), torch.zeros(4).numpy())

@@ -12,15 +12,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_gpu_kernels_smoke_cpu(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--smoke-cpu", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"),
+                          "--smoke-cpu", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_kernels.json").read_text())
     rows = report["rows"]
     ops = {r["op"] for r in rows}
-    assert {"logprobs fwd", "logprobs fwd+bwd", "entropy fwd", "fused_linear_logprobs fwd+bwd", "kl_penalty low_var_kl fwd+bwd",
-            "ppo_policy_loss vanilla fwd+bwd", "value_loss fwd+bwd", "compute_gae", "compute_gae whiten",
-            "compute_gae_packed", "group_advantages grpo"} <= ops
+    assert {"logprobs fwd", "logprobs fwd+bwd", "entropy fwd", "fused_linear_logprobs fwd+bwd",
+            "kl_penalty low_var_kl fwd+bwd", "ppo_policy_loss vanilla fwd+bwd", "value_loss fwd+bwd", "compute_gae",
+            "compute_gae whiten", "compute_gae_packed", "group_advantages grpo"} <= ops
     for row in rows:
         if row["impl"].startswith("pyrl"):
             assert "skipped" not in row and row["median_ms"] > 0, row
@@ -40,7 +41,8 @@ def test_gpu_update_smoke_cpu(tmp_path):
     rows = json.loads((tmp_path / "gpu_update.json").read_text())["rows"]
     cells = {(r["worker"], r["workload"], r["micro_rows"]) for r in rows}
     workers = ("bf16 packed fused", "bf16 padded fused", "bf16 packed logits", "fp32 packed fused", "fp32 padded fused")
-    assert {(w, load, 4) for w in workers for load in ("uniform", "long-tailed")} | {("bf16 packed fused", "uniform", 2)} == cells
+    assert ({(w, load, 4) for w in workers for load in ("uniform", "long-tailed")}
+            | {("bf16 packed fused", "uniform", 2)}) == cells
     for row in rows:
         assert len(row["seconds"]) == 1 and row["seconds"][0] > 0, row
         assert all(0 < m < 1 for m in row["mfu_measured_peak"] + row["verl_mfu_datasheet"]), row

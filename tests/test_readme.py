@@ -12,7 +12,8 @@ def _run_snippet(index, tmp_path):
     snippet = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[index]
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
-    out = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script)],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -13,7 +13,7 @@ def every_site_seed(base: int) -> dict[int, tuple]:
     """Each site's seeds over coordinates well past a long run's (2,000 steps x 8 refills, 256 ranks, 64 rounds,
     4,096 prompts in a call), by seed."""
     coordinates = ([("rollout", {"step": s, "refill": r}) for s in range(2000) for r in range(8)]
-                   + [(purpose, {"rank": r}) for purpose in ("rank", "engine", "dropout") for r in range(256)]
+                   + [(purpose, {"rank": r}) for purpose in ("rank", "dropout") for r in range(256)]
                    + [("turn", {"round": r}) for r in range(64)] + [("prompt", {"prompt": p}) for p in range(4096)])
     seeds = {}
     for purpose, coords in coordinates:
@@ -26,10 +26,17 @@ def every_site_seed(base: int) -> dict[int, tuple]:
 @pytest.mark.parametrize("base", [0, 1, 42, 2**40 + 3])
 def test_no_two_coordinates_share_a_seed(base):
     seeds = np.array(sorted(every_site_seed(base)), dtype=np.uint64)
-    assert len(seeds) == 2000 * 8 + 3 * 256 + 64 + 4096
+    assert len(seeds) == 2000 * 8 + 2 * 256 + 64 + 4096
     assert int(seeds.max()) < 2**SEED_BITS and int(seeds.min()) >= 0
     # a prompt's samples use seed .. seed + n - 1: no other stream starts in that range
     assert int(np.diff(seeds).min()) >= SAMPLES_PER_PROMPT
+
+
+def test_engine_seeds_fit_32_bits_and_differ_by_rank():
+    """vLLM's engine seeds numpy with its seed, which takes 32 bits."""
+    seeds = [derive_seed(0, "engine", bits=32, rank=r) for r in range(256)]
+    assert len(set(seeds)) == 256 and max(seeds) < 2**32
+    assert derive_seed(0, "engine", bits=32, rank=3) == derive_seed(0, "engine", rank=3) >> (SEED_BITS - 32)
 
 
 def test_bases_give_unrelated_streams():
@@ -60,4 +67,6 @@ def test_bad_input_is_named():
         derive_seed(0, "rank", rank=True)
     with pytest.raises(ValueError, match="base seed must be an integer"):
         derive_seed(1.5, "rank", rank=0)
+    with pytest.raises(ValueError, match="bits=0, expected 1 to 64"):
+        derive_seed(1, "rank", bits=0, rank=0)
     assert set(PURPOSES) == {"rollout", "rank", "engine", "dropout", "turn", "prompt"}

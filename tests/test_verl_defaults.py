@@ -72,7 +72,8 @@ def test_toy_preset_chosen_only_without_data_model_or_preset():
                  ["+preset=toy"], ["--config-name", "mine"], ["-cn=mine"]):
         assert not wants_toy_preset(argv), argv
     toy = composed("preset=toy")
-    assert toy["actor_rollout_ref.model.path"] == "pyrl:tiny-toy-sft" and toy["actor_rollout_ref.actor.optim.lr"] == 3e-4
+    assert (toy["actor_rollout_ref.model.path"] == "pyrl:tiny-toy-sft"
+            and toy["actor_rollout_ref.actor.optim.lr"] == 3e-4)
     # a user's key wins over the preset's
     assert composed("preset=toy", "actor_rollout_ref.actor.optim.lr=1e-5")["actor_rollout_ref.actor.optim.lr"] == 1e-5
 

@@ -2,24 +2,23 @@
 
 Each takes token-level tensors [B, T] (rewards with the outcome score on the last valid token, and the
 response mask) and returns (advantages, returns), both [B, T] float32. Group-based estimators take
-`index`: one group id per sample (verl's `uid`: strings, ints, a numpy array or a tensor).
+`index`: one group id per sample (verl's `uid`: strings, ints, a numpy array or a tensor). What else an estimator
+reads it declares where it is registered (pyrl.algos.registry.Needs): the trainer passes exactly that.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 import torch
 
 from pyrl import ops
-from pyrl.algos.registry import make_registry
+from pyrl.algos.registry import VERL_OPTIONAL, Needs, Registry
 
-ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
-
-# @register_adv_est(name) registers a function;
+ESTIMATORS = Registry("advantage estimator", default_needs=VERL_OPTIONAL)
+ADV_ESTIMATOR_REGISTRY = ESTIMATORS.functions
+# @register_adv_est(name, needs=Needs(...)) registers a function (verl's decorator; needs is pyrl's);
 # get_adv_estimator_fn(name) returns it or raises a ValueError listing the known names.
-register_adv_est, get_adv_estimator_fn = make_registry("advantage estimator", ADV_ESTIMATOR_REGISTRY)
+register_adv_est, get_adv_estimator_fn = ESTIMATORS.register, ESTIMATORS.get
 
 
 def group_ids(index, device) -> torch.Tensor:
@@ -37,33 +36,37 @@ def _outcome(token_level_rewards, response_mask, index, estimator, **kwargs):
     return advantages, advantages
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", needs=Needs(tensors=("values",)))
 def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma=1.0, lam=1.0, **_):
     """delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1} (masked tokens carried);
     returns = A + V; advantages whitened over the batch."""
     return ops.compute_gae(token_level_rewards, values, response_mask, gamma, lam)
 
 
-@register_adv_est("grpo")
-@register_adv_est("grpo_vectorized")  # verl's vectorized twin: the same numbers (this one has no loop either)
-def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, **_):
+@register_adv_est("grpo", needs=Needs())
+@register_adv_est("grpo_vectorized", needs=Needs())  # verl's vectorized twin: the same numbers (no loop here either)
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, **_):
     """A_i = (s_i - mean_g) / (std_g + eps) (or s_i - mean_g for Dr.GRPO), broadcast over valid tokens."""
-    return _outcome(token_level_rewards, response_mask, index, "grpo", norm_by_std=norm_adv_by_std_in_grpo, eps=epsilon)
+    return _outcome(token_level_rewards, response_mask, index, "grpo", norm_by_std=norm_adv_by_std_in_grpo,
+                    eps=epsilon)
 
 
-@register_adv_est("grpo_passk")
-def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, **_):
+@register_adv_est("grpo_passk", needs=Needs())
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                         norm_adv_by_std_in_grpo=True, **_):
     """Only each group's best sample gets A = s_max - s_second (/ (std_g + eps)); needs >= 2 per group."""
-    return _outcome(token_level_rewards, response_mask, index, "grpo_passk", norm_by_std=norm_adv_by_std_in_grpo, eps=epsilon)
+    return _outcome(token_level_rewards, response_mask, index, "grpo_passk", norm_by_std=norm_adv_by_std_in_grpo,
+                    eps=epsilon)
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", needs=Needs())
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """A_i = s_i - mean_{j != i in g} s_j; a singleton keeps s_i."""
     return _outcome(token_level_rewards, response_mask, index, "rloo")
 
 
-@register_adv_est("rloo_vectorized")
+@register_adv_est("rloo_vectorized", needs=Needs())
 def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """A_i = s_i - mean_{j != i in g} s_j; a singleton gets 0 (verl's vectorized RLOO; its loop version, `rloo`,
     keeps s_i)."""
@@ -73,7 +76,32 @@ def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask
     return advantages, advantages
 
 
-@register_adv_est("gdpo")
+def gdpo_components(config, non_tensor_batch=None) -> tuple[list[str], list[float]]:
+    """(algorithm.gdpo_reward_keys, their weights: gdpo_reward_weights or 1 each), checked (and, given the batch's
+    non_tensor_batch, each key found there)."""
+    keys = list(config.gdpo_reward_keys or [])
+    if not keys:
+        raise ValueError("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, which is empty: "
+                         "algorithm.gdpo_reward_keys must list the reward components to normalize one by one, fields "
+                         "of the dicts compute_score returns (e.g. ['format_reward', 'accuracy_reward'])")
+    for key in keys if non_tensor_batch is not None else ():
+        if key not in non_tensor_batch:
+            raise KeyError(f"gdpo: reward component {key!r} (algorithm.gdpo_reward_keys) is not in the batch, "
+                           f"which has {sorted(non_tensor_batch)}; compute_score must return a dict holding it")
+    weights = config.gdpo_reward_weights if config.gdpo_reward_weights is not None else [1.0] * len(keys)
+    if len(weights) != len(keys):
+        raise ValueError(f"gdpo: {len(weights)} algorithm.gdpo_reward_weights for {len(keys)} gdpo_reward_keys")
+    return keys, [float(w) for w in weights]
+
+
+def gdpo_metrics(batch, config) -> dict:
+    """verl's gdpo/<key>/mean|std|max|min of each reward component."""
+    components = {key: np.asarray(batch.non_tensor_batch[key], dtype=np.float32) for key in config.gdpo_reward_keys}
+    return {f"gdpo/{key}/{stat}": float(getattr(np, stat)(values))
+            for key, values in components.items() for stat in ("mean", "std", "max", "min")}
+
+
+@register_adv_est("gdpo", needs=Needs(non_tensor_batch=True, check=gdpo_components, metrics=gdpo_metrics))
 def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                    norm_adv_by_std_in_grpo=True, config=None, non_tensor_batch=None, **_):
     """A = whiten(sum_k w_k A_k m, m) * m (GDPO): A_k is the GRPO advantage of reward component k alone, so a
@@ -85,19 +113,9 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     if config is None or non_tensor_batch is None:
         components, weights = [token_level_rewards.sum(-1)], [1.0]
     else:
-        keys = config.gdpo_reward_keys
-        if not keys:
-            raise ValueError("gdpo: algorithm.gdpo_reward_keys must list the reward components, fields of the dicts "
-                             "compute_score returns (e.g. ['format_reward', 'accuracy_reward'])")
-        for key in keys:
-            if key not in non_tensor_batch:
-                raise KeyError(f"gdpo: reward component {key!r} (algorithm.gdpo_reward_keys) is not in the batch, "
-                               f"which has {sorted(non_tensor_batch)}; compute_score must return a dict holding it")
+        keys, weights = gdpo_components(config, non_tensor_batch)
         components = [torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=device)
                       for key in keys]
-        weights = config.gdpo_reward_weights if config.gdpo_reward_weights is not None else [1.0] * len(keys)
-        if len(weights) != len(keys):
-            raise ValueError(f"gdpo: {len(weights)} algorithm.gdpo_reward_weights for {len(keys)} gdpo_reward_keys")
     ids = group_ids(index, device)
     combined = sum(float(weight) * ops.group_advantages(scores, ids, "grpo", norm_adv_by_std_in_grpo, epsilon)
                    for weight, scores in zip(weights, components))
@@ -106,19 +124,19 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     return advantages, advantages
 
 
-@register_adv_est("opo")
+@register_adv_est("opo", needs=Needs())
 def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """A_i = s_i - sum_j L_j s_j / sum_j L_j over the group, L = response length."""
     return _outcome(token_level_rewards, response_mask, index, "opo", lengths=response_mask.sum(-1))
 
 
-@register_adv_est("gpg")
+@register_adv_est("gpg", needs=Needs())
 def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """A_i = B / max(1, #{s != 0}) * (s_i - mean_g)."""
     return _outcome(token_level_rewards, response_mask, index, "gpg")
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
+@register_adv_est("reinforce_plus_plus_baseline", needs=Needs())
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **_):
     """a_i = s_i - mean_g over every valid token, then whitened over the batch: A = whiten(a, m) * m."""
     advantages, _ = _outcome(token_level_rewards, response_mask, index, "reinforce_plus_plus_baseline")
@@ -126,7 +144,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
     return advantages, advantages
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus", needs=Needs())
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma=1.0, **_):
     """G_t = r_t + gamma G_{t+1}, the running return reset by the mask (G_{t+1} counts only if m_{t+1});
     returns = G, advantages = whiten(G, m) * m."""
@@ -142,7 +160,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     return advantages, returns
 
 
-@register_adv_est("remax")
+@register_adv_est("remax", needs=Needs(tensors=("reward_baselines",)))
 def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask, **_):
     """G_t = sum_{t' >= t} r_t' m_t'; A_t = G_t - b m_t with b the reward of the greedy rollout; returns = G."""
     with torch.no_grad():
@@ -152,9 +170,10 @@ def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, respo
     return advantages, returns
 
 
-# estimators that read the old policy's per-token statistics before the update: old_log_probs and the actor's
-# sum_pi_squared (actor_rollout_ref.actor.calculate_sum_pi_squared)
-SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+# the optimal token baselines read the old policy's per-token statistics before the update: old_log_probs and the
+# actor's sum_pi_squared (actor_rollout_ref.actor.calculate_sum_pi_squared), with rollout correction's IS weights
+OPTIMAL_TOKEN_BASELINE = Needs(tensors=("old_log_probs", "sum_pi_squared"), optional_tensors=("rollout_is_weights",),
+                               old_log_probs_before_update=True)
 
 
 def _optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
@@ -195,7 +214,7 @@ def _optimal_token_baseline(token_level_rewards, response_mask, index, old_log_p
     return advantages.float(), returns.float()
 
 
-@register_adv_est("optimal_token_baseline")
+@register_adv_est("optimal_token_baseline", needs=OPTIMAL_TOKEN_BASELINE)
 def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
                                              rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **_):
     """A_t = G_t - B_t, B_t = sum_{i in g} G_{i,t} W_{i,t} m_{i,t} / (sum_{i in g} W_{i,t} m_{i,t} + eps) per
@@ -207,7 +226,7 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
                                    rollout_is_weights, handle_zero_tail, epsilon, by_valid_token=False)
 
 
-@register_adv_est("tir_optimal_token_baseline")
+@register_adv_est("tir_optimal_token_baseline", needs=OPTIMAL_TOKEN_BASELINE)
 def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
                                                         sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
                                                         epsilon=1e-8, **_):

@@ -16,21 +16,29 @@ None), sg = stop-gradient, means are over unmasked tokens.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
 import torch
 
 from pyrl import ops
-from pyrl.algos.registry import make_registry
+from pyrl.algos.registry import Needs, Registry
 from pyrl.config import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
 from pyrl.ops._dispatch import check_same_shape
 
-POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
-
-# @register_policy_loss(name) registers a function;
+POLICY_LOSSES = Registry("policy loss")
+POLICY_LOSS_REGISTRY = POLICY_LOSSES.functions
+# @register_policy_loss(name, needs=Needs(...)) registers a function (verl's decorator; needs is pyrl's);
 # get_policy_loss_fn(name) returns it or raises a ValueError listing the known names.
-register_policy_loss, get_policy_loss_fn = make_registry("policy loss", POLICY_LOSS_REGISTRY)
+register_policy_loss, get_policy_loss_fn = POLICY_LOSSES.register, POLICY_LOSSES.get
+ACTOR = "actor_rollout_ref.actor."  # the section a loss's settings are read from, for the start check's errors
+
+
+def checked_at_start(settings: Callable) -> Needs:
+    """The needs of a loss whose knobs `settings(config, key)` reads and checks: the same check runs at start on the
+    actor config (pyrl.trainer.checks), naming the knobs in full."""
+    return Needs(check=functools.partial(settings, key=ACTOR))
 
 SAFETY_BOUND = 20.0  # verl's clamp of log ratios before exp: finite ratios and weights
 
@@ -43,11 +51,11 @@ def config_value(config, path: str, default):
     return default if config is None else config
 
 
-def checked_value(config, path: str, default, valid: Callable[[float], bool], requirement: str):
-    """config_value, a number for which valid(value) holds, else a ValueError naming the key."""
+def checked_value(config, path: str, default, valid: Callable[[float], bool], requirement: str, key: str = ""):
+    """config_value, a number for which valid(value) holds, else a ValueError naming the key (`key` + path)."""
     value = config_value(config, path, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not valid(value):
-        raise ValueError(f"{path}: must be a number{' ' + requirement if requirement else ''}, got {value!r}")
+        raise ValueError(f"{key}{path}: must be a number{' ' + requirement if requirement else ''}, got {value!r}")
     return value
 
 
@@ -69,8 +77,8 @@ def _ppo(loss_mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_
 
 
 @register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                   global_batch_info=None, *, rollout_is_weights=None):
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, global_batch_info=None, *, rollout_is_weights=None):
     """PPO: w max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), the max dual-clipped at -A c for A < 0."""
     return _ppo("vanilla", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info,
                 rollout_is_weights)
@@ -94,15 +102,16 @@ def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, l
 
 
 @register_policy_loss("cispo")
-def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                   global_batch_info=None, *, rollout_is_weights=None):
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                              config=None, global_batch_info=None, *, rollout_is_weights=None):
     """CISPO: -w sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi."""
     return _ppo("cispo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info,
                 rollout_is_weights)
 
 
 def _metrics(pg_clipfrac, pg_clipfrac_lower, ppo_kl) -> dict:
-    return {"pg_clipfrac": pg_clipfrac.detach(), "pg_clipfrac_lower": pg_clipfrac_lower.detach(), "ppo_kl": ppo_kl.detach()}
+    return {"pg_clipfrac": pg_clipfrac.detach(), "pg_clipfrac_lower": pg_clipfrac_lower.detach(),
+            "ppo_kl": ppo_kl.detach()}
 
 
 def _fraction(condition, mask):
@@ -122,27 +131,37 @@ def _clamped_log_ratio(log_prob, old_log_prob):
     return torch.clamp(log_prob - old_log_prob, min=-SAFETY_BOUND, max=SAFETY_BOUND)
 
 
-@register_policy_loss("sapo")
-def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean", config=None,
-                             global_batch_info=None, *, rollout_is_weights=None):
+def sapo_settings(config, key: str = "") -> tuple[float, float]:
+    """(tau_pos, tau_neg), both > 0."""
+    return (checked_value(config, "tau_pos", ActorConfig.tau_pos, lambda v: v > 0, "> 0", key),
+            checked_value(config, "tau_neg", ActorConfig.tau_neg, lambda v: v > 0, "> 0", key))
+
+
+@register_policy_loss("sapo", needs=checked_at_start(sapo_settings))
+def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
+                             config=None, global_batch_info=None, *, rollout_is_weights=None):
     """SAPO: -w f(r, tau) A with the soft gate f(r, tau) = sigmoid(tau (r - 1)) 4 / tau, tau = tau_pos where A > 0
     else tau_neg (actor.tau_pos / tau_neg), log r clamped to [-20, 20]; always aggregated seq-mean-token-mean (as
     verl: loss_agg_mode is not used). pg_clipfrac = pg_clipfrac_lower = 0, ppo_kl = mean(-log r)."""
-    tau_pos = checked_value(config, "tau_pos", ActorConfig.tau_pos, lambda v: v > 0, "> 0")
-    tau_neg = checked_value(config, "tau_neg", ActorConfig.tau_neg, lambda v: v > 0, "> 0")
+    tau_pos, tau_neg = sapo_settings(config)
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     tau = torch.where(advantages > 0, advantages.new_tensor(tau_pos), advantages.new_tensor(tau_neg))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
-    pg_loss = _aggregate(-gate * advantages, response_mask, "seq-mean-token-mean", global_batch_info, rollout_is_weights)
+    pg_loss = _aggregate(-gate * advantages, response_mask, "seq-mean-token-mean", global_batch_info,
+                         rollout_is_weights)
     zero = log_prob.new_zeros(())
     return pg_loss, _metrics(zero, zero, ops.masked_mean(-log_ratio, response_mask))
 
 
-def _dppo(keep_where_positive, keep_where_negative, log_ratio, log_prob, advantages, response_mask, loss_agg_mode, config,
-          global_batch_info, rollout_is_weights):
-    # clip_ratio_c truncates the IS ratio (TIS) instead of a dual clip; verl falls back to 20 where the config
-    # lacks the key (an actor config has it: 3.0 by default)
-    truncation = checked_value(config, "clip_ratio_c", 20.0, lambda v: v > 0, "> 0")
+def dppo_truncation(config, key: str = "") -> float:
+    """clip_ratio_c (> 0): it truncates the IS ratio (TIS) instead of a dual clip; verl falls back to 20 where the
+    config lacks the key (an actor config has it: 3.0 by default)."""
+    return checked_value(config, "clip_ratio_c", 20.0, lambda v: v > 0, "> 0", key)
+
+
+def _dppo(keep_where_positive, keep_where_negative, log_ratio, log_prob, advantages, response_mask, loss_agg_mode,
+          config, global_batch_info, rollout_is_weights):
+    truncation = dppo_truncation(config)
     ratio = torch.exp(log_ratio)
     kept = torch.where(advantages > 0, keep_where_positive, keep_where_negative).to(log_prob.dtype)
     pg_losses = -advantages * torch.clamp(ratio, max=truncation).detach() * log_prob * kept
@@ -152,22 +171,23 @@ def _dppo(keep_where_positive, keep_where_negative, log_ratio, log_prob, advanta
                              ops.masked_mean(-log_ratio, response_mask))
 
 
-@register_policy_loss("dppo_tv")
-def compute_policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                global_batch_info=None, *, rollout_is_weights=None):
+@register_policy_loss("dppo_tv", needs=checked_at_start(dppo_truncation))
+def compute_policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, global_batch_info=None, *, rollout_is_weights=None):
     """DPPO-Binary-TV: -w A sg(min(r, c)) log pi on the tokens whose probability moved within the TV threshold
     (pi - pi_old <= clip_ratio_high where A > 0, pi - pi_old >= -clip_ratio_low where A <= 0), 0 on the others;
     c = clip_ratio_c (verl's fallback 20), log r clamped to [-20, 20]. pg_clipfrac = mean(outside),
     pg_clipfrac_lower = mean(inside and r > c), ppo_kl = mean(-log r)."""
     clip = clip_ratios(config)
     moved = (torch.exp(log_prob) - torch.exp(old_log_prob)).detach()
-    return _dppo(moved <= clip["clip_ratio_high"], moved >= -clip["clip_ratio_low"], _clamped_log_ratio(log_prob, old_log_prob),
-                 log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info, rollout_is_weights)
+    return _dppo(moved <= clip["clip_ratio_high"], moved >= -clip["clip_ratio_low"],
+                 _clamped_log_ratio(log_prob, old_log_prob), log_prob, advantages, response_mask, loss_agg_mode, config,
+                 global_batch_info, rollout_is_weights)
 
 
-@register_policy_loss("dppo_kl")
-def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                global_batch_info=None, *, rollout_is_weights=None):
+@register_policy_loss("dppo_kl", needs=checked_at_start(dppo_truncation))
+def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, global_batch_info=None, *, rollout_is_weights=None):
     """DPPO-Binary-KL: dppo_tv with the binary KL D = pi_old log(pi_old / pi) + (1 - pi_old) log((1 - pi_old + 1e-8)
     / (1 - pi + 1e-8)) as the divergence: kept where A > 0 if D <= clip_ratio_high or pi <= pi_old, where A <= 0 if
     D <= clip_ratio_low or pi >= pi_old."""
@@ -177,22 +197,29 @@ def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mas
         (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
     keep_where_positive = (binary_kl <= clip["clip_ratio_high"]) | (prob <= old_prob)
     keep_where_negative = (binary_kl <= clip["clip_ratio_low"]) | (prob >= old_prob)
-    return _dppo(keep_where_positive, keep_where_negative, _clamped_log_ratio(log_prob, old_log_prob), log_prob, advantages,
-                 response_mask, loss_agg_mode, config, global_batch_info, rollout_is_weights)
+    return _dppo(keep_where_positive, keep_where_negative, _clamped_log_ratio(log_prob, old_log_prob), log_prob,
+                 advantages, response_mask, loss_agg_mode, config, global_batch_info, rollout_is_weights)
 
 
-@register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                 global_batch_info=None, *, rollout_is_weights=None):
+def clip_cov_settings(config, key: str = "") -> tuple[float, float, float]:
+    """(policy_loss.clip_cov_ratio > 0, clip_cov_lb, clip_cov_ub > clip_cov_lb)."""
+    share = checked_value(config, "policy_loss.clip_cov_ratio", PolicyLossConfig.clip_cov_ratio, lambda v: v > 0,
+                          "> 0", key)
+    lower = checked_value(config, "policy_loss.clip_cov_lb", PolicyLossConfig.clip_cov_lb, lambda v: True, "", key)
+    upper = checked_value(config, "policy_loss.clip_cov_ub", PolicyLossConfig.clip_cov_ub, lambda v: v > lower,
+                          f"> policy_loss.clip_cov_lb ({lower})", key)
+    return share, lower, upper
+
+
+@register_policy_loss("clip_cov", needs=checked_at_start(clip_cov_settings))
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, global_batch_info=None, *, rollout_is_weights=None):
     """Clip-Cov: w max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)) (no dual clip, no log-ratio clamp),
     times 0 on n = max(1, int(clip_cov_ratio x unmasked tokens)) tokens drawn at random (torch.randperm, as verl)
     among the unmasked ones PPO did not clip whose covariance (A - mean A)(log pi - mean log pi) lies in
     (clip_cov_lb, clip_cov_ub): their gradient is cut. pg_clipfrac = mean(cut), pg_clipfrac_lower = 0,
     ppo_kl = mean(-log r)."""
-    share = checked_value(config, "policy_loss.clip_cov_ratio", PolicyLossConfig.clip_cov_ratio, lambda v: v > 0, "> 0")
-    lower = checked_value(config, "policy_loss.clip_cov_lb", PolicyLossConfig.clip_cov_lb, lambda v: True, "")
-    upper = checked_value(config, "policy_loss.clip_cov_ub", PolicyLossConfig.clip_cov_ub, lambda v: v > lower,
-                          f"> policy_loss.clip_cov_lb ({lower})")
+    share, lower, upper = clip_cov_settings(config)
     clip = clip_ratios(config)
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
@@ -201,7 +228,8 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     # the per-token covariance of the Clip-Cov / KL-Cov paper (Entropy-Mechanism-of-RL), means over unmasked tokens
     covariance = ((advantages - ops.masked_mean(advantages, response_mask))
                   * (log_prob.detach() - ops.masked_mean(log_prob.detach(), response_mask)))
-    candidates = torch.nonzero((response_mask > 0) & ~(pg_losses2 > pg_losses1) & (covariance > lower) & (covariance < upper))
+    candidates = torch.nonzero((response_mask > 0) & ~(pg_losses2 > pg_losses1) & (covariance > lower)
+                               & (covariance < upper))
     if len(candidates):
         candidates = candidates[torch.randperm(len(candidates))[: max(int(share * response_mask.sum().item()), 1)]]
     kept = torch.ones_like(advantages)
@@ -212,16 +240,23 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
                              ops.masked_mean(-log_ratio, response_mask))
 
 
-@register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                               global_batch_info=None, *, rollout_is_weights=None):
+def kl_cov_settings(config, key: str = "") -> tuple[float, float]:
+    """(policy_loss.kl_cov_ratio > 0, policy_loss.ppo_kl_coef >= 0)."""
+    return (checked_value(config, "policy_loss.kl_cov_ratio", PolicyLossConfig.kl_cov_ratio, lambda v: v > 0, "> 0",
+                          key),
+            checked_value(config, "policy_loss.ppo_kl_coef", PolicyLossConfig.ppo_kl_coef, lambda v: v >= 0, ">= 0",
+                          key))
+
+
+@register_policy_loss("kl_cov", needs=checked_at_start(kl_cov_settings))
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                               config=None, global_batch_info=None, *, rollout_is_weights=None):
     """KL-Cov: w (-A r + ppo_kl_coef |log r| on the n = max(1, int(kl_cov_ratio x
     unmasked tokens)) unmasked tokens of largest covariance (A - mean A)(log pi - mean log pi)), no clipping, no
     log-ratio clamp. ppo_kl =
     mean(|log r|) (verl's value under that name), pg_clipfrac = mean(penalized) (verl reports none),
     pg_clipfrac_lower = 0."""
-    share = checked_value(config, "policy_loss.kl_cov_ratio", PolicyLossConfig.kl_cov_ratio, lambda v: v > 0, "> 0")
-    coef = checked_value(config, "policy_loss.ppo_kl_coef", PolicyLossConfig.ppo_kl_coef, lambda v: v >= 0, ">= 0")
+    share, coef = kl_cov_settings(config)
     log_ratio = log_prob - old_log_prob
     valid = torch.nonzero(response_mask.reshape(-1) > 0).squeeze(-1)
     penalized = torch.zeros(advantages.numel(), dtype=torch.bool, device=advantages.device)
@@ -238,12 +273,12 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
 
 
 @register_policy_loss("geo_mean")
-def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                 global_batch_info=None, *, rollout_is_weights=None):
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, global_batch_info=None, *, rollout_is_weights=None):
     """GMPO: per sequence -W mean_t(A) exp(mean_t(sign(A) min(sign(A) log r, sign(A) clip(log r, -clip_ratio_low,
     clip_ratio_high)))), W = exp(mean_t log(w + 1e-10)) (1 without w), averaged over the non-empty sequences (of the
-    global batch with global_batch_info); loss_agg_mode is not used. pg_clipfrac = mean(log r clipped and A > 0), pg_clipfrac_lower = mean(log r clipped
-    and A < 0), ppo_kl = mean(-log r)."""
+    global batch with global_batch_info); loss_agg_mode is not used. pg_clipfrac = mean(log r clipped and A > 0),
+    pg_clipfrac_lower = mean(log r clipped and A < 0), ppo_kl = mean(-log r)."""
     clip = clip_ratios(config)
     log_ratio = log_prob - old_log_prob
     sign = torch.sign(advantages)
@@ -262,15 +297,22 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
                            global_batch_info=global_batch_info)
     was_clipped = log_ratio != clipped
     return pg_loss, _metrics(_fraction(was_clipped & (advantages > 0), response_mask),
-                             _fraction(was_clipped & (advantages < 0), response_mask), ops.masked_mean(-log_ratio, response_mask))
+                             _fraction(was_clipped & (advantages < 0), response_mask),
+                             ops.masked_mean(-log_ratio, response_mask))
 
 
-@register_policy_loss("dro")
+def dro_beta(config, key: str = "") -> float:
+    """policy_loss.dro_beta, required (> 0)."""
+    return checked_value(config, "policy_loss.dro_beta", PolicyLossConfig.dro_beta, lambda v: v > 0,
+                         "> 0 for loss_mode=dro", key)
+
+
+@register_policy_loss("dro", needs=checked_at_start(dro_beta))
 def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                             global_batch_info=None, *, rollout_is_weights=None):
     """DRO: -w (A log pi - dro_beta / 2 (log r)^2), policy_loss.dro_beta required (> 0). pg_clipfrac =
     pg_clipfrac_lower = 0, ppo_kl = mean(-log r)."""
-    beta = checked_value(config, "policy_loss.dro_beta", PolicyLossConfig.dro_beta, lambda v: v > 0, "> 0 for loss_mode=dro")
+    beta = dro_beta(config)
     log_ratio = log_prob - old_log_prob
     pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, rollout_is_weights)
@@ -290,7 +332,8 @@ def _threshold(spec, key: str, pair: bool) -> tuple:
             raise ValueError
         values = [float(part) for part in parts]
     except (TypeError, ValueError):
-        raise ValueError(f"{key}: expected a positive number{' or a lower_upper string' if pair else ''}, got {spec!r}") from None
+        raise ValueError(f"{key}: expected a positive number{' or a lower_upper string' if pair else ''}, "
+                         f"got {spec!r}") from None
     lower, upper = (None, values[0]) if len(values) == 1 else values
     if not upper > 0 or (lower is not None and not 0 < lower <= upper):
         raise ValueError(f"{key}: thresholds must be positive, lower <= upper, got {spec!r}")
@@ -314,8 +357,30 @@ def _rejection_thresholds(options: list, spec) -> list:
     return bounds
 
 
-def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False,
-                       rollout_rs=None, rollout_rs_threshold=None):
+def rollout_correction_settings(rollout_is=None, rollout_is_threshold=2.0, rollout_rs=None,
+                                rollout_rs_threshold=None) -> tuple:
+    """The settings of rollout_correction, checked: ((lower or None, upper) IS bounds, or None with IS off;
+    [(rollout_rs option, (lower log-ratio bound or None, upper bound)), ...]). Run at start (pyrl.trainer.checks)
+    and by each call, so a bad value stops the run before any worker starts."""
+    bounds = None
+    if rollout_is is not None and rollout_is_threshold is not None:
+        if rollout_is not in ("token", "sequence"):
+            raise ValueError(f"algorithm.rollout_correction.rollout_is: expected token, sequence or None, got "
+                             f"{rollout_is!r}")
+        bounds = _threshold(rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold", pair=True)
+    rejections = []
+    if rollout_rs is not None:
+        options = list(dict.fromkeys(part.strip() for part in str(rollout_rs).split(",") if part.strip()))
+        unknown = [option for option in options if option not in ROLLOUT_RS_OPTIONS]
+        if not options or unknown:
+            raise ValueError(f"algorithm.rollout_correction.rollout_rs: unknown option(s) {unknown or rollout_rs!r}, "
+                             f"expected a comma-separated list of {', '.join(ROLLOUT_RS_OPTIONS)}")
+        rejections = list(zip(options, _rejection_thresholds(options, rollout_rs_threshold)))
+    return bounds, rejections
+
+
+def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_threshold=2.0,
+                       rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None):
     """verl's compute_rollout_correction_and_rejection_mask, for log_ratio = log pi - log pi_rollout (no gradient):
     (IS weights or None, keep mask (1 = not rejected), metrics "rollout_corr/<name>", each a token mean).
 
@@ -327,15 +392,16 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
     k3 = exp(l) - 1 - l per token; token_kN judges each token, seq_{sum,mean,max}_kN the whole sequence by the sum /
     mean / max over its tokens; k1 options keep log L <= k1 <= log U ("L_U", or U alone for [1/U, U]), the others
     keep kN <= U. rollout_rs_threshold: one threshold for all options, or one per option (comma-separated)."""
+    bounds, rejections = rollout_correction_settings(rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold)
     mask = response_mask.to(log_ratio.dtype)
     lengths = mask.sum(-1)
-    metrics = {"kl": ops.masked_mean(-log_ratio, mask), "k3_kl": ops.masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
-               "chi2_token": ops.masked_mean(torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).square(), mask) - 1.0}
+    metrics = {"kl": ops.masked_mean(-log_ratio, mask),
+               "k3_kl": ops.masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
+               "chi2_token": ops.masked_mean(torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).square(), mask)
+               - 1.0}
     weights = None
-    if rollout_is is not None and rollout_is_threshold is not None:
-        if rollout_is not in ("token", "sequence"):
-            raise ValueError(f"algorithm.rollout_correction.rollout_is: expected token, sequence or None, got {rollout_is!r}")
-        lower, upper = _threshold(rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold", pair=True)
+    if bounds is not None:
+        lower, upper = bounds
         per_token = log_ratio if rollout_is == "token" else ops.masked_sum(log_ratio, mask, axis=-1)[:, None]
         raw = torch.exp(per_token.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio) * mask
         inside = (raw >= lower) & (raw <= upper) if lower is not None else None
@@ -354,15 +420,10 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
                 mean = (ops.masked_mean(weights, mask, axis=-1) * non_empty).sum() / non_empty.sum().clamp_min(1e-8)
             weights = weights / mean if mean > 1e-8 else weights
     keep = torch.ones_like(mask)
-    if rollout_rs is not None:
-        options = list(dict.fromkeys(part.strip() for part in str(rollout_rs).split(",") if part.strip()))
-        unknown = [option for option in options if option not in ROLLOUT_RS_OPTIONS]
-        if not options or unknown:
-            raise ValueError(f"algorithm.rollout_correction.rollout_rs: unknown option(s) {unknown or rollout_rs!r}, "
-                             f"expected a comma-separated list of {', '.join(ROLLOUT_RS_OPTIONS)}")
+    if rejections:
         bounded = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
         divergences = {"k1": -bounded, "k2": 0.5 * bounded.square(), "k3": torch.exp(bounded) - 1.0 - bounded}
-        for option, (lower, upper) in zip(options, _rejection_thresholds(options, rollout_rs_threshold)):
+        for option, (lower, upper) in rejections:
             level, kind = option.rsplit("_", 1)
             statistic = divergences[kind]
             if level == "seq_sum":
@@ -384,8 +445,8 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # algorithm.rollout_correction.lo
 
 
 @register_policy_loss("bypass_mode")
-def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                                    global_batch_info=None, *, rollout_is_weights=None):
+def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                    config=None, global_batch_info=None, *, rollout_is_weights=None):
     """Bypass mode: old_log_prob is the rollout's log-probs. rollout_correction (algorithm.rollout_correction's
     rollout_is / rollout_rs keys) of log r = log pi - log pi_rollout gives IS weights w and a rejection mask, then by
     loss_type: "ppo_clip" (default) vanilla PPO on the unrejected tokens, without w (r already is the IS ratio);
@@ -403,7 +464,8 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
             settings.rollout_is_batch_normalize, settings.rollout_rs, settings.rollout_rs_threshold)
     mask = response_mask * keep
     if settings.loss_type == "ppo_clip":
-        pg_loss, metrics = _ppo("vanilla", old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, global_batch_info)
+        pg_loss, metrics = _ppo("vanilla", old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
+                                global_batch_info)
     else:
         pg_losses = -advantages * log_prob * (1.0 if weights is None else weights)
         pg_loss = ops.agg_loss(pg_losses, mask, loss_agg_mode, global_batch_info=global_batch_info)

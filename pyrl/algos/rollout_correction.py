@@ -23,7 +23,8 @@ from pyrl import ops
 from pyrl.algos.policy_loss import SAFETY_BOUND, rollout_correction
 
 
-def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
+def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                       response_mask: torch.Tensor) -> dict:
     valid = response_mask.bool()
     if not valid.any():
         nan = float("nan")
@@ -34,11 +35,12 @@ def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     diff = (pi - mu).abs()
     pearson = torch.corrcoef(torch.stack([pi, mu]))[0, 1].item() if diff.numel() > 1 else float("nan")
     return {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": diff.max().item(),
-            "training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_std": diff.std().item(),
-            "training/rollout_actor_probs_pearson_corr": pearson}
+            "training/rollout_probs_diff_mean": diff.mean().item(),
+            "training/rollout_probs_diff_std": diff.std().item(), "training/rollout_actor_probs_pearson_corr": pearson}
 
 
-def offpolicy_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
+def offpolicy_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                      response_mask: torch.Tensor) -> dict:
     """verl's compute_offpolicy_metrics (names without the rollout_corr/ prefix)."""
     mask = response_mask.double()
     old, rollout = old_log_probs.double(), rollout_log_probs.double()
@@ -48,7 +50,8 @@ def offpolicy_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tens
     seq_log_ratio = ops.masked_sum(log_ratio, mask, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     metrics = {
         "training_ppl": torch.exp(-mean_old).mean(), "training_log_ppl": (-mean_old).mean(),
-        "kl": ops.masked_mean(rollout - old, mask), "k3_kl": ops.masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
+        "kl": ops.masked_mean(rollout - old, mask),
+        "k3_kl": ops.masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
         "rollout_ppl": torch.exp(-mean_rollout).mean(), "rollout_log_ppl": (-mean_rollout).mean(),
         "log_ppl_diff": log_ppl_diff.mean(), "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
         "log_ppl_diff_max": log_ppl_diff.max(), "log_ppl_diff_min": log_ppl_diff.min(),

@@ -16,7 +16,7 @@ def __getattr__(name):
     # the groups need Ray; a worker class alone does not, so a worker runs in a process without Ray installed
     # (a single-process reference, a GPU machine with torch only)
     if name in _NEED_RAY:
-        from pyrl.controller import worker_group
+        from pyrl.controller import worker_group  # lazy: ray is loaded only when a group is asked for
 
         return getattr(worker_group, name)
     raise AttributeError(f"module 'pyrl.controller' has no attribute {name!r}")

@@ -43,7 +43,8 @@ def _split_lists(world_size, args, kwargs):
     for name, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]:
         if not isinstance(value, (list, tuple)) or len(value) != world_size:
             raise ValueError(f"{name}: this dispatch mode needs a list of {world_size} items (one per rank), "
-                             f"got {type(value).__name__}{'' if not hasattr(value, '__len__') else f' of {len(value)}'}")
+                             f"got {type(value).__name__}"
+                             f"{'' if not hasattr(value, '__len__') else f' of {len(value)}'}")
     per_rank_args = [tuple(a[r] for a in args) for r in range(world_size)]
     per_rank_kwargs = [{k: v[r] for k, v in kwargs.items()} for r in range(world_size)]
     return per_rank_args, per_rank_kwargs, None
@@ -81,7 +82,8 @@ def _as_list(outputs, context):
 def _concat_protos(outputs, pad_size):
     for rank, out in enumerate(outputs):
         if not isinstance(out, DataProto):
-            raise TypeError(f"rank {rank} returned {type(out).__name__}; DP_COMPUTE_PROTO methods must return a DataProto")
+            raise TypeError(f"rank {rank} returned {type(out).__name__}; DP_COMPUTE_PROTO methods must return a "
+                            "DataProto")
     return unpad_dataproto(DataProto.concat(outputs), pad_size)
 
 
@@ -106,7 +108,8 @@ def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocki
     """Mark a Worker method as a group method with this dispatch mode. execute_mode RANK_ZERO runs it on
     rank 0 only (its result is returned as is); blocking=False returns Ray object refs to ray.get later."""
     if dispatch_mode not in DISPATCH_MODES:
-        raise ValueError(f"dispatch_mode: unknown {dispatch_mode!r}; known: {[str(getattr(m, 'value', m)) for m in DISPATCH_MODES]}")
+        raise ValueError(f"dispatch_mode: unknown {dispatch_mode!r}; known: "
+                         f"{[str(getattr(m, 'value', m)) for m in DISPATCH_MODES]}")
     execute_mode = Execute(execute_mode)
 
     def decorate(fn):

@@ -8,6 +8,9 @@ import os
 import socket
 import traceback
 
+import torch
+import torch.distributed as dist
+
 from pyrl.cgroups import oom_kill_count, oom_kill_file
 
 FAULT_DIR_ENV = "PYRL_WORKER_FAULT_DIR"  # set by WorkerGroup: where each worker's fatal-signal report goes
@@ -69,7 +72,7 @@ class Worker:
     def master_address(self) -> tuple[str, int]:
         """This process's node address and a free port, for rank 0 to host the rendezvous."""
         try:
-            import ray
+            import ray  # lazy: Ray is optional for a worker (a standalone worker runs without it)
 
             address = ray.util.get_node_ip_address()
         except Exception:  # no Ray: a standalone worker
@@ -79,15 +82,12 @@ class Worker:
     def put_object(self, value):
         """`value` in Ray's object store, once; the reference returned reaches other workers as a call's argument
         (each gets the value) without the data passing through the driver."""
-        import ray
+        import ray  # lazy: Ray is optional for a worker (a standalone worker runs without it)
 
         return ray.put(value)
 
     def setup_distributed(self, master_addr: str, master_port: int, backend: str | None = None,
                           timeout_s: float = 600.0) -> str:
-        import torch
-        import torch.distributed as dist
-
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":  # Ray shows each GPU worker only its own GPU(s): local rank 1 may see one device
@@ -101,11 +101,8 @@ class Worker:
         """Where this rank runs: rank, local rank, Ray node id and IP, host name, process id, device, the
         torch.distributed backend and world size once set up (None before), and its memory cgroup's OOM kill count
         file and count (None where there is none)."""
-        import torch
-        import torch.distributed as dist
-
         try:
-            import ray
+            import ray  # lazy: Ray is optional for a worker (a standalone worker runs without it)
 
             node_id, node_ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         except Exception:  # no Ray: a standalone worker

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from pyrl.cgroups import oom_kill_count
 from pyrl.controller.decorator import DISPATCH_MODES, PYRL_REGISTER_ATTR, Execute
@@ -160,7 +160,7 @@ def alive_nodes() -> list[Node]:
     """The alive nodes with what is free on each now. Ray's GCS takes a placement group's bundles off its node's
     available resources when the group is committed, before pg.ready() resolves, so a pool placed just before
     shows here (Ray's per-node view is a DeveloperAPI of ray._private.state; a resource at 0 is left out)."""
-    from ray._private.state import available_resources_per_node
+    from ray._private.state import available_resources_per_node  # lazy: a private Ray API, needed only here
 
     available = available_resources_per_node()
     return [Node.from_ray(info, available.get(info["NodeID"], {})) for info in ray.nodes() if info.get("Alive")]
@@ -381,7 +381,8 @@ class WorkerGroup:
                                       f"{account}") from None
                 report = self._report(rank, CULPRIT_WAIT_S)
                 self._log_fault_report(rank, report)
-                raise WorkerError(f"{self._died_line(rank, method, report, str(e))}\nRay's account: {account}") from None
+                raise WorkerError(f"{self._died_line(rank, method, report, str(e))}\nRay's account: "
+                                  f"{account}") from None
         return [results[ref] for ref in refs]
 
     def where(self, rank: int) -> str:
@@ -395,8 +396,6 @@ class WorkerGroup:
     def _start_probes(self) -> None:
         """A NodeProbe on each node holding a rank, other than the driver's, and a first answer from each: a node
         whose probe does not start within 60 s is only warned of (its ranks' failures are then named with less)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         nodes = {p["node_id"] for rank, p in enumerate(self.placements) if not self._is_local(rank)}
         probe_cls = ray.remote(num_cpus=0)(NodeProbe)
         for node in sorted(nodes):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import torch
+import torch.utils.data
 
 from pyrl.protocol import DataProto, left_padded
 
@@ -15,6 +17,7 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 
 
 def _read_table(path: str):
+    # lazy: pyarrow loads only when a data file is read
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -136,8 +139,6 @@ class PromptBatches:
     """
 
     def __init__(self, dataset, tokenizer, data_config, chat_template: str | None = None, tools_for=None):
-        import torch.utils.data
-
         self.max_prompt_length = data_config.max_prompt_length
         if data_config.truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
@@ -160,7 +161,8 @@ class PromptBatches:
             self.rows.append(_non_tensor_fields(item, i, data_config.return_raw_chat))
             self.prompt_ids.append(ids)
         if not self.rows:
-            raise ValueError(f"data: no usable rows in {type(dataset).__name__} (filtered as overlong: {self.filtered})")
+            raise ValueError(f"data: no usable rows in {type(dataset).__name__} (filtered as overlong: "
+                             f"{self.filtered})")
 
     def _truncate(self, ids, mode, place: str):
         limit = self.max_prompt_length
@@ -187,8 +189,6 @@ VERL_PLACEHOLDERS = ("dummy_tensor",)
 
 
 def _non_tensor_fields(item: dict, row: int, return_raw_chat: bool) -> dict:
-    import torch
-
     fields = {}
     for key, value in item.items():
         if key in VERL_PLACEHOLDERS or (key == "raw_prompt" and not return_raw_chat):

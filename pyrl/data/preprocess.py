@@ -19,7 +19,7 @@ MATH_INSTRUCTION = "Let's think step by step and output the final answer within 
 
 def read_records(path: str) -> list[dict]:
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow loads only when a parquet file is read or written
 
         return pq.read_table(path).to_pylist()
     with open(path) as f:
@@ -74,6 +74,7 @@ CONVERTERS = {"gsm8k": gsm8k_row, "math": math_row, "countdown": countdown_row}
 
 
 def convert(kind: str, input_path: str, output_path: str, split: str = "train") -> int:
+    # lazy: pyarrow loads only when a parquet file is read or written
     import pyarrow as pa
     import pyarrow.parquet as pq
 

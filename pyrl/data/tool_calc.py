@@ -35,7 +35,7 @@ OPERATIONS = {"*": operator.mul, "+": operator.add, "-": operator.sub}  # the ta
 def calculator_schema() -> dict:
     """The calculator tool's OpenAI function schema (pyrl.tools.calculator), what a rollout renders prompts with;
     the tiny tool model's chat template lists tools by name only, so only the name reaches the prompt."""
-    from pyrl.tools.calculator import CalculatorTool
+    from pyrl.tools.calculator import CalculatorTool  # lazy: pyrl.tools (pydantic, omegaconf) loads only for the schema
 
     return CalculatorTool({}).get_openai_tool_schema().model_dump(exclude_none=True)
 
@@ -168,7 +168,7 @@ def tool_calc_rows(pairs, split: str) -> list[dict]:
 def _schema():
     """Parquet cannot store an empty struct, which is what pyarrow infers for tools_kwargs={}: it is a map
     (string -> string) instead, empty; it reads back as [] (pyrl.data.RLHFDataset makes that {})."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow loads only when the task files are written
 
     string = pa.string()
     return pa.schema([
@@ -189,6 +189,7 @@ def _rows_for_parquet(rows: list[dict]) -> list[dict]:
 def tool_calc_task_files(seed: int = 0, train_size: int = 20000, val_size: int = 256, test_size: int = 256,
                          cache_dir: str | None = None) -> TaskFiles:
     """The tool task's TaskFiles in verl's schema (see pyrl.data.toy.task_files; extra_info.split as there)."""
+    # lazy: pyarrow loads only when the task files are written
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -55,9 +55,9 @@ def toy_pairs(seed: int = 0, val_size: int = 256, test_size: int = 256) -> tuple
 
 
 def task_files(name: str, write, cache_dir: str | None = None) -> TaskFiles:
-    """TaskFiles (train, val, test .parquet) of a built-in task under $PYRL_CACHE_DIR (default ~/.cache/pyrl)/data/`name`,
-    made on first use by write(tmp_dir) into a temp dir renamed into place (a crash leaves no half-written task;
-    a process that loses the race keeps the other's)."""
+    """TaskFiles (train, val, test .parquet) of a built-in task under $PYRL_CACHE_DIR (default
+    ~/.cache/pyrl)/data/`name`, made on first use by write(tmp_dir) into a temp dir renamed into place (a crash
+    leaves no half-written task; a process that loses the race keeps the other's)."""
     root = Path(cache_dir or os.environ.get("PYRL_CACHE_DIR", Path.home() / ".cache" / "pyrl")) / "data"
     target = root / name
     files = TaskFiles(*(str(target / f"{split}.parquet") for split in TaskFiles._fields))
@@ -79,6 +79,7 @@ def task_files(name: str, write, cache_dir: str | None = None) -> TaskFiles:
 def toy_task_files(seed: int = 0, val_size: int = 256, test_size: int = 256, cache_dir: str | None = None) -> TaskFiles:
     """The toy task's TaskFiles in verl's schema (see task_files). extra_info.split: "train", "test" for the
     validation split (verl's name for what validation reads), "heldout" for the test split."""
+    # lazy: pyarrow loads only when the task files are written
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.tools.tool_registry import get_tool_class as import_class  # any class by dotted path
+from pyrl.usercode import load_object
 
 if TYPE_CHECKING:
     from pyrl.interactions.base import BaseInteraction
@@ -46,5 +46,5 @@ def initialize_interactions_from_config(interaction_config_file: str) -> dict[st
             raise ValueError(f"{interaction_config_file}: interaction[{index}]: duplicate interaction name {name!r}; "
                              f"each interaction must have a unique name")
         config["name"] = name
-        interaction_map[name] = import_class(cls_name)(config=config)
+        interaction_map[name] = load_object(cls_name, "class_name")(config=config)
     return interaction_map

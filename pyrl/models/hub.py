@@ -9,25 +9,25 @@ vLLM and the checkpoints all see one local directory and no worker contacts the 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import tempfile
 
+from pyrl.models import warm_start
+from pyrl.models.tiny import TinyModelSpec, tiny_model_path
+
 # files neither transformers nor vLLM reads from a model repository (other frameworks' weights, raw originals)
 IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
 
 
 def _tiny(**spec):
-    from pyrl.models.tiny import TinyModelSpec, tiny_model_path
-
     return tiny_model_path(TinyModelSpec(**spec))
 
 
 def _warm_start(name: str, **kwargs):
-    from pyrl.models import warm_start
-
     return getattr(warm_start, name)(**kwargs)
 
 
@@ -72,8 +72,6 @@ def shm_copy(path: str, root: str | None = None) -> str:
     once per node, under a lock the node's processes share, and reused while its files match the source's (names,
     sizes, modification times: copy2 keeps them), as verl's copy_to_shm. A stale copy is moved aside, never deleted
     under a reader's feet; a full tmpfs stops with the sizes."""
-    import fcntl
-
     root = root or SHM_ROOT
     src = os.path.abspath(path)
     home = os.path.join(root, hashlib.md5(src.encode()).hexdigest()[:16])
@@ -124,6 +122,7 @@ def _same_files(src: str, dest: str) -> bool:
 
 def is_hub_id(path: str) -> bool:
     """"org/name" or "name" as the hub spells repositories; anything path-like ("./x", "/x", "a/b/c") is not."""
+    # lazy: huggingface_hub loads only for a hub id
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
@@ -137,7 +136,7 @@ def is_hub_id(path: str) -> bool:
 
 @functools.lru_cache(maxsize=None)  # the critic's and the actor's path are usually the same id: look it up once
 def _snapshot(repo_id: str) -> str:
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download  # lazy: huggingface_hub loads only for a hub id
 
     ignored = list(IGNORED)
     if not constants.HF_HUB_OFFLINE:
@@ -152,7 +151,7 @@ def _snapshot(repo_id: str) -> str:
 
 
 def hub_snapshot(repo_id: str, key: str) -> str:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: huggingface_hub loads only for a hub id
 
     try:
         return _snapshot(repo_id)

@@ -102,6 +102,7 @@ def _tool_corpus(seed: int, lines: int = 4000) -> list[str]:
 def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
     """Byte-level BPE (digits always single tokens) wrapped as a PreTrainedTokenizerFast with a chat
     template; <|im_end|> ends an assistant turn (eos), <|endoftext|> pads."""
+    # lazy: tokenizers and transformers load only when the tiny model is made
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -123,6 +124,7 @@ def make_tokenizer(spec: TinyModelSpec = TinyModelSpec()):
 
 
 def make_model(spec: TinyModelSpec, vocab_size: int, eos_token_id: int, pad_token_id: int):
+    # lazy: torch and transformers load only when the tiny model is made
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -200,6 +202,7 @@ def eos_biased_model_path(spec: TinyModelSpec = BENCH_SPEC, eos_prob: float = 0.
     lm_head row reads it, with the weight that gives EOS the wanted probability against the other tokens'
     logits (calibrated on random prompts). Embeddings are untied first so that the EOS row can differ
     from the EOS embedding."""
+    # lazy: torch and transformers load only when the tiny model is made
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

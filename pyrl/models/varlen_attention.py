@@ -118,15 +118,17 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     """transformers attention interface: query [1, H, T, D], key/value [1, H_kv, T, D] -> ([1, T, H, D], None)."""
     packed = kwargs.pop(KWARG, None)
     if packed is None:
+        # lazy: transformers stays off this module's import (pyrl.trainer.memory_plan reads its constants)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     attention_mask = packed
     if sliding_window is not None and attention_mask.max_seqlen > sliding_window:  # shorter: the window is moot
-        raise NotImplementedError(f"packed attention (use_remove_padding=true): a sequence of {attention_mask.max_seqlen} "
-                                  f"tokens exceeds the model's sliding window ({sliding_window}), which the packed path "
-                                  "does not implement; set model.use_remove_padding=false for this model")
+        raise NotImplementedError(f"packed attention (use_remove_padding=true): a sequence of "
+                                  f"{attention_mask.max_seqlen} tokens exceeds the model's sliding window "
+                                  f"({sliding_window}), which the packed path does not implement; set "
+                                  "model.use_remove_padding=false for this model")
     if query.shape[0] != 1:
         raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
@@ -183,7 +185,7 @@ _FLASH = []
 def _flash_varlen():
     if not _FLASH:
         try:
-            from flash_attn import flash_attn_varlen_func
+            from flash_attn import flash_attn_varlen_func  # lazy: flash_attn is optional
         except ImportError:
             flash_attn_varlen_func = None
         _FLASH.append(flash_attn_varlen_func)
@@ -192,6 +194,7 @@ def _flash_varlen():
 
 def register() -> str:
     """Make ``attn_implementation="pyrl_varlen"`` known to transformers (idempotent); returns the name."""
+    # lazy: transformers stays off this module's import (pyrl.trainer.memory_plan reads its constants)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -21,7 +21,10 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
+
+from pyrl.models.tiny import TinyModelSpec, _write_once, default_cache_dir, tiny_model_path
 
 log = logging.getLogger("pyrl")
 
@@ -37,6 +40,7 @@ def _chat_prompts(tokenizer, questions) -> list[list[int]]:
 
 def greedy_reward(model, tokenizer, questions, truths, max_new_tokens: int = 8) -> float:
     """Mean toy reward of greedy answers (left-padded batch through HF generate)."""
+    # lazy: torch and the torch-loading pyrl packages load only when a warm-start runs
     import torch
 
     from pyrl.protocol import left_padded
@@ -64,6 +68,7 @@ def supervised_warm_start(model, examples, evaluate, done, *, seed: int, max_ste
     {label: value}; training stops once done(metrics). If max_steps pass first, the model of the best
     score(metrics) seen (default: the first value) is kept, with a warning naming `goal`. Progress: a bar on a
     terminal, otherwise a log line every log_every steps."""
+    # lazy: torch and tqdm load only when a warm-start runs
     import torch
     from tqdm import tqdm
 
@@ -114,8 +119,6 @@ def supervised_warm_start(model, examples, evaluate, done, *, seed: int, max_ste
 
 def _save(root: str, path: str, model, tokenizer, info: dict) -> None:
     """The model, its tokenizer and `info` (pyrl_warm_start.json) into `path`, through a temporary directory."""
-    from pyrl.models.tiny import _write_once
-
     def write(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -131,11 +134,11 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
     """The warm-started model's directory. Checked every 25 steps; the accuracy jumps within a few hundred
     steps once the model finds the digit alignment (~1,300 steps here), so the check catches it on the way
     up. If max_steps pass first, the best model seen is kept, with a warning."""
+    # lazy: torch, transformers and pyrl.data (torch) load only when a warm-start runs
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pyrl.data.toy import toy_answer, toy_pairs, toy_prompt
-    from pyrl.models.tiny import TinyModelSpec, default_cache_dir, tiny_model_path
 
     root = cache_dir or default_cache_dir()
     base = tiny_model_path(TinyModelSpec(seed=seed), cache_dir=root)
@@ -147,7 +150,8 @@ def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: i
     train, val, _ = toy_pairs(seed)  # the test split is never looked at
     val_questions, val_truths = [toy_prompt(a, b) for a, b in val], [str(a + b) for a, b in val]
     prompts = _chat_prompts(tokenizer, [toy_prompt(a, b) for a, b in train])
-    answers = [tokenizer(toy_answer(a, b) + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for a, b in train]
+    answers = [tokenizer(toy_answer(a, b) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+               for a, b in train]
     examples = [(p + a, [-100] * len(p) + a) for p, a in zip(prompts, answers)]  # the loss on the answer only
     steps, metrics, _ = supervised_warm_start(
         model, examples, lambda m: {"reward": greedy_reward(m, tokenizer, val_questions, val_truths)},
@@ -207,6 +211,7 @@ class ToolCallEvaluator:
     problems: operand pairs (a, b) of products, or (a, b, op) with op one of pyrl.data.tool_calc.OPERATIONS."""
 
     def __init__(self, tokenizer, problems, tools):
+        # lazy: pyrl.data loads torch, only when a warm-start runs
         from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_result
 
         problems = [p if len(p) == 3 else (*p, "*") for p in problems]
@@ -220,6 +225,7 @@ class ToolCallEvaluator:
             self.answer_len = max(self.answer_len, e2 - s2)
 
     def _generate(self, model, contexts, max_new_tokens: int, sample: bool) -> list[list[int]]:
+        # lazy: torch and the torch-loading pyrl packages load only when a warm-start runs
         import torch
 
         from pyrl.protocol import left_padded
@@ -233,7 +239,7 @@ class ToolCallEvaluator:
         return out[:, input_ids.shape[1]:].tolist()
 
     def _rates(self, model, repeats: int = 1, sample: bool = False) -> dict:
-        from pyrl.rewards.tool_calc import compute_score
+        from pyrl.rewards.tool_calc import compute_score  # lazy: pyrl.rewards loads torch, only when a warm-start runs
 
         eos = self.tokenizer.eos_token_id
         was_training = model.training
@@ -256,7 +262,7 @@ class ToolCallEvaluator:
     def sampled(self, model, repeats: int = 4, seed: int = 0) -> dict:
         """The rates with sampling at temperature 1 (top_k 0, top_p 1), `repeats` samples per prompt; exact in
         distribution for the same reason as the greedy ones. The global RNG is left as it was."""
-        import torch
+        import torch  # lazy: torch loads only when a warm-start runs
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -269,8 +275,6 @@ MAX_CALL_RATE = 0.5  # its second stage ends only once the greedy policy calls t
 
 def _tool_paths(cache_dir, seed: int, suffix: str) -> tuple[str, str, str]:
     """(cache root, the tiny tool model's directory, the warm-start's directory: the model's + "-" + suffix)."""
-    from pyrl.models.tiny import TinyModelSpec, default_cache_dir, tiny_model_path
-
     root = cache_dir or default_cache_dir()
     base = str(tiny_model_path(TinyModelSpec(seed=seed, tools=True), cache_dir=root))
     return root, base, f"{base}-{suffix}"
@@ -279,6 +283,7 @@ def _tool_paths(cache_dir, seed: int, suffix: str) -> tuple[str, str, str]:
 def _tool_start(base: str):
     """(tokenizer, float32 model, tools, examples) for a tool warm-start from the model in `base`; examples(
     conversations) -> SFT examples with the loss on the assistant turns only."""
+    # lazy: torch, transformers and pyrl.data (torch) load only when a warm-start runs
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -318,8 +323,7 @@ def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: 
     At most max_steps per stage; if a stage's goal is not reached, its best model is kept, with a warning.
     pyrl_warm_start.json beside the weights records steps, greedy success, tool-call rate and answer rate, the
     same sampled, and the time taken."""
-    import time
-
+    # lazy: pyrl.data loads torch, only when a warm-start runs
     from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_mixed, tool_calc_pairs
 
     root, base, path = _tool_paths(cache_dir, seed, f"tool-sft-v{TOOL_VERSION}-r{target_success:g}")
@@ -382,8 +386,7 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
     What it does on products, the RL task, is measured and recorded, not trained: pyrl_warm_start.json holds the
     greedy and sampled success, tool-call rate and answer rate on the products' validation split, beside the same
     on sums and differences."""
-    import time
-
+    # lazy: pyrl.data loads torch, only when a warm-start runs
     from pyrl.data.tool_calc import (
         check_transfer_products,
         tool_calc_pairs,

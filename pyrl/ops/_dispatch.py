@@ -19,6 +19,7 @@ FLOAT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 @functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     try:
+        # lazy: probes whether the optional triton is installed
         import triton  # noqa: F401
     except ImportError:
         return False
@@ -35,7 +36,8 @@ def choose_backend(tensor: torch.Tensor) -> str:
                 raise ValueError("PYRL_OPS_BACKEND=triton: triton is not installed (pip install triton)")
             if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
                 raise ValueError(
-                    "PYRL_OPS_BACKEND=triton on CPU tensors needs TRITON_INTERPRET=1 set before pyrl.kernels is imported"
+                    "PYRL_OPS_BACKEND=triton on CPU tensors needs TRITON_INTERPRET=1 set before pyrl.kernels is "
+                    "imported"
                 )
         if forced == "cpp" and tensor.device.type != "cpu":
             raise ValueError(f"PYRL_OPS_BACKEND=cpp takes CPU tensors, got a tensor on {tensor.device}")

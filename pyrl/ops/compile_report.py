@@ -24,6 +24,7 @@ arguments into a signature, constexprs and attributes); another Triton may need 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import functools
@@ -31,6 +32,7 @@ import importlib
 import json
 import os
 import pkgutil
+import platform
 import re
 import subprocess
 import sys
@@ -39,6 +41,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from pyrl import ops
+from pyrl.models.tiny import TinyModelSpec
+from pyrl.ops._dispatch import FLOAT_KIND
 
 TARGETS = (80, 90)  # CUDA compute capabilities: sm_80 (A100), sm_90 (H100; Triton emits sm_90a)
 
@@ -51,8 +57,6 @@ def vocab_sizes() -> dict[str, int]:
     """Vocabularies the log-prob kernels see. Their BLOCK is min(4096, next_pow2(vocab)) (the launcher's
     rule), so every real LM gives 4096 and pyrl's tiny test model a small block; 50257 is a vocabulary (and
     row stride) that is not a multiple of 16."""
-    from pyrl.models.tiny import TinyModelSpec
-
     return {
         "pyrl tiny model": TinyModelSpec.vocab_size,
         "Llama-2": 32000,
@@ -66,6 +70,7 @@ def vocab_sizes() -> dict[str, int]:
 
 
 def _kernel_types():
+    # lazy: triton is optional
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -73,7 +78,7 @@ def _kernel_types():
 
 
 def kernel_modules() -> list:
-    import pyrl.kernels
+    import pyrl.kernels  # lazy: triton is optional (pyrl.kernels imports it)
 
     return [importlib.import_module(f"pyrl.kernels.{m.name}") for m in pkgutil.iter_modules(pyrl.kernels.__path__)]
 
@@ -101,6 +106,7 @@ def _jit(qualname: str):
 
 @functools.lru_cache(maxsize=None)
 def _backend(capability: int):
+    # lazy: triton is optional
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
 
@@ -155,6 +161,7 @@ def _hashable(x):
 
 def _specialize(qualname: str, args, kwargs) -> Variant:
     """What JITFunction.run does with a launch before compiling it (Triton 3.9), for a CUDA target."""
+    # lazy: triton is optional
     from triton import knobs
     from triton.runtime.jit import create_function_from_signature
 
@@ -212,9 +219,6 @@ def _recording(sink: list):
 
 def _drive_ops() -> None:
     """Every way pyrl.ops reaches a Triton kernel, over the ops' own tables and realistic shapes."""
-    from pyrl import ops
-    from pyrl.ops._dispatch import FLOAT_KIND
-
     gen = torch.Generator().manual_seed(0)
     for dtype in FLOAT_KIND:  # log-probs and entropy: fp32/bf16/fp16 logits, each vocabulary
         for vocab in sorted(set(vocab_sizes().values())):
@@ -323,6 +327,7 @@ _CUOBJDUMP_REG = re.compile(r"REG:(\d+)")
 def _ptxas_report(ptx: str, capability: int, options) -> tuple[int, int, int, int]:
     """(registers, stack, spill stores, spill loads) from `ptxas -v` run as Triton runs it (its ptxas for the
     arch, its flags; triton/backends/nvidia/compiler.py make_cubin)."""
+    # lazy: triton is optional
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     flags = ["-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={sm_arch_from_capability(capability)}"]
@@ -345,6 +350,7 @@ def _ptxas_report(ptx: str, capability: int, options) -> tuple[int, int, int, in
 
 def _cubin_registers(cubin: bytes) -> int:
     """Registers of the cubin Triton built, read back with cuobjdump (a check on the ptxas re-run)."""
+    # lazy: triton is optional
     from triton import knobs
 
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -358,6 +364,7 @@ def _cubin_registers(cubin: bytes) -> int:
 @functools.lru_cache(maxsize=None)
 def compile_variant(variant: Variant, capability: int) -> CompileRow:
     """Compile one variant to a cubin for sm_<capability>; errors come back in the row, not raised."""
+    # lazy: triton is optional
     import triton
     from triton.compiler import ASTSource
 
@@ -386,6 +393,7 @@ def compiles_here() -> bool:
     """False where triton.language was imported with TRITON_INTERPRET=1 (as the tests do on CPU machines):
     its own @jit helpers (tl.sum, tl.max, ...) are then interpreter functions, which the compiler cannot
     inline (calling one patches triton.language for the interpreter for good)."""
+    # lazy: triton is optional
     import triton.language as tl
     from triton.runtime.jit import JITFunction
 
@@ -400,6 +408,7 @@ def _selected(match: str | None) -> list[Variant]:
 def _compile_all(targets: tuple, cache_dir: str | None, match: str | None, maxnreg: int | None) -> tuple:
     if not compiles_here():
         return _compile_in_child(targets, cache_dir, match, maxnreg)
+    # lazy: triton is optional
     from triton import knobs
 
     found = _selected(match)
@@ -482,10 +491,7 @@ def summary(rows: list[CompileRow]) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-    import platform
-
-    import triton
+    import triton  # lazy: triton is optional
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", type=int, default=list(TARGETS), help="compute capabilities (80 90)")

@@ -114,11 +114,13 @@ def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=No
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)
     if hidden.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"hidden/weight: expected [N, H] and [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(f"hidden/weight: expected [N, H] and [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
     if hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"weight: hidden size {weight.shape[1]} does not match hidden's {hidden.shape[1]}")
     if hidden.dtype != weight.dtype or hidden.dtype not in FLOAT_KIND:
-        raise TypeError(f"hidden/weight: need one dtype among float32/bfloat16/float16, got {hidden.dtype} and {weight.dtype}")
+        raise TypeError(f"hidden/weight: need one dtype among float32/bfloat16/float16, got {hidden.dtype} and "
+                        f"{weight.dtype}")
     if hidden.device != weight.device:
         raise ValueError(f"weight: on {weight.device}, but hidden is on {hidden.device}")
     if weight.shape[0] == 0:
@@ -135,6 +137,7 @@ def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=No
         out = reference.fused_linear_logprobs(hidden, weight, labels, temperature, return_entropy)
         return tuple(t.float() for t in out) if return_entropy else out.float()
     logp, entropy = FusedLinearLogProbsFunction.apply(
-        hidden, weight, labels.to(torch.int64).contiguous(), temperature, bool(return_entropy), max(1, chunk_size), backend
+        hidden, weight, labels.to(torch.int64).contiguous(), temperature, bool(return_entropy), max(1, chunk_size),
+        backend
     )
     return (logp, entropy) if return_entropy else logp

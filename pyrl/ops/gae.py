@@ -42,13 +42,13 @@ def _gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam, whiten,
     rewards, values = float32_contiguous(rewards), float32_contiguous(values)
     mask = None if mask is None else float32_contiguous(mask)
     if backend == "cpp":
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         advantages, returns = torch.empty_like(rewards), torch.empty_like(rewards)
         _C.gae(as_buffer(rewards), as_buffer(values), maybe_buffer(mask), maybe_buffer(cu_seqlens), n_seqs, seq_len,
                gamma, lam, whiten, as_buffer(advantages), as_buffer(returns))
         return advantages, returns
-    from pyrl.kernels import gae as triton_gae
+    from pyrl.kernels import gae as triton_gae  # lazy: triton is optional (pyrl.kernels imports it)
 
     advantages, returns, moments = triton_gae.gae(rewards, values, mask, cu_seqlens, n_seqs, seq_len, gamma, lam,
                                                   moments=whiten)
@@ -121,7 +121,8 @@ def compute_gae_packed(rewards, values, cu_seqlens=None, gamma=1.0, lam=1.0, mas
         raise ValueError(f"rewards: expected packed [tokens], got shape {tuple(rewards.shape)}")
     check_tensor("cu_seqlens", cu_seqlens, floating=False)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.dtype.is_floating_point:
-        raise ValueError(f"cu_seqlens: expected a 1-D integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+        raise ValueError(f"cu_seqlens: expected a 1-D integer tensor [B + 1], got {cu_seqlens.dtype} "
+                         f"{tuple(cu_seqlens.shape)}")
     cu = cu_seqlens.to(device=rewards.device, dtype=torch.int64).contiguous()
     bounds = cu.cpu() if cu.is_cuda else cu
     if bounds[0] != 0 or bounds[-1] != rewards.numel() or bool((bounds[1:] < bounds[:-1]).any()):

@@ -33,7 +33,8 @@ def group_advantages(scores, group_index, estimator="grpo", norm_by_std=True, ep
     if scores.dim() != 1:
         raise ValueError(f"scores: expected [B], got shape {tuple(scores.shape)}")
     if group_index.shape != scores.shape:
-        raise ValueError(f"group_index: shape {tuple(group_index.shape)} does not match scores shape {tuple(scores.shape)}")
+        raise ValueError(f"group_index: shape {tuple(group_index.shape)} does not match scores shape "
+                         f"{tuple(scores.shape)}")
     if group_index.dtype.is_floating_point or group_index.dtype == torch.bool or group_index.is_complex():
         raise TypeError(f"group_index: expected an integer tensor, got {group_index.dtype}")
     if group_index.device != scores.device:
@@ -60,12 +61,12 @@ def group_advantages(scores, group_index, estimator="grpo", norm_by_std=True, ep
     lens = None if lengths is None else lengths.detach().to(torch.float32).contiguous()
     code = GROUP_ESTIMATORS[estimator]
     if backend == "cpp":
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         out = torch.empty_like(scores32)
         _C.group_advantages(as_buffer(scores32), as_buffer(ids), maybe_buffer(lens), code, bool(norm_by_std),
                             float(eps), as_buffer(out))
         return out
-    from pyrl.kernels import group_advantages as triton_group
+    from pyrl.kernels import group_advantages as triton_group  # lazy: triton is optional (pyrl.kernels imports it)
 
     return triton_group.group_advantages(scores32, ids, lens, code, bool(norm_by_std), float(eps))

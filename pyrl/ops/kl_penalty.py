@@ -33,7 +33,7 @@ def parse_kind(kind) -> tuple[int, bool]:
 class CppKL:
     @staticmethod
     def forward(logp, ref_logp, code):
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         out = torch.empty_like(logp)
         _C.kl_forward(as_buffer(logp), as_buffer(ref_logp), code, as_buffer(out))
@@ -41,17 +41,18 @@ class CppKL:
 
     @staticmethod
     def backward(logp, ref_logp, grad_out, code, straight_through):
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         grad = torch.empty_like(logp)
-        _C.kl_backward(as_buffer(logp), as_buffer(ref_logp), as_buffer(grad_out), code, straight_through, as_buffer(grad))
+        _C.kl_backward(as_buffer(logp), as_buffer(ref_logp), as_buffer(grad_out), code, straight_through,
+                       as_buffer(grad))
         return grad
 
 
 def implementation(backend: str):
     if backend == "cpp":
         return CppKL
-    from pyrl.kernels import kl_penalty as triton_kl
+    from pyrl.kernels import kl_penalty as triton_kl  # lazy: triton is optional (pyrl.kernels imports it)
 
     return triton_kl
 

@@ -19,7 +19,7 @@ class CppLogProbs:
 
     @staticmethod
     def forward(logits2d, labels, inv_t, want_entropy):
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         n = logits2d.shape[0]
         lse = torch.empty(n, dtype=torch.float32)
@@ -33,7 +33,7 @@ class CppLogProbs:
 
     @staticmethod
     def backward(logits2d, labels, inv_t, lse, entropy, grad_logp, grad_entropy):
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         grad_logits = torch.empty(logits2d.shape, dtype=logits2d.dtype)
         _C.logprobs_backward(
@@ -46,7 +46,7 @@ class CppLogProbs:
 def implementation(backend: str):
     if backend == "cpp":
         return CppLogProbs
-    from pyrl.kernels import logprobs as triton_logprobs
+    from pyrl.kernels import logprobs as triton_logprobs  # lazy: triton is optional (pyrl.kernels imports it)
 
     return triton_logprobs
 

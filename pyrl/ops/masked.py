@@ -104,7 +104,8 @@ def agg_loss(
     else:
         loss = (seq_sums * non_empty).sum() / non_empty.sum().clamp(min=1)
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = next((c for c in (loss_scale_factor, info.get("loss_scale_factor")) if c is not None), loss_mat.shape[-1])
+        scale = next((c for c in (loss_scale_factor, info.get("loss_scale_factor")) if c is not None),
+                     loss_mat.shape[-1])
         if not scale > 0:
             raise ValueError(f"loss_scale_factor: must be > 0, got {scale}")
         loss = loss / scale

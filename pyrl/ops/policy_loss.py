@@ -31,13 +31,13 @@ POLICY_LOSS_MODES = {"vanilla": 0, "cispo": 1, "gpg": 2, "gspo": None}
 def per_token_policy_loss(backend, code, logp, old_logp, advantages, mask, clip_low, clip_high, clip_c):
     """(loss [N], d loss / d logp [N], sums (clipped, clipped_lower, -delta, mask)) on flat float32 inputs."""
     if backend == "cpp":
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         loss, dloss = torch.empty_like(logp), torch.empty_like(logp)
         sums = _C.policy_loss_forward(code, as_buffer(logp), as_buffer(old_logp), as_buffer(advantages),
                                       as_buffer(mask), clip_low, clip_high, clip_c, as_buffer(loss), as_buffer(dloss))
         return loss, dloss, torch.tensor(sums, dtype=torch.float64)
-    from pyrl.kernels import policy_loss as triton_policy_loss
+    from pyrl.kernels import policy_loss as triton_policy_loss  # lazy: triton is optional (pyrl.kernels imports it)
 
     return triton_policy_loss.policy_loss_forward(code, logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
 
@@ -78,13 +78,14 @@ def ppo_policy_loss(
     check_tensor("response_mask", response_mask, floating=False)
     if rollout_is_weights is not None:
         check_tensor("rollout_is_weights", rollout_is_weights)
-    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask,
-                     rollout_is_weights=rollout_is_weights)
+    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                     response_mask=response_mask, rollout_is_weights=rollout_is_weights)
     if loss_mode not in POLICY_LOSS_MODES:
         raise ValueError(f"loss_mode: unknown {loss_mode!r}, expected one of {', '.join(POLICY_LOSS_MODES)}")
     for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
         if not isinstance(value, (int, float)) or not 0 <= value < (1 if name == "clip_ratio_low" else float("inf")):
-            raise ValueError(f"{name}: must be a number in [0, {'1' if name == 'clip_ratio_low' else 'inf'}), got {value!r}")
+            raise ValueError(f"{name}: must be a number in [0, {'1' if name == 'clip_ratio_low' else 'inf'}), "
+                             f"got {value!r}")
     if loss_mode == "vanilla" and not (isinstance(clip_ratio_c, (int, float)) and clip_ratio_c > 1):
         raise ValueError(f"clip_ratio_c: the dual-clip bound must be > 1, got {clip_ratio_c!r}")
     agg_loss(log_prob.new_zeros((1, 1)), log_prob.new_ones((1, 1)), loss_agg_mode)  # validates the mode early
@@ -99,8 +100,9 @@ def ppo_policy_loss(
         return loss.float(), {k: v.detach().float() for k, v in metrics.items()}
     mask = float32_contiguous(response_mask)
     loss_flat, dloss, sums = per_token_policy_loss(
-        backend, POLICY_LOSS_MODES[loss_mode], float32_contiguous(log_prob).view(-1), float32_contiguous(old_log_prob).view(-1),
-        float32_contiguous(advantages).view(-1), mask.view(-1), float(clip_ratio_low), float(clip_ratio_high), float(clip_ratio_c),
+        backend, POLICY_LOSS_MODES[loss_mode], float32_contiguous(log_prob).view(-1),
+        float32_contiguous(old_log_prob).view(-1), float32_contiguous(advantages).view(-1), mask.view(-1),
+        float(clip_ratio_low), float(clip_ratio_high), float(clip_ratio_c),
     )
     loss_mat = PerTokenLossFunction.apply(log_prob, loss_flat, dloss)
     if rollout_is_weights is not None:

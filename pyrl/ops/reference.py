@@ -83,7 +83,8 @@ def compute_gae_packed(rewards, values, cu_seqlens, gamma=1.0, lam=1.0, mask=Non
         bounds = cu_seqlens.tolist()
         for begin, end in zip(bounds[:-1], bounds[1:]):
             if end > begin:
-                a, r = compute_gae(rewards[None, begin:end], values[None, begin:end], mask[None, begin:end], gamma, lam, False)
+                a, r = compute_gae(rewards[None, begin:end], values[None, begin:end], mask[None, begin:end], gamma,
+                                   lam, False)
                 advantages[begin:end], returns[begin:end] = a[0], r[0]
         if whiten:
             advantages = masked_whiten(advantages, mask)

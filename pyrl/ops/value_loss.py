@@ -31,22 +31,24 @@ def value_loss(values, old_values, returns, response_mask, cliprange_value=0.5, 
     backend = choose_backend(values)
     if backend == "torch" or old_values.requires_grad or returns.requires_grad:
         loss, clipfrac = reference.value_loss(
-            values.float(), old_values.float(), returns.float(), response_mask.float(), cliprange_value, loss_agg_mode, global_batch_info
+            values.float(), old_values.float(), returns.float(), response_mask.float(), cliprange_value, loss_agg_mode,
+            global_batch_info
         )
         return loss.float(), clipfrac.detach().float()
     flat = lambda t: float32_contiguous(t).view(-1)  # noqa: E731
     v, ov, r, m = flat(values), flat(old_values), flat(returns), flat(response_mask)
     if backend == "cpp":
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
         loss, dloss = torch.empty_like(v), torch.empty_like(v)
         sums = torch.tensor(_C.value_loss_forward(as_buffer(v), as_buffer(ov), as_buffer(r), as_buffer(m),
                                                   float(cliprange_value), as_buffer(loss), as_buffer(dloss)),
                             dtype=torch.float64)
     else:
-        from pyrl.kernels import value_loss as triton_value_loss
+        from pyrl.kernels import value_loss as triton_value_loss  # lazy: triton is optional (pyrl.kernels imports it)
 
         loss, dloss, sums = triton_value_loss.value_loss_forward(v, ov, r, m, float(cliprange_value))
     loss_mat = PerTokenLossFunction.apply(values, loss, dloss)
     clipfrac = (sums[0] / (sums[1] + 1e-8)).to(device=values.device, dtype=torch.float32)
-    return 0.5 * agg_loss(loss_mat, m.view(values.shape), loss_agg_mode, global_batch_info=global_batch_info).float(), clipfrac
+    return (0.5 * agg_loss(loss_mat, m.view(values.shape), loss_agg_mode, global_batch_info=global_batch_info).float(),
+            clipfrac)

@@ -36,7 +36,7 @@ def balanced_partitions(seqlens, k: int, equal_size: bool = True) -> list[list[i
     """k lists of indices into seqlens whose length sums are as even as Karmarkar-Karp's largest
     differencing makes them (verl's get_seqlen_balanced_partitions). equal_size: every list holds
     len(seqlens) / k indices. Each list is sorted; lists come largest sum first; deterministic."""
-    from pyrl import _C
+    from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
@@ -50,7 +50,7 @@ def token_budget_micro_batches(seqlens, max_tokens: int, balanced: bool = False)
     balanced=True: the fewest micro-batches with balanced sums (Karmarkar-Karp as verl's
     rearrange_micro_batches, longest-first beyond ~1e7 sequence x batch pairs), ordered by first index.
     A sequence longer than max_tokens gets a micro-batch of its own, with a warning."""
-    from pyrl import _C
+    from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
         raise TypeError(f"max_tokens: expected an int, got {type(max_tokens).__name__}")

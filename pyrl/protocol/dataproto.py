@@ -14,8 +14,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from pyrl.protocol.packed import PackedLayout, PackedTensor, as_index_array
+from pyrl.protocol.storage import dtype_from_name, load_dataproto, save_dataproto, tensor_from_state, tensor_to_state
 
 AUTO_PADDING_KEY = "_pyrl_auto_padding"
 
@@ -347,7 +349,8 @@ class DataProto:
 
     def sample_level_repeat(self, repeat_times) -> "DataProto":
         """Row i repeated repeat_times[i] times, in order."""
-        counts = repeat_times.detach().cpu().numpy() if isinstance(repeat_times, torch.Tensor) else np.asarray(repeat_times)
+        counts = (repeat_times.detach().cpu().numpy() if isinstance(repeat_times, torch.Tensor)
+                  else np.asarray(repeat_times))
         if counts.shape != (len(self),) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
             raise ValueError(f"repeat_times: expected {len(self)} non-negative ints, got {counts.tolist()[:8]}")
         return self.select_idxs(np.repeat(np.arange(len(self), dtype=np.int64), counts))
@@ -366,8 +369,6 @@ class DataProto:
                       dataloader_kwargs: dict | None = None) -> Iterator["DataProto"]:
         """Mini-batches of mini_batch_size rows for `epochs` passes, through a torch DataLoader over row
         indices (dataloader_kwargs e.g. shuffle=True; seed fixes its generator)."""
-        from torch.utils.data import DataLoader
-
         if len(self) % mini_batch_size:
             raise ValueError(f"mini_batch_size: {len(self)} rows do not split into mini-batches of {mini_batch_size}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -424,20 +425,14 @@ class DataProto:
     def save_to_disk(self, path) -> None:
         """Write to `path` as safetensors (tensors, packed layouts, non-tensor columns as Arrow IPC, meta_info
         as JSON in the header): no pickle, loading runs no code. Written to a temporary file, then renamed."""
-        from pyrl.protocol.storage import save_dataproto
-
         save_dataproto(self, path)
 
     @staticmethod
     def load_from_disk(path) -> "DataProto":
-        from pyrl.protocol.storage import load_dataproto
-
         return load_dataproto(path)
 
     # ---- pickling for Ray: whole CPU buffers as numpy views (pickle 5 out-of-band), no per-row work ----
     def __getstate__(self):
-        from pyrl.protocol.storage import tensor_to_state
-
         batch, layouts = {}, {}
         for key, value in self.batch.items():
             if isinstance(value, PackedTensor):
@@ -448,11 +443,10 @@ class DataProto:
                 batch[key] = ("packed", tensor_to_state(value.values), id(layout))
             else:
                 batch[key] = ("tensor", tensor_to_state(value))
-        return {"batch": batch, "layouts": layouts, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        return {"batch": batch, "layouts": layouts, "non_tensor_batch": self.non_tensor_batch,
+                "meta_info": self.meta_info}
 
     def __setstate__(self, state):
-        from pyrl.protocol.storage import dtype_from_name, tensor_from_state
-
         layouts = {lid: PackedLayout(torch.from_numpy(np.array(cu)), torch.from_numpy(np.array(starts)), width,
                                      mask_key, dtype_from_name(mask_dtype), validate=False)
                    for lid, (cu, starts, width, mask_key, mask_dtype) in state["layouts"].items()}

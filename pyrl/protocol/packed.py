@@ -64,7 +64,7 @@ class PackedLayout:
     def from_mask(cls, mask: torch.Tensor, mask_key: str | None = None) -> "PackedLayout":
         """The layout of the tokens of a [B, width] mask (nonzero = token); each row's tokens must be one
         contiguous run (a ValueError names the first row that is not)."""
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(f"mask: expected a [batch, tokens] tensor, got "
@@ -119,7 +119,7 @@ class PackedLayout:
     # ---- index work (C++) ----
     def padded_index(self) -> torch.Tensor:
         """[tokens] flat index (row * width + column) of every packed token in the padded view."""
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
         out = torch.empty(self.num_tokens, dtype=torch.int64)
         _C.padded_index(self.cu_seqlens.numpy(), self.starts.numpy(), self.width, out.numpy())
@@ -127,7 +127,7 @@ class PackedLayout:
 
     def position_ids(self) -> torch.Tensor:
         """[tokens] position of every packed token within its sequence (0, 1, ...)."""
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
         out = torch.empty(self.num_tokens, dtype=torch.int64)
         _C.positions(self.cu_seqlens.numpy(), out.numpy())
@@ -136,7 +136,7 @@ class PackedLayout:
     def take(self, indices) -> tuple["PackedLayout", torch.Tensor]:
         """Layout of rows `indices` (in that order, repeats allowed) and, for each of its tokens, the
         packed token it comes from."""
-        from pyrl import _C
+        from pyrl import _C  # lazy: pyrl.protocol imports without the built C++ core (pyrl._C)
 
         idx = _int64_cpu("indices", indices).reshape(-1)
         n_tokens = _C.count_taken_tokens(self.cu_seqlens.numpy(), idx.numpy())
@@ -160,8 +160,8 @@ class PackedLayout:
         lengths = torch.cat([layout.lengths for layout in layouts])
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
         first = layouts[0]
-        return PackedLayout(cu, torch.cat([layout.starts for layout in layouts]), max(l.width for l in layouts),
-                            first.mask_key, first.mask_dtype, validate=False)
+        return PackedLayout(cu, torch.cat([layout.starts for layout in layouts]),
+                            max(layout.width for layout in layouts), first.mask_key, first.mask_dtype, validate=False)
 
     # ---- data movement (torch, so any dtype/device and autograd) ----
     def pack(self, padded: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,6 +23,8 @@ import tempfile
 import numpy as np
 import torch
 
+from pyrl.protocol.packed import PackedLayout, PackedTensor
+
 FORMAT = "pyrl.dataproto/1"
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                                torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
@@ -77,7 +79,7 @@ def _arrow_columns(columns: dict) -> tuple[bytes, dict]:
     """Object columns as one Arrow IPC stream. Strings and numbers (with None) keep their Arrow types;
     anything else (dicts, lists, mixed types) is stored as JSON text per element, since Arrow's type
     inference would change it (dicts with different keys gain None fields). Returns (bytes, encodings)."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow loads only when a DataProto is saved or loaded
 
     arrays, encodings = {}, {}
     for key, value in columns.items():
@@ -99,9 +101,7 @@ def _arrow_columns(columns: dict) -> tuple[bytes, dict]:
 
 
 def save_dataproto(data, path) -> None:
-    from safetensors.torch import save_file
-
-    from pyrl.protocol.packed import PackedTensor
+    from safetensors.torch import save_file  # lazy: safetensors loads only when a DataProto is saved or loaded
 
     path = os.fspath(path)
     tensors, packed, layouts, layout_ids = {}, {}, [], {}
@@ -113,7 +113,8 @@ def save_dataproto(data, path) -> None:
                 layout = value.layout
                 tensors[f"layout/{len(layouts)}/cu_seqlens"] = layout.cu_seqlens
                 tensors[f"layout/{len(layouts)}/starts"] = layout.starts
-                layouts.append({"width": layout.width, "mask_key": layout.mask_key, "mask_dtype": str(layout.mask_dtype)})
+                layouts.append({"width": layout.width, "mask_key": layout.mask_key,
+                                "mask_dtype": str(layout.mask_dtype)})
             packed[key] = layout_ids[lid]
             tensors[f"packed/{key}"] = value.values.detach().cpu().contiguous()
         else:
@@ -152,11 +153,11 @@ def save_dataproto(data, path) -> None:
 
 
 def load_dataproto(path):
+    # lazy: pyarrow and safetensors load only when a DataProto is saved or loaded
     import pyarrow as pa
     from safetensors import SafetensorError, safe_open
 
-    from pyrl.protocol.dataproto import DataProto
-    from pyrl.protocol.packed import PackedLayout, PackedTensor
+    from pyrl.protocol.dataproto import DataProto  # lazy: import cycle (pyrl.protocol.dataproto imports this module)
 
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -165,7 +166,8 @@ def load_dataproto(path):
         with safe_open(path, framework="pt") as f:
             header = f.metadata() or {}
             if header.get("format") != FORMAT:
-                raise ValueError(f"{path}: not a pyrl DataProto file (format {header.get('format')!r}, expected {FORMAT!r})")
+                raise ValueError(f"{path}: not a pyrl DataProto file (format {header.get('format')!r}, expected "
+                                 f"{FORMAT!r})")
             stored = {key: f.get_tensor(key) for key in f.keys()}
     except SafetensorError as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from e

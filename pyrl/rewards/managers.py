@@ -19,11 +19,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import importlib.util
 import inspect
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 from collections import defaultdict
@@ -36,6 +36,7 @@ from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards import counts as counts_module
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxUnavailable
+from pyrl.usercode import load_object
 
 log = logging.getLogger(__name__)
 COUNTED = "counted/"  # a key of the manager's counts: what scorers counted (pyrl.rewards.counts), by name
@@ -65,15 +66,10 @@ def time_limit(seconds: float):
 
 
 def load_custom_function(path: str, name: str, kwargs: dict | None = None) -> Callable:
-    """reward.custom_reward_function.path / .name: a function from a Python file, with reward_kwargs bound."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"reward.custom_reward_function.path: {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location("pyrl_custom_reward", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, name):
-        raise AttributeError(f"reward.custom_reward_function.name: {path!r} defines no function {name!r}")
-    fn = getattr(module, name)
+    """reward.custom_reward_function.path / .name: a function from a Python file (or module), with reward_kwargs
+    bound."""
+    fn = load_object(path, "reward.custom_reward_function.path", name=name,
+                     name_key="reward.custom_reward_function.name", what="function")
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
@@ -129,8 +125,6 @@ def close_scoring_pools() -> None:
 
 def attempt_chunk(scorer: bytes, timeout_s: float, calls: list[dict]) -> list[tuple]:
     """In a worker process: attempt() on each call with the pickled scorer."""
-    import pickle
-
     fn = pickle.loads(scorer)
     return [attempt(fn, timeout_s, call) for call in calls]
 
@@ -184,8 +178,8 @@ class RewardManager:
         if kind is None:
             return value
         if self.strict:
-            raise RuntimeError(f"reward: the scorer {'timed out' if kind == 'timeouts' else 'raised'} on sample {index} "
-                               f"(reward.strict=true): {error}")
+            raise RuntimeError(f"reward: the scorer {'timed out' if kind == 'timeouts' else 'raised'} on sample "
+                               f"{index} (reward.strict=true): {error}")
         counts[kind] += 1
         if kind not in self.failures_logged:
             self.failures_logged.add(kind)
@@ -202,6 +196,7 @@ class RewardManager:
         return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
 
     def pool_outcomes(self, calls: list[dict]) -> list[tuple]:
+        # lazy: Ray loads only for a scoring pool
         import ray.cloudpickle  # a custom scorer's module cannot be imported by name in the workers: sent by value
 
         pool = scoring_pool(self.num_workers)
@@ -235,7 +230,8 @@ class RewardManager:
         raw = self.scores(data, responses, counts)
         for i, score in enumerate(raw):
             if isinstance(score, dict) and "score" not in score:
-                raise ValueError(f"reward: compute_score returned a dict without 'score' for sample {i}: {score!r:.200}")
+                raise ValueError(f"reward: compute_score returned a dict without 'score' for sample {i}: "
+                                 f"{score!r:.200}")
         values = np.asarray([score["score"] if isinstance(score, dict) else score for score in raw], dtype=np.float64)
         extra_info = extra_fields(raw)
         if not extra_info:  # plain-number scores: verl 0.9.1's managers report each as "acc" (validation's core metric)

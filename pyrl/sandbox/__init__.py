@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import functools
-import itertools
 import logging
 import marshal
 import math
@@ -191,8 +191,6 @@ def isolation() -> Isolation:
 
 def _landlock_abi() -> int:
     """The Landlock ABI version this kernel offers (landlock_create_ruleset's version query), 0 without one."""
-    import ctypes
-
     version = ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), 1)  # ..._VERSION
     return max(0, version)
 
@@ -452,7 +450,8 @@ class _Run:
     def rlimits(self, count_processes: bool) -> dict[str, int]:
         limits = self.limits
         rlimits = {"RLIMIT_CPU": self.cpu_limit, "RLIMIT_AS": limits.memory_mb << 20,
-                   "RLIMIT_FSIZE": min(limits.max_file_bytes, limits.max_disk_bytes), "RLIMIT_CORE": 0, "RLIMIT_NOFILE": limits.max_open_files}
+                   "RLIMIT_FSIZE": min(limits.max_file_bytes, limits.max_disk_bytes), "RLIMIT_CORE": 0,
+                   "RLIMIT_NOFILE": limits.max_open_files}
         if count_processes:  # root is exempt from RLIMIT_NPROC: nothing to set
             rlimits["RLIMIT_NPROC"] = limits.max_processes
         return rlimits

@@ -6,10 +6,10 @@ cgroups, and, when the parent asked for a kernel boundary (it runs under `unshar
 and UTS namespaces, and is the PID namespace's init), builds the run's file system and pivots into it. It then
 forks the worker and reports how the worker ended. The worker drops to the run's own uid (or, in a user namespace,
 drops every capability), lowers its resource limits, restricts itself with Landlock, loads the seccomp filter,
-installs the audit hook and runs the code as `__main__`. What the worker needs is imported before the filter and the hook (whose checks would
-apply to it). Standard library only (ctypes for mount(2), pivot_root(2), capset(2) and libseccomp): the
-interpreter runs without site-packages. Every run pays for this script's imports, so it imports little (marshal,
-not json, for the settings; ctypes only where a namespace or the filter needs it; traceback on an error only).
+installs the audit hook and runs the code as `__main__`. What the worker needs is imported before the filter and the
+hook (whose checks would apply to it). Standard library only (ctypes for mount(2), pivot_root(2), capset(2) and
+libseccomp): the interpreter runs without site-packages. Every run pays for this script's imports, so it imports little
+(marshal, not json, for the settings; ctypes only where a namespace or the filter needs it; traceback on an error only).
 
 The file system the code sees (namespace mode):
   /                a tmpfs, read-only once built; holds only what is listed here
@@ -73,7 +73,7 @@ def libc():
     """libc through ctypes, imported on first use (a run without namespaces or the filter does without)."""
     global _libc, ctypes
     if _libc is None:
-        import ctypes
+        import ctypes  # lazy: the child imports little; ctypes only where a namespace or the filter needs it
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
 
@@ -459,6 +459,7 @@ def refuse_unaudited() -> None:
     """Calls that raise no audit event are replaced by refusals: _posixsubprocess.fork_exec (subprocess.Popen
     raises its event before forking, but fork_exec can be called directly), os.mknod and os.mkfifo (files made
     anywhere). Loading those modules afresh is refused by the hook's import rule."""
+    # lazy: loaded in the worker right before the stubs below replace them (the child's import order matters)
     import _posixsubprocess  # noqa: F401 - loaded so that the stub below takes its place in sys.modules
     import posix
 
@@ -538,6 +539,7 @@ def run_worker(settings: dict, source: str, go: int, status_fd: int) -> None:
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 - reported as Python reports an uncaught exception
+        # lazy: the child imports little; traceback only on an error
         import linecache
         import traceback
 
@@ -603,10 +605,10 @@ def read_settings(fd: int) -> tuple[dict, str]:
 
 
 def main() -> None:
-    """The supervisor: set up, fork the worker, move it into the run's cgroups, wait for it or for the parent's end (its lifeline pipe closes),
-    report how the worker ended on the status descriptor ("exit N", "signal N" or "setup <error>"; in a PID
-    namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the kernel kill whatever
-    the code left running. Without one, the process group is killed instead."""
+    """The supervisor: set up, fork the worker, move it into the run's cgroups, wait for it or for the parent's end
+    (its lifeline pipe closes), report how the worker ended on the status descriptor ("exit N", "signal N" or "setup
+    <error>"; in a PID namespace unshare cannot pass a signal on), then exit, which in a PID namespace makes the kernel
+    kill whatever the code left running. Without one, the process group is killed instead."""
     # as the PID namespace's init, a signal sent from inside reaches it only if it handles it (Python handles
     # SIGINT): the default disposition makes it immune to the code (a user namespace's code has its uid)
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)

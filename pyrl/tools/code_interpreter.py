@@ -4,8 +4,9 @@ what it printed, so that a model can compute, check or search by writing code.
 The tool's `config` (from the tool YAML) holds pyrl.sandbox.SandboxLimits fields (wall_s, cpu_s, memory_mb,
 max_processes, max_output_bytes, max_file_bytes) for every call; the ones left out keep the sandbox's
 defaults; `allow_unisolated: true` lets it run programs on a machine that cannot put them behind a kernel
-boundary (pyrl.sandbox refuses to otherwise, naming what is missing). A run that succeeds answers with its stdout; one that fails, times out or hits a limit answers with
-its stdout and stderr and the sandbox's one-line account of what happened, so the model sees why.
+boundary (pyrl.sandbox refuses to otherwise, naming what is missing). A run that succeeds answers with its stdout; one
+that fails, times out or hits a limit answers with its stdout and stderr and the sandbox's one-line account of what
+happened, so the model sees why.
 """
 
 from __future__ import annotations

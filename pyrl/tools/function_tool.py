@@ -10,17 +10,16 @@ and turns what it returns into (ToolResponse, reward, metrics) with normalize_fu
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import json
 import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pyrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from pyrl.usercode import load_file
 
 logger = logging.getLogger(__name__)
 
@@ -110,20 +109,10 @@ def get_function_tool(name: str) -> FunctionTool:
 def load_function_tools_from_path(path: str) -> list[FunctionTool]:
     """Runs the Python file at `path` (once per process) and returns the function tools it registered."""
     abs_path = os.path.abspath(path)
-    if not os.path.isfile(abs_path):
-        raise FileNotFoundError(f"function_tool_path: no such file: {path}")
     if abs_path in _LOADED_FUNCTION_TOOL_PATHS:
         return _LOADED_FUNCTION_TOOL_PATHS[abs_path]
-
     before = set(FUNCTION_TOOL_REGISTRY)
-    # a name derived from the path, registered in sys.modules, so the file can import its siblings through it
-    module_name = "_pyrl_function_tools_" + abs_path.replace(os.sep, "_").replace(".", "_")
-    spec = importlib.util.spec_from_file_location(module_name, abs_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"function_tool_path: cannot import {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    load_file(path, "function_tool_path")  # the file's @function_tool decorators register its tools
 
     new_names = sorted(set(FUNCTION_TOOL_REGISTRY) - before)
     if not new_names:
@@ -140,7 +129,7 @@ def _build_schema_from_fn(fn: Callable, tool_name: str) -> OpenAIFunctionToolSch
     if variadic:
         raise ValueError(f"@function_tool '{tool_name}' ({fn.__module__}.{fn.__qualname__}): variadic parameter(s) "
                          f"{variadic} cannot be expressed in an OpenAI tool schema; expected named parameters")
-    from transformers.utils import get_json_schema  # deferred: importing pyrl.tools should not load transformers
+    from transformers.utils import get_json_schema  # lazy: importing pyrl.tools should not load transformers
 
     raw = get_json_schema(fn)
     raw["function"]["name"] = tool_name

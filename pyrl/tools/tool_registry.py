@@ -14,7 +14,6 @@ refuses any other.
 
 from __future__ import annotations
 
-import importlib
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pyrl.tools.function_tool import FunctionTool, load_function_tools_from_path
 from pyrl.tools.schemas import OpenAIFunctionToolSchema
+from pyrl.usercode import load_object
 
 if TYPE_CHECKING:
     from pyrl.tools.base_tool import BaseTool
@@ -32,15 +32,8 @@ class ToolType(Enum):
 
 
 def get_tool_class(cls_name: str):
-    """The class named by a dotted path `package.module.ClassName`."""
-    module_name, _, class_name = cls_name.rpartition(".")
-    if not module_name:
-        raise ValueError(f"class_name: expected a dotted path module.ClassName, got {cls_name!r}")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise ImportError(f"class_name {cls_name!r}: module {module_name} has no {class_name}") from None
+    """The class named by a dotted path `package.module.ClassName` (verl's name for pyrl.usercode.load_object)."""
+    return load_object(cls_name, "class_name")
 
 
 def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:

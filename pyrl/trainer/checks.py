@@ -4,11 +4,12 @@ vocabulary against each model. Each failure is one line naming the keys and valu
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
-import torch
-
+from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
+from pyrl.trainer.tracking import check_backends
 from pyrl.verl_features import NotImplementedFeature
 
 log = logging.getLogger("pyrl")
@@ -30,14 +31,13 @@ def _check_name(key: str, value, known) -> None:
 
 
 def check_names(config) -> None:
+    # lazy: the registries load the ops, algos, rewards and workers (torch) for the checks only
     from pyrl import ops
     from pyrl.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-    from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
     from pyrl.algos.kl_control import KL_CONTROLLERS
-    from pyrl.algos.policy_loss import BYPASS_LOSS_TYPES, rollout_correction
+    from pyrl.algos.policy_loss import BYPASS_LOSS_TYPES, rollout_correction_settings
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
-    from pyrl.trainer.tracking import check_backends
     from pyrl.workers.lora import check_lora_config
     from pyrl.workers.optim import LR_SCHEDULES, OPTIMIZERS
 
@@ -50,12 +50,11 @@ def check_names(config) -> None:
     _check_name("reward.reward_manager.name", config.reward.reward_manager.name, MANAGERS)
     _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, BYPASS_LOSS_TYPES)
     correction = algorithm.rollout_correction
-    rollout_correction(torch.zeros(1, 1), torch.ones(1, 1), correction.rollout_is, correction.rollout_is_threshold,
-                       correction.rollout_is_batch_normalize, correction.rollout_rs, correction.rollout_rs_threshold)
-    if algorithm.adv_estimator == "gdpo" and not algorithm.gdpo_reward_keys:
-        raise ValueError("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components (fields "
-                         "the reward function returns) to normalize one by one")
-    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", algorithm.kl_penalty)):
+    rollout_correction_settings(correction.rollout_is, correction.rollout_is_threshold, correction.rollout_rs,
+                                correction.rollout_rs_threshold)
+    check_registered_needs(config)
+    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type),
+                      ("algorithm.kl_penalty", algorithm.kl_penalty)):
         try:
             parse_kind(kind)
         except (TypeError, ValueError) as e:
@@ -70,19 +69,34 @@ def check_names(config) -> None:
         raise NotImplementedFeature("prefix sharing on padded batches", "actor_rollout_ref.actor.use_prefix_grouper="
                                     "true with actor_rollout_ref.model.use_remove_padding=false",
                                     "pyrl shares prompts between packed sequences: set use_remove_padding=true")
-    if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
-        # verl fails too, at the first advantage computation
-        raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the actor's sum_pi_squared: set "
+
+
+def check_registered_needs(config) -> None:
+    """What the chosen estimator and policy loss declare (pyrl.algos.registry.Needs), against the config: their
+    settings (each entry's check), the actor's sum_pi_squared where an estimator reads it (verl fails too, at the
+    first advantage computation), the old-log-prob pass where one reads the old log-probs before the update."""
+    from pyrl.algos.advantage import ESTIMATORS  # lazy: pyrl.algos loads the ops (torch) for the checks only
+    from pyrl.algos.policy_loss import POLICY_LOSSES  # lazy: as above
+
+    actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
+    estimator, loss = algorithm.adv_estimator, actor.policy_loss.loss_mode
+    needs = ESTIMATORS.needs(estimator)
+    if needs.check is not None:
+        needs.check(algorithm)
+    if POLICY_LOSSES.needs(loss).check is not None:
+        POLICY_LOSSES.needs(loss).check(actor)
+    if "sum_pi_squared" in needs.tensors and not actor.calculate_sum_pi_squared:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs the actor's sum_pi_squared: set "
                          "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
-    if algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and algorithm.rollout_correction.bypass_mode:
-        raise ValueError(f"algorithm.adv_estimator={algorithm.adv_estimator} needs the old-log-prob pass, which "
+    if needs.old_log_probs_before_update and algorithm.rollout_correction.bypass_mode:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs the old-log-prob pass, which "
                          "algorithm.rollout_correction.bypass_mode=true skips")
 
 
 def check_fsdp_sizes(config, plan) -> None:
     """The fsdp_size of each model that runs: -1 (every rank) or a divisor of the trainer's ranks (hybrid
     sharding). (A model that does not run ignores its section, as in verl.)"""
-    from pyrl.workers.fsdp import shard_group_size
+    from pyrl.workers.fsdp import shard_group_size  # lazy: the workers' modules (torch) load for the checks only
 
     arr = config.actor_rollout_ref
     sections = [("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
@@ -123,11 +137,9 @@ def check_rollout_tensor_parallel(config, plan) -> None:
     if tp == 1:
         return
     if rollout.name != "vllm":
-        import importlib.util
-
         missing = " (vLLM is not installed here, so pyrl chose hf)" if importlib.util.find_spec("vllm") is None else ""
-        raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm{missing}: the {rollout.name} engine runs "
-                         f"whole in each worker")
+        raise ValueError(f"{key}={tp} needs actor_rollout_ref.rollout.name=vllm{missing}: the {rollout.name} engine "
+                         f"runs whole in each worker")
     pool = plan.rollout_pool or plan.trainer_pool  # the hybrid engine generates in the trainer's workers
     per_node, where = pool.processes_per_node, pool.name
     if tp > per_node:
@@ -146,16 +158,16 @@ def check_batch_sizes(config, plan) -> None:
     n = config.actor_rollout_ref.rollout.n
     train = config.data.train_batch_size
     if train * n % workers:
-        raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples do "
-                         f"not split over the {workers} worker processes")
+        raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples "
+                         f"do not split over the {workers} worker processes")
     gen = config.data.gen_batch_size
     if gen is not None:
         if gen < 1:
             raise ValueError(f"data.gen_batch_size={gen}: expected a positive number of prompts, or null "
                              "(data.train_batch_size)")
         if gen != train and not config.algorithm.filter_groups.enable:
-            raise ValueError(f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, which only dynamic "
-                             "sampling (algorithm.filter_groups.enable=true) uses: it generates batches of "
+            raise ValueError(f"data.gen_batch_size={gen} differs from data.train_batch_size={train}, which only "
+                             "dynamic sampling (algorithm.filter_groups.enable=true) uses: it generates batches of "
                              "gen_batch_size prompts until train_batch_size are kept; without it each step trains on "
                              "what it generated, so set the two equal (or leave gen_batch_size null)")
         if gen * n % workers:
@@ -169,14 +181,14 @@ def check_batch_sizes(config, plan) -> None:
             raise ValueError(f"{key}.ppo_mini_batch_size={mini} must divide data.train_batch_size={train} (whole "
                              f"mini-batches per step)")
         if mini * n % workers:
-            raise ValueError(f"{key}.ppo_mini_batch_size x actor_rollout_ref.rollout.n = {mini} x {n} = {mini * n} samples "
-                             f"do not split over the {workers} worker processes")
+            raise ValueError(f"{key}.ppo_mini_batch_size x actor_rollout_ref.rollout.n = {mini} x {n} = {mini * n} "
+                             f"samples do not split over the {workers} worker processes")
 
 
 def check_models(config, plan, tokenizer) -> None:
     """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
     embeddings (they read the actor's token ids)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     data = config.data
     length = data.max_prompt_length + data.max_response_length
@@ -204,17 +216,20 @@ def check_models(config, plan, tokenizer) -> None:
                              f"{heads[0]} attention heads ({model.path}): each rank of the engine holds a whole number")
         if key == "actor_rollout_ref.model" and tp > 1 and heads[1] and heads[1] % tp and tp % heads[1]:
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} and {key}.path's {heads[1]} "
-                             f"key/value heads ({model.path}): one must divide the other (vLLM splits or replicates them)")
+                             f"key/value heads ({model.path}): one must divide the other (vLLM splits or replicates "
+                             "them)")
     max_model_len = config.actor_rollout_ref.rollout.max_model_len
     if max_model_len is not None and max_model_len < length:
-        raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than data.max_prompt_length"
-                         f" + data.max_response_length = {length}")
+        raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than "
+                         f"data.max_prompt_length + data.max_response_length = {length}")
 
 
 def check_multi_turn(config) -> list[dict] | None:
-    """rollout.multi_turn and rollout.agent: names, limits, and the tools themselves, loaded here once before any
-    worker does (the interactions load in check_agent_loops, which knows the rows). Returns the OpenAI schemas of the tools the prompts list (data.tool_config_path
-    and data.function_tool_path, by default the rollout's; None without tools)."""
+    """rollout.multi_turn and rollout.agent: names, limits, and the tools themselves, loaded here once before any worker
+    does (the interactions load in check_agent_loops, which knows the rows). Returns the OpenAI schemas of the tools
+    the prompts list (data.tool_config_path and data.function_tool_path, by default the rollout's; None without
+    tools)."""
+    # lazy: the tools and the rollout (pydantic, omegaconf, torch) load for the checks only
     from pyrl.tools.tool_registry import load_all_tools
     from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TRUNCATE_SIDES
     from pyrl.workers.rollout.tool_parser import ToolParser
@@ -246,12 +261,14 @@ def check_agent_loops(config, datasets) -> None:
     """Every row's agent_name is a known loop and, on the tool agent with interactions, its interaction_kwargs
     name one; the tool agent needs raw_prompt; multi_turn.enable=true with no row running the tool agent would
     leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
+    # lazy: the rollout (torch) loads for the checks only
     from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT, agent_name, interaction_name
 
     rollout = config.actor_rollout_ref.rollout
     default, path = rollout.agent.default_agent_loop, rollout.multi_turn.interaction_config_path
     interactions = {}
     if path:
+        # lazy: the interactions (omegaconf) load only when a config names them
         from pyrl.interactions.registry import initialize_interactions_from_config
 
         interactions = initialize_interactions_from_config(path)
@@ -276,8 +293,7 @@ def check_code_sandbox(config, datasets) -> None:
     """Rows of verl's code-execution sources scored by the default scorer in the local sandbox need a machine that
     can isolate the policy's programs (or reward.sandbox.allow_unisolated=true): checked before workers start, not
     at the first step's scoring."""
-    from pyrl.rewards.code_exec import DATA_SOURCES
-    from pyrl.sandbox import check_isolation
+    from pyrl.rewards.code_exec import DATA_SOURCES  # lazy: pyrl.rewards loads torch, for the checks only
 
     reward = config.reward
     if reward.custom_reward_function.path or reward.sandbox_fusion.url:

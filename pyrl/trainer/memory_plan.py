@@ -30,15 +30,22 @@ token), validation generation (val_batch_size), and the multi-turn agent loop's 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 
-from pyrl.config import generation_batch_size, recomputes
+import torch
+
+from pyrl.config import generation_batch_size, recomputes, torch_dtype
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
-from pyrl.workers.fsdp import shard_group_size
+from pyrl.ops.fused_linear_logprobs import default_chunk_size
+from pyrl.trainer.workers import start_ray
+from pyrl.workers.fsdp import compute_dtype, shard_group_size
 from pyrl.workers.lora import adapter_config, uses_lora
+from pyrl.workers.precision import runnable_dtype
+from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
 
 log = logging.getLogger("pyrl")
 
@@ -82,10 +89,7 @@ class ModelShape:
         (reward model), each with one label as the workers build them. Parameters are counted on a model built
         on the meta device (no memory, any architecture transformers knows); with `model_config`'s lora_rank > 0
         the trainable ones are the adapters (and the critic's head) PEFT adds there, as the workers add them."""
-        import copy
-
-        import torch
-        import transformers
+        import transformers  # lazy: transformers loads only to build a model on the meta device
 
         hf_config = copy.deepcopy(hf_config)
         if kind != "causal_lm":
@@ -103,7 +107,7 @@ class ModelShape:
         layer_params = sum(p.numel() for p in body.layers[0].parameters())
         trainable = None
         if model_config is not None and uses_lora(model_config):  # no weights: adapters built from the config only
-            from peft import get_peft_model
+            from peft import get_peft_model  # lazy: peft loads only for LoRA
 
             get_peft_model(model, adapter_config(model_config, "CAUSAL_LM" if kind == "causal_lm" else "TOKEN_CLS"))
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -227,8 +231,6 @@ def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -
 
 
 def fused_chunk_rows(shape: ModelShape, scored: int, on_cuda: bool = False) -> int:
-    from pyrl.ops.fused_linear_logprobs import default_chunk_size
-
     return default_chunk_size(scored, shape.vocab, shape.hidden, on_cuda)
 
 
@@ -269,9 +271,6 @@ class Precision:
 
 
 def fsdp_precision(fsdp_config, device, distributed: bool) -> Precision:
-    from pyrl.config import torch_dtype
-    from pyrl.workers.fsdp import compute_dtype
-
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
     compute = compute_dtype(fsdp_config, device) if distributed else master  # fsdp_wrap: one process computes in master
     return Precision(element_bytes(master), element_bytes(compute))
@@ -334,14 +333,15 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
                 head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int) -> list:
-    """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with
-    gradient checkpointing only each layer's input) and the final norm's. On top, the larger of the head's
-    backward (which runs first) and one layer's backward (its activations recomputed with checkpointing, and the
-    gradients in flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once
-    the logits are released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded gradients. The optimizer step runs after the
-    activations are freed: on CUDA AdamW's foreach step adds a temporary the size of the moments' shard. The
-    gradients of the last step are freed when the mini-batch starts (zero_grad), so they are not resident here;
-    they return during the backward (the peak may come late, when they are nearly all back)."""
+    """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with gradient
+    checkpointing only each layer's input) and the final norm's. On top, the larger of the head's backward (which
+    runs first) and one layer's backward (its activations recomputed with checkpointing, and the gradients in
+    flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once the logits are
+    released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded
+    gradients. The optimizer step runs after the activations are freed: on CUDA AdamW's foreach step adds a
+    temporary the size of the moments' shard. The gradients of the last step are freed when the mini-batch starts
+    (zero_grad), so they are not resident here; they return during the backward (the peak may come late, when they
+    are nearly all back)."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn)
     final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
@@ -361,7 +361,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
         head_term = Term("logits", head_bytes,
                          micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
         if not fused and not setting.distributed and shape.head_trains:  # after the logits are released
-            head_grad = max(0, shape.vocab * shape.hidden * precision.master - mb.scored * shape.vocab * precision.compute)
+            head_grad = max(0, shape.vocab * shape.hidden * precision.master
+                            - mb.scored * shape.vocab * precision.compute)
     else:
         head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
     backward = max(head_term, layer, key=lambda t: t.bytes)
@@ -394,10 +395,6 @@ def micro_key(prefix: str, dynamic: bool) -> str:
 def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | None, rows: int) -> tuple[list, list]:
     """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts;
     vLLM on CUDA takes gpu_memory_utilization of the device (nothing counted when its size is unknown)."""
-    import torch
-
-    from pyrl.workers.precision import runnable_dtype
-
     rollout = config.actor_rollout_ref.rollout
     key = "actor_rollout_ref.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
@@ -413,8 +410,6 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
         # the engine sleeps during training (free_cache_engine): weights and KV cache come back for the rollout
         return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
     if rollout.name == "vllm":
-        from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
-
         kv = Term("vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
                   int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
                   "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
@@ -440,8 +435,6 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
     """The phases of a PPO step on one rank. shapes: ModelShape by role ("actor", and "critic" /
     "reward_model" when used). rollout_processes: the one-step-off rollout's own processes
     (actor_rollout_ref.hybrid_engine=false), planned as one more phase: a rollout worker holds the engine alone."""
-    import torch
-
     arr = config.actor_rollout_ref
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
     device = torch.device(setting.device)
@@ -523,7 +516,7 @@ def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_
                           critic.forward_max_token_len_per_gpu)
         phases.append(Phase("values", idle, forward_pass(
             c_shape, c_prec, setting, values_mb, length, "value", False,
-            f"critic.{'forward_max_token_len_per_gpu' if critic.use_dynamic_bsz else 'forward_micro_batch_size_per_gpu'}")))
+            f"critic.{micro_key('forward', critic.use_dynamic_bsz)}")))
         mini = critic.ppo_mini_batch_size * rollout.n // world
         critic_mb = micro(mini, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
                           critic.ppo_max_token_len_per_gpu)
@@ -562,13 +555,11 @@ def device_memory(device: str) -> tuple[int, str] | None:
     """(bytes, what they are) on the machine this runs on: the first GPU's memory, or the RAM available now; None
     for "cuda" where torch sees no GPU. Runs in the driver, or in a Ray task on a cluster node (cluster_capacity)."""
     if device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             return None
         props = torch.cuda.get_device_properties(0)
         return props.total_memory, props.name
-    import psutil
+    import psutil  # lazy: psutil is needed only for a CPU capacity
 
     return psutil.virtual_memory().available, "CPU RAM available"
 
@@ -591,11 +582,11 @@ def cluster_capacity(config, run, device: str, per_node: int) -> Capacity:
     """Joins the run's cluster (build_workers finds it joined) and asks the nodes the trainer's pool would take now
     (choose_nodes over their free resources), each with a small Ray task pinned to it (holding a GPU for GPU
     workers): the smallest capacity over them. None when no node can be chosen or a probe does not answer."""
+    # lazy: Ray loads only to ask a cluster's nodes
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from pyrl.controller.worker_group import PlacementError, alive_nodes, choose_nodes
-    from pyrl.trainer.workers import start_ray
 
     start_ray(config)
     gpus = 1 if device == "cuda" else 0
@@ -638,7 +629,7 @@ def run_capacity(config, run) -> Capacity:
 def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
     """The memory plan of the run `config` (resolved: model paths local) with RunPlan `run`, on the devices the
     workers will get (their `capacity` when it was asked already)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     def shape(model, kind):
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
@@ -709,5 +700,5 @@ def resolve_gradient_checkpointing(config, run, capacity: Capacity | None) -> No
     for _, model in models:
         model.enable_gradient_checkpointing = recompute
     log.info("gradient checkpointing %s (%s: null, pyrl's default; verl 0.9.1's is true): %s; set it true or false to "
-             "choose", "on" if recompute else "off", ", ".join(f"{key}.enable_gradient_checkpointing" for key, _ in models),
-             why)
+             "choose", "on" if recompute else "off",
+             ", ".join(f"{key}.enable_gradient_checkpointing" for key, _ in models), why)

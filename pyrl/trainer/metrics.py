@@ -63,7 +63,8 @@ def agent_loop_metrics(nt: dict) -> dict:
     agent loop's per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
     out = {}
     for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
-                           ("tool_error_counts", "tool_error_counts"), ("tool_seconds", "timing_s/agent_loop/tool_calls")):
+                           ("tool_error_counts", "tool_error_counts"),
+                           ("tool_seconds", "timing_s/agent_loop/tool_calls")):
         if column in nt and len(nt[column]):
             values = np.asarray(nt[column], dtype=np.float64)
             out.update({f"{prefix}/min": values.min(), f"{prefix}/max": values.max(), f"{prefix}/mean": values.mean()})
@@ -166,7 +167,8 @@ def validation_metrics(data_sources, uids, infos: dict, response_lengths) -> dic
     out = {}
     for source, groups in grouped.items():
         indices = [i for group in groups.values() for i in group]
-        variables = [name for name, values in infos.items() if name != "pred" and all(is_number(values[i]) for i in indices)]
+        variables = [name for name, values in infos.items()
+                     if name != "pred" and all(is_number(values[i]) for i in indices)]
         core = "acc" if "acc" in variables else "reward"
         for name in variables:
             per_metric: dict = defaultdict(list)

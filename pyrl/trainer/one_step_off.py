@@ -30,6 +30,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
+from pyrl.config import RolloutPoolConfig
 from pyrl.trainer import metrics as M
 
 log = logging.getLogger("pyrl")
@@ -39,8 +40,6 @@ def check_one_step_off(config) -> None:
     """What actor_rollout_ref.hybrid_engine and the rollout section ask for, checked before any worker starts:
     the rollout section only means something without the hybrid engine, and one-step-off needs the rollout's
     log-probs and a rollout that keeps its cache (verl's one_step_off_ppo_trainer sets both)."""
-    from pyrl.config import RolloutPoolConfig
-
     arr = config.actor_rollout_ref
     if arr.hybrid_engine:
         default = RolloutPoolConfig()
@@ -96,7 +95,8 @@ class OneStepOff:
             metrics.update(collect_metrics)
         else:
             if self.next is not None:
-                raise RuntimeError(f"one-step-off rollout: step {step} found the batch of step {self.next[0]} in flight")
+                raise RuntimeError(f"one-step-off rollout: step {step} found the batch of step {self.next[0]} in "
+                                   "flight")
             batch, collect_timing, collect_metrics = self.collect(step)
             timing.update(collect_timing)
             metrics.update(collect_metrics)

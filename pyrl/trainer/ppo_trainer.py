@@ -13,11 +13,13 @@ import numpy as np
 import torch
 
 from pyrl import ops
-from pyrl.algos import get_adv_estimator_fn, get_kl_controller
-from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
+from pyrl.algos import get_kl_controller
+from pyrl.algos.advantage import ESTIMATORS
+from pyrl.algos.registry import FIELD_SOURCES
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
 from pyrl.config import generation_batch_size
 from pyrl.controller import WorkerError
+from pyrl.data import StatefulSampler
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
 from pyrl.seeding import derive_seed
 from pyrl.trainer import checkpoints
@@ -35,31 +37,25 @@ LATEST = "latest_checkpointed_iteration.txt"
 
 def compute_advantage(batch: DataProto, algorithm) -> dict:
     """advantages and returns [B, R] from the estimator algorithm.adv_estimator (an AlgorithmConfig), written into
-    the batch; returns gdpo's per-component reward metrics (verl's gdpo/<key>/mean|std|max|min)."""
+    the batch, given what its registry entry declares it needs (pyrl.algos.registry.Needs); returns the metrics
+    the entry reports (gdpo's gdpo/<key>/mean|std|max|min)."""
     estimator = algorithm.adv_estimator
-    fn = get_adv_estimator_fn(estimator)
+    fn, needs = ESTIMATORS.get(estimator), ESTIMATORS.needs(estimator)
     kwargs = {"token_level_rewards": batch.batch["token_level_rewards"], "response_mask": batch.batch["response_mask"],
               "index": batch.non_tensor_batch["uid"], "gamma": algorithm.gamma, "lam": algorithm.lam,
               "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo, "config": algorithm}
-    for optional in ("values", "reward_baselines"):
-        if optional in batch.batch:
-            kwargs[optional] = batch.batch[optional]
-    if estimator == "gdpo":
+    missing = [key for key in needs.tensors if key not in batch.batch]
+    if missing:
+        raise KeyError(f"algorithm.adv_estimator={estimator} needs {missing} in the batch, which has "
+                       f"{sorted(batch.batch.keys())}; " + "; ".join(f"{key} comes from {FIELD_SOURCES[key]}"
+                                                                      for key in missing if key in FIELD_SOURCES))
+    kwargs.update({key: batch.batch[key] for key in needs.tensors})
+    kwargs.update({key: batch.batch[key] for key in needs.optional_tensors if key in batch.batch})
+    if needs.non_tensor_batch:
         kwargs["non_tensor_batch"] = batch.non_tensor_batch
-    if estimator in SUM_PI_SQUARED_ESTIMATORS:
-        if "sum_pi_squared" not in batch.batch:
-            raise KeyError(f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass: set "
-                           "actor_rollout_ref.actor.calculate_sum_pi_squared=true (rollout_correction.bypass_mode "
-                           "skips that pass)")
-        kwargs.update(old_log_probs=batch.batch["old_log_probs"], sum_pi_squared=batch.batch["sum_pi_squared"],
-                      rollout_is_weights=batch.batch.get("rollout_is_weights"))
     advantages, returns = fn(**kwargs)
     batch.batch["advantages"], batch.batch["returns"] = advantages, returns
-    if estimator != "gdpo":
-        return {}
-    components = {key: np.asarray(batch.non_tensor_batch[key], dtype=np.float32) for key in algorithm.gdpo_reward_keys}
-    return {f"gdpo/{key}/{stat}": float(getattr(np, stat)(values))
-            for key, values in components.items() for stat in ("mean", "std", "max", "min")}
+    return needs.metrics(batch, algorithm) if needs.metrics else {}
 
 
 def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
@@ -77,7 +73,8 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty: str) -> dict:
 def rollout_vs_trainer(batch: DataProto) -> dict:
     """verl's training/rollout_probs_diff_* metrics: the trainer's old log-probs (from the old-log-prob pass, or on
     policy from the update before its optimizer step) against the rollout engine's."""
-    return rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
+    return rollout_probs_diff(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                              batch.batch["response_mask"])
 
 
 def packed_tokens(batch: DataProto) -> DataProto:
@@ -166,19 +163,19 @@ class PPOTrainer:
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
         self.run_dir = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
-        from pyrl.data import StatefulSampler
-
         self.sampler = StatefulSampler(len(train_dataset), generation_batch_size(config.data), config.data.shuffle,
                                        config.data.seed, key="data.gen_batch_size" if config.data.gen_batch_size
                                        else "data.train_batch_size")
         self.total_steps = training_steps(config, len(train_dataset))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.correction = algorithm.rollout_correction
-        # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers (pyrl.trainer.one_step_off)
+        # without the hybrid engine: one-step-off-policy rollout in the rollout's own workers
+        # (pyrl.trainer.one_step_off)
         self.weight_push = self.one_step_off = None
         if plan.rollout_pool is not None:
             self.weight_push = WeightPush(workers.actor, workers.rollout)
-            self.one_step_off = OneStepOff(self.collect_step_batch, lambda: {"perf/update_weights_bytes": self.push_weights()},
+            self.one_step_off = OneStepOff(self.collect_step_batch,
+                                           lambda: {"perf/update_weights_bytes": self.push_weights()},
                                            self.total_steps)
 
     # ---- batches ----
@@ -221,7 +218,7 @@ class PPOTrainer:
         function returned go into meta_info["reward_extra_keys"] (the batch carries them into a checkpoint)."""
         cfg, algorithm = self.config, self.config.algorithm
         rollout = self.workers.rollout
-        wanted = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        wanted = self.plan.rows_per_step
         batch, generated_batches, extra_keys = None, 0, set()
         while True:  # more than once only with dynamic sampling
             prompts = self.next_batch()
@@ -286,7 +283,8 @@ class PPOTrainer:
         else:  # collected while the last step trained; the next step's batch starts now (pyrl.trainer.one_step_off)
             batch = self.one_step_off.batch(self.global_steps, timing, metrics)
         if cfg.trainer.balance_batch:
-            metrics.update(balance_batch(batch, self.workers.world_size, cfg.actor_rollout_ref.actor.use_prefix_grouper))
+            metrics.update(balance_batch(batch, self.workers.world_size,
+                                         cfg.actor_rollout_ref.actor.use_prefix_grouper))
         if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         elif self.plan.runs("old_log_prob"):  # else the update's own log-probs are the old ones (and give entropy)
@@ -313,7 +311,8 @@ class PPOTrainer:
                 metrics.update(apply_kl_penalty(batch, self.kl_ctrl, algorithm.kl_penalty))
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch and not self.correction.bypass_mode:
+            if ("rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch
+                    and not self.correction.bypass_mode):
                 metrics.update(apply_rollout_correction(batch, self.correction))  # IS weights, rejections: before
             metrics.update(compute_advantage(batch, algorithm))
         if self.plan.runs("update_critic"):
@@ -499,7 +498,8 @@ class PPOTrainer:
                     batch, metrics = self.train_step(timing)
                     if trainer.rollout_data_dir:
                         with M.timer("dump_rollout_generations", timing):
-                            records = generation_records(self.tokenizer, batch, batch.batch["token_level_scores"].sum(-1),
+                            records = generation_records(self.tokenizer, batch,
+                                                         batch.batch["token_level_scores"].sum(-1),
                                                          self.global_steps, batch.meta_info["reward_extra_keys"])
                             dump_generations(records, trainer.rollout_data_dir, self.global_steps)
                     last_step = self.global_steps == self.total_steps

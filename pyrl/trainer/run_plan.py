@@ -19,6 +19,19 @@ from pyrl.config import is_on_policy
 
 PASSES = ("generate", "reward", "old_log_prob", "ref", "values", "advantage", "update_critic", "update_actor",
           "push_weights")
+ROLE_NAMES = ("actor", "rollout", "ref", "critic", "reward_model")  # the roles a plan may hold
+
+
+@dataclass(frozen=True)
+class ConfigValue:
+    """A worker constructor's argument read from the config when the group starts (after model paths resolve)."""
+    key: str
+
+    def read(self, config):
+        value = config
+        for part in self.key.split("."):
+            value = getattr(value, part)
+        return value
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,24 @@ class Role:
 
 
 @dataclass(frozen=True)
+class Group:
+    """A worker group: processes of `worker` (a dotted class path) on `pool`, each constructed as
+    worker(<config section>, *args) (a ConfigValue argument read from the config at start); it hosts `roles`."""
+    name: str  # the group's name in errors and placements
+    worker: str
+    section: str  # the config section the worker takes
+    args: tuple = ()
+    pool: str = "trainer"
+    roles: tuple[str, ...] = ()
+    distributed: bool = True  # a process group over its ranks (FSDP); the one-step-off rollout's needs one only for TP
+
+
+@dataclass(frozen=True)
 class RunPlan:
     trainer_pool: Pool
     rollout_pool: Pool | None  # None: the hybrid engine generates in the trainer's workers
     roles: tuple[Role, ...]
+    groups: tuple[Group, ...]  # in start order: the trainer's pool's (colocated), then the rollout's
     passes: tuple[str, ...]  # in PASSES' order
     why: tuple[tuple[str, str], ...]  # (pass, why it runs or is skipped)
     rows_per_step: int  # samples trained on per step: data.train_batch_size x rollout.n
@@ -74,10 +101,22 @@ class RunPlan:
                 return r
         raise KeyError(f"the run has no {name} role; its roles are {[r.name for r in self.roles]}")
 
+    def group_of(self, role: str) -> Group | None:
+        """The group hosting `role`, None when the run has no such role."""
+        if role not in ROLE_NAMES:
+            raise KeyError(f"unknown role {role!r}; the roles are {ROLE_NAMES}")
+        return next((g for g in self.groups if role in g.roles), None)
+
     def runs(self, step_pass: str) -> bool:
         if step_pass not in PASSES:
             raise KeyError(f"unknown pass {step_pass!r}; the passes are {PASSES}")
         return step_pass in self.passes
+
+    def pool(self, name: str) -> Pool:
+        pool = self.trainer_pool if name == "trainer" else self.rollout_pool if name == "rollout" else None
+        if pool is None:
+            raise KeyError(f"the run has no {name} pool")
+        return pool
 
     @property
     def world_size(self) -> int:
@@ -109,6 +148,9 @@ class RunPlan:
         for r in self.roles:
             lines.append(f"  role {r.name}: {r.model_key}, {'trains' if r.trains else 'frozen'}, group {r.group} "
                          f"({r.pool} pool)" + (f", {r.detail}" if r.detail else ""))
+        for g in self.groups:
+            lines.append(f"  group {g.name}: {g.worker.rsplit('.', 1)[-1]} x {self.pool(g.pool).world_size} on the "
+                         f"{g.pool} pool, hosting {', '.join(g.roles)}")
         lines.append(f"  passes: {' -> '.join(self.passes)}")
         for step_pass, why in self.why:
             lines.append(f"    {step_pass}: {why}")
@@ -166,9 +208,16 @@ def rollout_pool(config) -> Pool | None:
     return Pool("rollout", section.nnodes, per_node, 1 if gpus > 0 else 0)
 
 
+def estimator_needs(config):
+    """What algorithm.adv_estimator declares it needs (pyrl.algos.registry.Needs)."""
+    from pyrl.algos.advantage import ESTIMATORS  # lazy: pyrl.algos loads the ops (torch), not needed before here
+
+    return ESTIMATORS.needs(config.algorithm.adv_estimator)
+
+
 def uses_critic(config) -> bool:
-    """critic.enable, or (None) exactly when the estimator is gae."""
-    return config.critic.enable if config.critic.enable is not None else config.algorithm.adv_estimator == "gae"
+    """critic.enable, or (None) exactly when the estimator reads values (gae)."""
+    return config.critic.enable if config.critic.enable is not None else "values" in estimator_needs(config).tensors
 
 
 def uses_ref(config) -> bool:
@@ -181,8 +230,6 @@ def old_log_prob_source(config) -> tuple[str, str]:
     bypass mode; the update's own (taken before its optimizer step) when each sample gets exactly one optimizer
     step and nothing needs them before the update (the KL in the reward, the optimal token baseline's
     sum_pi_squared, rollout correction's IS weights or rejection); otherwise the old-log-prob forward pass."""
-    from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS  # lazy: pyrl.algos imports torch
-
     algorithm, actor, n = config.algorithm, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
     correction = algorithm.rollout_correction
     if correction.bypass_mode:
@@ -192,7 +239,7 @@ def old_log_prob_source(config) -> tuple[str, str]:
                         f" of data.train_batch_size={config.data.train_batch_size}: several optimizer steps per sample")
     needs = [what for what, on in (("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
                                    (f"adv_estimator={algorithm.adv_estimator}",
-                                    algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS),
+                                    estimator_needs(config).old_log_probs_before_update),
                                    ("rollout_correction.rollout_is", bool(correction.rollout_is)),
                                    ("rollout_correction.rollout_rs", bool(correction.rollout_rs))) if on]
     if needs:
@@ -244,5 +291,33 @@ def resolve_run_plan(config) -> RunPlan:
     passes = [p for p in PASSES
               if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref)
               and (p not in ("values", "update_critic") or critic)]
-    return RunPlan(trainer, rollout, tuple(roles), tuple(passes), tuple(why),
+    groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
+    return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
                    config.data.train_batch_size * arr.rollout.n, arr.rollout.seed)
+
+
+# the worker class of a group whose first role is the key, its config section, and the arguments that follow it
+WORKERS = {
+    "actor": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref"),
+    "rollout": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref"),
+    "critic": ("pyrl.workers.critic.CriticWorker", "critic", ConfigValue("actor_rollout_ref.rollout.n")),
+    "reward_model": ("pyrl.workers.reward_model.RewardModelWorker", "reward_model",
+                     ConfigValue("actor_rollout_ref.model.path")),
+}
+
+
+def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, ...]:
+    """The worker groups hosting `roles`, one per Role.group, in the roles' order: a group is made by the WORKERS
+    entry of its first role; ActorRolloutRefWorker takes the group's name (the roles it hosts) as its role. The
+    trainer's groups form process groups (FSDP); the one-step-off rollout's only to share tensor-parallel engines."""
+    groups: dict[str, list[Role]] = {}
+    for r in roles:
+        groups.setdefault(r.group, []).append(r)
+    out = []
+    for name, members in groups.items():
+        worker, section, *args = WORKERS[members[0].name]
+        if worker.endswith(".ActorRolloutRefWorker"):
+            args = [name]
+        out.append(Group(name, worker, section, tuple(args), members[0].pool, tuple(r.name for r in members),
+                         distributed=members[0].pool == "trainer" or rollout_tensor_parallel > 1))
+    return tuple(out)

@@ -7,10 +7,12 @@ mlflow artifact."""
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import json
 import logging
 import math
+import netrc
 import os
 import re
 import sys
@@ -53,10 +55,6 @@ def check_wandb_credentials() -> None:
     wandb's settings files) must exist, or the run stops now, naming the remedies. Without this it stopped at the
     first logged step, after the workers had started, with wandb's login traceback. Stopping rather than falling
     back to offline: a run the user expects on their dashboard must not quietly log to local files instead."""
-    import configparser
-    import netrc
-    from urllib.parse import urlparse
-
     if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or \
             os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
         return
@@ -162,11 +160,11 @@ class Tracking:
             self.file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             log.info("file logger: %s", os.path.abspath(path))
         if "wandb" in backends:
-            import wandb
+            import wandb  # lazy: wandb is optional
 
             self.wandb = wandb.init(project=project, name=experiment, config=config, dir=run_dir, resume="allow")
         if "tensorboard" in backends:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is optional
 
             self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
         if "mlflow" in backends:
@@ -176,7 +174,7 @@ class Tracking:
         """verl's MlflowLogger: experiment = project, run name = experiment, the config as params; attaches to
         $MLFLOW_RUN_ID when set. verl's default store is sqlite:////tmp/mlruns.db, which needs full mlflow's
         SQLAlchemy; pyrl's tracking extra brings mlflow-skinny, so the default is the file store ./mlruns."""
-        import mlflow
+        import mlflow  # lazy: mlflow is optional
 
         uri = os.environ.get("MLFLOW_TRACKING_URI") or os.path.abspath("mlruns")
         if urlparse(uri).scheme in ("", "file"):  # mlflow 3 refuses its file store unless opted in
@@ -211,7 +209,7 @@ class Tracking:
             for key, value in clean.items():
                 self.tensorboard.add_scalar(key, value, step)
         if self.mlflow is not None:
-            import mlflow
+            import mlflow  # lazy: mlflow is optional
 
             self._to_mlflow("metrics", step, lambda: mlflow.log_metrics(
                 {self.mlflow_key(k): v for k, v in clean.items()}, step=step))
@@ -231,7 +229,7 @@ class Tracking:
             for _, text_in, text_out, gts, score in rows:
                 self._print(f"  score {score:.3g}  {text_in!r} -> {text_out!r}  (expected {gts})")
         if self.wandb is not None:
-            import wandb
+            import wandb  # lazy: wandb is optional
 
             self.wandb.log({"val/generations": wandb.Table(columns=columns, data=rows)}, step=step)
         if self.tensorboard is not None:
@@ -239,7 +237,7 @@ class Tracking:
             table += ["| " + " | ".join(_markdown_cell(v) for v in row) + " |" for row in rows]
             self.tensorboard.add_text("val/generations", "\n".join(table), step)
         if self.mlflow is not None:  # verl's artifact: val_step{k}.json, [{input, output, score}, ...]
-            import mlflow
+            import mlflow  # lazy: mlflow is optional
 
             samples = [{"input": r["input"], "output": r["output"], "score": r["score"]} for r in records]
             self._to_mlflow("generations", step, lambda: mlflow.log_dict(samples, f"val_step{step}.json"))
@@ -278,6 +276,6 @@ class Tracking:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.mlflow is not None:
-            import mlflow
+            import mlflow  # lazy: mlflow is optional
 
             mlflow.end_run()

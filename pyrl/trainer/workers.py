@@ -11,26 +11,36 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pyrl.trainer.run_plan import ConfigValue
+from pyrl.usercode import load_object
+
 log = logging.getLogger("pyrl")
 
 
 @dataclass
 class Workers:
-    actor: Any
-    critic: Any
-    reward_model: Any
-    world_size: int
-    pool: Any
-    rollout: Any = None  # the group that generates: the actor's (the hybrid engine) unless one of its own
+    """The run's worker groups by name (RunPlan.groups), and the trainer's pool. `workers.<role>` is the group that
+    hosts the role (the hybrid engine's one group hosts actor, rollout and ref), None when the run lacks it."""
+    groups: dict[str, Any]
+    plan: Any  # the RunPlan they were built from
+    pool: Any  # the trainer's resource pool
 
-    def __post_init__(self):
-        if self.rollout is None:
-            self.rollout = self.actor
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    def __getattr__(self, role: str):
+        if role.startswith("__") or role in ("groups", "plan", "pool"):
+            raise AttributeError(role)
+        try:
+            group = self.plan.group_of(role)
+        except KeyError:
+            raise AttributeError(f"Workers has no attribute or role {role!r}") from None
+        return None if group is None else self.groups[group.name]
 
     def shutdown(self) -> None:
-        for group in (self.reward_model, self.critic, self.actor, self.rollout):
-            if group is not None:
-                group.kill()
+        for group in reversed(list(self.groups.values())):
+            group.kill()
 
 
 def place(pool, section, prefix: str = "trainer") -> None:
@@ -38,7 +48,7 @@ def place(pool, section, prefix: str = "trainer") -> None:
     with too few nodes with room stops the run naming the keys that ask for them: `prefix` is the section's name,
     trainer (config.trainer) or rollout (config.rollout, the one-step-off rollout's pool, placed after the
     trainer's on what that leaves free)."""
-    from pyrl.controller.worker_group import PlacementError
+    from pyrl.controller.worker_group import PlacementError  # lazy: ray starts only with the workers
 
     per_node = pool.processes_per_node[0]
     if pool.gpus_per_process:
@@ -58,7 +68,7 @@ def threads_per_process(pool, groups: int) -> int:
     """OMP threads of each CPU worker: its CPUs shared by the groups colocated on it. Processes on this machine
     also share its cores (several Ray nodes may run on one machine, as in a test cluster, and a node may
     advertise more CPUs than the machine has)."""
-    import ray
+    import ray  # lazy: ray starts only with the workers
 
     here = ray.util.get_node_ip_address()
     local = sum(count for node, count in zip(pool.nodes, pool.processes_per_node) if node.ip == here)
@@ -87,7 +97,7 @@ def ray_init_kwargs(config) -> dict:
 def start_ray(config, processes: int = 1) -> None:
     """Join the run's cluster or start a local Ray instance (pyrl.controller.init_ray) with ray_kwargs.ray_init;
     a local one gets at least a CPU per worker process unless ray_init.num_cpus says otherwise."""
-    from pyrl.controller import init_ray
+    from pyrl.controller import init_ray  # lazy: ray starts only with the workers
 
     ray_init = ray_init_kwargs(config)
     num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
@@ -104,77 +114,55 @@ def shared_cpus_per_process(plan) -> int:
     return max(1, int(cpus // (plan.trainer_pool.processes_per_node + plan.rollout_pool.processes_per_node)))
 
 
-def build_rollout_workers(config, pool, env: dict):
-    """The one-step-off rollout's workers (role "rollout": tokenizer and engine, no FSDP model) on their own pool;
-    each generates its share of a batch alone, so they form no process group, unless
-    rollout.tensor_model_parallel_size > 1 makes groups of them share an engine."""
-    from pyrl.controller import WorkerGroup  # lazy: ray starts only with the workers
-    from pyrl.workers.actor import ActorRolloutRefWorker  # lazy: torch and the model code load with the workers
-
-    gpus, cpus = pool.gpus_per_process, pool.cpus_per_process
-    env = {**env, "OMP_NUM_THREADS": cpus} if gpus == 0 else env
-    tensor_parallel = config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
-    group = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, "rollout", group_name="rollout",
-                        init_distributed=tensor_parallel, env=env, dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
-    group.init_model()
-    return group
-
-
 def build_workers(config, plan) -> Workers:
-    """The worker groups of `plan` (a RunPlan), placed and initialized."""
+    """The worker groups of `plan` (a RunPlan: RunPlan.groups, each a worker class on a pool), placed and
+    initialized in order."""
     import torch  # lazy: torch and the model code load with the workers
 
     from pyrl.controller import ResourcePool, WorkerGroup  # lazy: ray starts only with the workers
-    from pyrl.workers.actor import ActorRolloutRefWorker  # lazy: torch and the model code load with the workers
-    from pyrl.workers.critic import CriticWorker  # lazy: as above
-    from pyrl.workers.perf import peak_flops  # lazy: as above
-    from pyrl.workers.reward_model import RewardModelWorker  # lazy: as above
+    from pyrl.workers.perf import peak_flops  # lazy: torch and the model code load with the workers
 
     trainer = plan.trainer_pool
-    use_critic, use_rm = plan.has("critic"), plan.has("reward_model")
-    groups = 1 + use_critic + use_rm
+    colocated = sum(group.pool == "trainer" for group in plan.groups)
     rollout_processes = plan.rollout_pool.world_size if plan.rollout_pool else 0
     start_ray(config, trainer.world_size + rollout_processes)  # the rollout's own workers too
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
-    pool = ResourcePool([trainer.processes_per_node] * trainer.nnodes, gpus_per_process=trainer.gpus_per_process,
-                        cpus_per_process=None, max_colocate_count=groups)
+    pools = {"trainer": ResourcePool([trainer.processes_per_node] * trainer.nnodes,
+                                     gpus_per_process=trainer.gpus_per_process, cpus_per_process=None,
+                                     max_colocate_count=colocated)}
     if plan.rollout_pool is not None:  # the rollout's processes share the nodes' CPUs
-        pool.cpus_per_process = shared_cpus_per_process(plan)
-    place(pool, config.trainer)
-    rollout_pool = None
+        pools["trainer"].cpus_per_process = shared_cpus_per_process(plan)
+    place(pools["trainer"], config.trainer)
     if plan.rollout_pool is not None:  # placed now too, on what the trainer's pool leaves free
         shape = plan.rollout_pool
-        rollout_pool = ResourcePool([shape.processes_per_node] * shape.nnodes, gpus_per_process=shape.gpus_per_process,
-                                    cpus_per_process=pool.cpus_per_process)
+        pools["rollout"] = ResourcePool([shape.processes_per_node] * shape.nnodes,
+                                        gpus_per_process=shape.gpus_per_process,
+                                        cpus_per_process=pools["trainer"].cpus_per_process)
         try:
-            place(rollout_pool, config.rollout, "rollout")
+            place(pools["rollout"], config.rollout, "rollout")
         except ValueError:
-            pool.release()
+            pools["trainer"].release()
             raise
-    world = pool.world_size
-    gpus = trainer.gpus_per_process
-    if gpus == 0:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
+    on_cpu = trainer.gpus_per_process == 0
+    if on_cpu:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
         for dtype in (torch.float32, torch.bfloat16):
             peak_flops(torch.device("cpu"), dtype)
     # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
-    if gpus == 0:
-        env["OMP_NUM_THREADS"] = threads_per_process(pool, groups)
-    group_options = {"env": env, "dist_timeout_s": config.actor_rollout_ref.nccl_timeout}
-    role = plan.actor_group
-    actor = WorkerGroup(pool, ActorRolloutRefWorker, config.actor_rollout_ref, role, group_name=role, **group_options)
-    for line in actor.describe_placements():
-        log.info("placement: %s", line)
-    actor.init_model()
-    critic = reward_model = None
-    if use_critic:
-        critic = WorkerGroup(pool, CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, group_name="critic",
-                             **group_options)
-        critic.init_model()
-    if use_rm:
-        reward_model = WorkerGroup(pool, RewardModelWorker, config.reward_model, config.actor_rollout_ref.model.path,
-                                   group_name="reward_model", **group_options)
-        reward_model.init_model()
-    rollout = None if rollout_pool is None else build_rollout_workers(config, rollout_pool, env)
-    return Workers(actor, critic, reward_model, world, pool, rollout)
+    threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
+               "rollout": pools["rollout"].cpus_per_process if on_cpu and "rollout" in pools else None}
+    groups = {}
+    for group in plan.groups:
+        worker = load_object(group.worker, f"the {group.name} group's worker class")
+        section = ConfigValue(group.section).read(config)
+        args = [a.read(config) if isinstance(a, ConfigValue) else a for a in group.args]
+        group_env = {**env, "OMP_NUM_THREADS": threads[group.pool]} if threads[group.pool] else env
+        groups[group.name] = WorkerGroup(pools[group.pool], worker, section, *args, group_name=group.name,
+                                         init_distributed=group.distributed, env=group_env,
+                                         dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
+        if len(groups) == 1:
+            for line in groups[group.name].describe_placements():
+                log.info("placement: %s", line)
+        groups[group.name].init_model()
+    return Workers(groups, plan, pools["trainer"])

@@ -18,18 +18,16 @@ import torch
 
 from pyrl import ops
 from pyrl.algos import get_policy_loss_fn
-from pyrl.config import is_on_policy, recomputes
+from pyrl.config import is_on_policy
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.interactions.registry import initialize_interactions_from_config
-from pyrl.models import varlen_attention
-from pyrl.models.hub import model_dir, resolve_model_path  # noqa: F401 - the critic and reward model workers import them from here
 from pyrl.protocol import DataProto
 from pyrl.seeding import derive_seed
 from pyrl.tools.tool_registry import load_all_tools
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import full_tensor, worker_device
-from pyrl.workers.policy import ResponseLogProbs
+from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
 from pyrl.workers.rollout.base import prompt_token_lists
@@ -37,33 +35,6 @@ from pyrl.workers.rollout.tensor_parallel import LeaderEngine, TensorParallelGro
 from pyrl.workers.update import UpdatePlan, run_update
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "ref", "actor_ref", "rollout")
-
-
-def load_tokenizer(model_config):
-    from transformers import AutoTokenizer
-
-    path = resolve_model_path(model_config.tokenizer_path or model_config.path)
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
-
-
-def model_kwargs(model_config) -> dict:
-    """from_pretrained keywords for a worker's model: float32 master weights, the config overrides, and
-    packed attention when model.use_remove_padding (see pyrl.models.varlen_attention)."""
-    kwargs = {"dtype": torch.float32, "trust_remote_code": model_config.trust_remote_code}
-    if model_config.use_remove_padding:
-        kwargs["attn_implementation"] = varlen_attention.register()
-    return kwargs
-
-
-def load_policy(model_config):
-    """(HF causal LM, ResponseLogProbs over it); the worker shards it."""
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(model_dir(model_config), **model_kwargs(model_config),
-                                              **dict(model_config.override_config))
-    if recomputes(model_config):
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return lm, ResponseLogProbs(lm, model_config.use_fused_kernels)
 
 
 ROW = "_update_row"  # update_actor's own column: each row's place in its batch
@@ -101,7 +72,8 @@ class ActorRolloutRefWorker(Worker):
                                                    self.config.actor.optim)
             self.lr_scheduler = optim.build_lr_scheduler(self.optimizer, self.config.actor.optim)
         if self.has_ref and self.peft_model is not None:  # the actor with its adapters off: no second copy
-            self.ref_policy, self.ref_compute_dtype, self.ref_hf_config = self.policy, self.compute_dtype, self.lm.config
+            self.ref_policy, self.ref_compute_dtype, self.ref_hf_config = (self.policy, self.compute_dtype,
+                                                                           self.lm.config)
         elif self.has_ref:
             ref_lm, self.ref_policy = load_policy(self.config.model)
             self.ref_compute_dtype = fsdp.fsdp_wrap(self.ref_policy, ref_lm.model.layers, self.config.ref.fsdp_config,
@@ -109,7 +81,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
         if self.has_rollout:
-            from transformers import AutoConfig
+            from transformers import AutoConfig  # lazy: transformers loads with the first model
 
             self.hf_config = self.lm.config if self.has_actor else AutoConfig.from_pretrained(
                 self.model_path, trust_remote_code=self.config.model.trust_remote_code)
@@ -119,7 +91,8 @@ class ActorRolloutRefWorker(Worker):
             # the ranks of a tensor-parallel group share one engine, seeded as their leader's
             engine_rank = self.tp_group.leader if self.tp_group else self.rank
             rollout = dataclasses.replace(self.config.rollout,
-                                          seed=derive_seed(self.config.rollout.seed, "engine", rank=engine_rank))
+                                          seed=derive_seed(self.config.rollout.seed, "engine", bits=32,
+                                                           rank=engine_rank))
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
                                       self.tp_group.name if self.tp_group else "")
             if self.tp_group is not None and self.tp_group.is_leader:
@@ -300,7 +273,8 @@ class ActorRolloutRefWorker(Worker):
                           cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
                           cfg.loss_scale_factor or data.batch["responses"].shape[-1],
                           hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
-                               f"{self.config.rollout.n} / {self.world_size} ranks)", share_prompts=cfg.use_prefix_grouper)
+                               f"{self.config.rollout.n} / {self.world_size} ranks)",
+                          share_prompts=cfg.use_prefix_grouper)
         batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
                                 + (["ref_log_prob"] if cfg.use_kl_loss else []))
         # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that
@@ -311,8 +285,8 @@ class ActorRolloutRefWorker(Worker):
                            "(the rollout engine's log-probs, rollout.calculate_log_probs=true)")
         on_policy = "old_log_probs" not in data.batch and not bypass
         if on_policy and not is_on_policy(cfg, self.config.rollout.n, len(data) * self.world_size):
-            raise KeyError(f"update_actor: the batch lacks old_log_probs, which only an on-policy update (ppo_epochs=1, "
-                           f"one mini-batch) can do without; got ppo_epochs={cfg.ppo_epochs}, "
+            raise KeyError(f"update_actor: the batch lacks old_log_probs, which only an on-policy update "
+                           f"(ppo_epochs=1, one mini-batch) can do without; got ppo_epochs={cfg.ppo_epochs}, "
                            f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.config.rollout.n} for "
                            f"{len(data) * self.world_size} rows")
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
@@ -364,7 +338,8 @@ class ActorRolloutRefWorker(Worker):
             old = logp.detach() if on_policy else to("old_log_probs").float()
         # verl's decoupled-mode rollout-correction IS weights, when the trainer put them in the batch
         weights = {"rollout_is_weights": to("rollout_is_weights").float()} if "rollout_is_weights" in tensors else {}
-        pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info, **weights)
+        pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info,
+                                             **weights)
         loss = pg_loss
         token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
         shares = {"pg_loss": pg_loss.item() / info["dp_size"]}

@@ -44,7 +44,8 @@ def prompt_groups(data: DataProto) -> tuple[list[list[int]], list[int]]:
     """The rows that share a prompt (the same tokens before the response, left-padded alike), in order of first
     appearance, and each group's token count when its prompt runs once (ModelInputs share_prompts)."""
     ids = data.batch["input_ids"]
-    prompt_width = (ids.layout.width if isinstance(ids, PackedTensor) else ids.shape[1]) - data.batch["responses"].shape[1]
+    prompt_width = ((ids.layout.width if isinstance(ids, PackedTensor) else ids.shape[1])
+                    - data.batch["responses"].shape[1])
     padded = ids.to_padded() if isinstance(ids, PackedTensor) else ids
     mask = ids.layout.mask() if isinstance(ids, PackedTensor) else data.batch["attention_mask"]
     prompt_mask = mask[:, :prompt_width] != 0
@@ -224,7 +225,8 @@ class ModelInputs:
         groups: dict = {}
         for r in range(layout.num_sequences):
             begin = int(cu[r])
-            key = (tuple(ids[begin:begin + prompt_len[r]].tolist()), tuple(positions[begin:begin + prompt_len[r]].tolist()))
+            key = (tuple(ids[begin:begin + prompt_len[r]].tolist()),
+                   tuple(positions[begin:begin + prompt_len[r]].tolist()))
             groups.setdefault(key, []).append(r)
         pieces, prompt_start, response_start = [], {}, torch.zeros(layout.num_sequences, dtype=torch.int64)
         seq_tokens, seq_lengths, seq_owned, at = [], [], [], 0

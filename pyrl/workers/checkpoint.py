@@ -29,6 +29,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
 
     With `peft_model` (LoRA, pyrl.workers.lora) only the trainable weights (the adapters) are saved, in the shards
     and as a PEFT adapter in PATH/lora_adapter (its base: `base_model_path`); hf_weights are merged."""
+    # lazy: torch.distributed.checkpoint loads only to save or load a checkpoint (the driver imports this module)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
@@ -78,6 +79,7 @@ def save_failed(path: str, error: Exception) -> OSError:
 def _checkpoint_state(model: nn.Module, optimizer, trainable_only: bool):
     """({"model": ..., "optimizer": ...} as torch.distributed.checkpoint saves them, their StateDictOptions);
     trainable_only leaves the frozen weights (LoRA's base model) out."""
+    # lazy: torch.distributed.checkpoint loads only to save or load a checkpoint (the driver imports this module)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
@@ -95,6 +97,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
                     trainable_only: bool = False) -> dict:
     """Restore what save_checkpoint wrote (any world size for the model and optimizer), the LR schedule and
     the RNG states; returns the rest of `extra`. trainable_only: a LoRA checkpoint (the adapters only)."""
+    # lazy: torch.distributed.checkpoint loads only to save or load a checkpoint (the driver imports this module)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -103,8 +106,9 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
     has_adapter = os.path.isdir(os.path.join(path, lora.ADAPTER_DIR))
     if has_adapter != trainable_only:
         raise ValueError(f"checkpoint {path!r}: {'a LoRA' if has_adapter else 'a whole-model'} checkpoint, but the "
-                         f"run is {'LoRA (model.lora_rank > 0)' if trainable_only else 'whole-model (model.lora_rank=0)'}"
-                         ": resume with the model settings it was saved with")
+                         "run is " + ("LoRA (model.lora_rank > 0)" if trainable_only else
+                                      "whole-model (model.lora_rank=0)")
+                         + ": resume with the model settings it was saved with")
     state, options = _checkpoint_state(model, optimizer, trainable_only)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],

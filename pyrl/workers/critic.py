@@ -3,19 +3,17 @@ The value of response token t is the head's output on the state before it (colum
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from pyrl import ops
-from pyrl.config import recomputes
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
 from pyrl.seeding import derive_seed
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim
-from pyrl.workers.actor import load_tokenizer, model_dir, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import worker_device
+from pyrl.workers.models import load_tokenizer, load_value_model, resolve_model_path
 from pyrl.workers.update import UpdatePlan, run_update
 
 
@@ -40,20 +38,6 @@ class ResponseValues(nn.Module):
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         hidden = inputs.hidden_states(self.body)
         return inputs.scatter(self.head(inputs.scored_states(hidden))[:, 0].float())
-
-
-def load_value_model(model_config):
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    path = model_dir(model_config)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=model_config.trust_remote_code,
-                                        **dict(model_config.override_config))
-    config.num_labels = 1
-    config.classifier_dropout = 0.0  # HF's default 0.1 would make values noisy in training
-    model = AutoModelForTokenClassification.from_pretrained(path, config=config, **model_kwargs(model_config))
-    if recomputes(model_config):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
 
 
 class CriticWorker(Worker):

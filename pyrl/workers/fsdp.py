@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from pyrl.config import torch_dtype
 from pyrl.workers.distributed import full_tensor, is_distributed
@@ -37,15 +39,11 @@ _MESHES: dict = {}  # (device type, shard group size) -> the 2-D mesh, one per p
 def fsdp_mesh(fsdp_config, device: torch.device):
     """None (fully_shard's default: shard over the whole world), or the ("replicate", "shard") mesh of hybrid
     sharding (shard_group_size)."""
-    import torch.distributed as dist
-
     world = dist.get_world_size()
     shards = shard_group_size(fsdp_config.fsdp_size, world)
     if shards == world:
         return None
     if (device.type, shards) not in _MESHES:
-        from torch.distributed.device_mesh import init_device_mesh
-
         _MESHES[device.type, shards] = init_device_mesh(device.type, (world // shards, shards),
                                                         mesh_dim_names=("replicate", "shard"))
     return _MESHES[device.type, shards]
@@ -56,6 +54,7 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
     compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype;
     over every rank, or with fsdp_config.fsdp_size hybrid-sharded (fsdp_mesh). Returns the compute dtype. A
     single process without a process group is not sharded and computes in the master dtype."""
+    # lazy: torch.distributed.fsdp loads only to wrap a model (pyrl.trainer.memory_plan imports this module)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")

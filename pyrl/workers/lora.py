@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from pyrl.verl_features import Unsupported
 from pyrl.workers.distributed import full_tensor
 
 log = logging.getLogger("pyrl")
@@ -39,8 +40,6 @@ def check_lora_config(model_config, key: str, task_type: str) -> None:
         raise ValueError(f"{key}.lora_rank: expected >= 0 (0 trains the whole model), got {model_config.lora_rank}")
     if not uses_lora(model_config):
         if model_config.lora_adapter_path:  # verl 0.9.1 trains the whole model then, its adapter ignored
-            from pyrl.verl_features import Unsupported
-
             raise Unsupported(f"{key}.lora_adapter_path is set but {key}.lora_rank is 0: set lora_rank > 0 (the "
                               "adapter's rank) to train it")
         return
@@ -55,14 +54,15 @@ def check_lora_config(model_config, key: str, task_type: str) -> None:
         loaded = adapter_config(model_config, task_type)
         log.info("%s.lora_adapter_path: its adapter_config.json sets rank %d, alpha %s, targets %s; %s.lora_rank, "
                  "lora_alpha, target_modules and exclude_modules are not used", key, loaded.r, loaded.lora_alpha,
-                 sorted(loaded.target_modules) if isinstance(loaded.target_modules, set) else loaded.target_modules, key)
+                 sorted(loaded.target_modules) if isinstance(loaded.target_modules, set) else loaded.target_modules,
+                 key)
 
 
 def adapter_config(model_config, task_type: str):
     """The LoraConfig a model gets: model.lora_adapter_path's adapter_config.json (its rank, alpha and targets
     rule, as in verl), else rank / alpha / target and excluded modules. task_type CAUSAL_LM (the actor) or
     TOKEN_CLS (the critic: its value head trains whole, as PEFT's modules_to_save, and takes no adapter)."""
-    from peft import LoraConfig, TaskType
+    from peft import LoraConfig, TaskType  # lazy: peft loads only for LoRA
 
     if model_config.lora_adapter_path:
         return LoraConfig.from_pretrained(model_config.lora_adapter_path)
@@ -78,7 +78,7 @@ def add_adapters(model: nn.Module, model_config, task_type: str, key: str):
     """PEFT's LoRA injected into `model` in place (verl's _build_lora_module): model.lora_adapter_path's weights
     (trainable), else fresh adapters of adapter_config(). Returns the PeftModel (for adapters_disabled and the
     adapter's config); `model` itself keeps its structure. `key` names the config section in errors."""
-    from peft import PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model  # lazy: peft loads only for LoRA
 
     if model_config.lora_adapter_path:
         check_adapter_task(model_config, task_type, key)
@@ -96,13 +96,15 @@ def check_adapter_task(model_config, task_type: str, key: str) -> None:
     saved = getattr(saved, "value", saved)
     if saved != task_type:
         raise ValueError(f"{key}.lora_adapter_path: the adapter was saved with task_type {saved}, expected {task_type}"
-                         f" ({'the critic: a pyrl critic checkpoint' if task_type == 'TOKEN_CLS' else 'the actor: a pyrl actor checkpoint'}"
-                         "'s lora_adapter)")
+                         " (" + ("the critic: a pyrl critic checkpoint" if task_type == "TOKEN_CLS"
+                                 else "the actor: a pyrl actor checkpoint")
+                         + "'s lora_adapter)")
 
 
 def check_adapted(model: nn.Module, task_type: str, key: str) -> None:
     """What pyrl can train and push: adapters on linear layers only, never on the output head, and for the critic
     a trainable value head (an actor's adapter loaded into a critic would leave its new head random and frozen)."""
+    # lazy: peft loads only for LoRA
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
@@ -131,7 +133,7 @@ def adapters_disabled(peft_model) -> contextlib.AbstractContextManager:
 
 
 def lora_layers(root: nn.Module) -> dict[str, nn.Module]:
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # lazy: peft loads only for LoRA
 
     return {name: module for name, module in root.named_modules() if isinstance(module, LoraLayer)}
 

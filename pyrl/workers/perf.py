@@ -23,6 +23,9 @@ import time
 
 import torch
 
+from pyrl.models.tiny import default_cache_dir
+from pyrl.workers.distributed import all_reduce
+
 # dense (no sparsity) tensor throughput in TFLOP/s, by CUDA device name fragment; verl's get_device_flops
 CUDA_PEAK_TFLOPS = {"H100": {"bfloat16": 989.0, "float32": 67.0}, "H200": {"bfloat16": 989.0, "float32": 67.0},
                     "H800": {"bfloat16": 989.0, "float32": 67.0}, "H20": {"bfloat16": 148.0, "float32": 44.0},
@@ -33,7 +36,7 @@ CUDA_PEAK_TFLOPS = {"H100": {"bfloat16": 989.0, "float32": 67.0}, "H200": {"bflo
 def memory_metrics(device: torch.device) -> dict:
     """verl's perf/ memory metrics of an update: peak CUDA memory of this process (GPU only) and the
     machine's used RAM."""
-    import psutil
+    import psutil  # lazy: psutil loads only when memory metrics are taken
 
     out = {"perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
     if device.type == "cuda":
@@ -57,7 +60,8 @@ def model_flops(hf_config, seqlens, backward: bool = True, lm_head: bool = True,
     dense = (attn_linear + mlp) * layers + (2 * hf_config.vocab_size * hidden if lm_head else hidden)
     seqlens = [int(s) for s in seqlens]
     # verl 0.9.1 counts causal attention's scores and weighted sum as 6 x seqlen^2 x head_dim x heads per layer
-    flops = 6 * dense * (sum(seqlens) if tokens is None else tokens) + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers
+    flops = (6 * dense * (sum(seqlens) if tokens is None else tokens)
+             + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers)
     return flops if backward else flops / 3
 
 
@@ -65,8 +69,6 @@ def mfu(hf_config, seqlens, seconds: float, device: torch.device, dtype: torch.d
         lm_head: bool = True, tokens: int | None = None) -> float:
     """The model FLOPs of running these sequences (model_flops) over `seconds` and the peak of `dtype`, summed
     over the ranks before the ratio: a collective, every rank calls it."""
-    from pyrl.workers.distributed import all_reduce
-
     rate = model_flops(hf_config, seqlens, backward, lm_head, tokens) / max(seconds, 1e-9)
     totals = all_reduce(torch.tensor([rate, peak_flops(device, dtype)], dtype=torch.float64, device=device))
     return float(totals[0] / totals[1])
@@ -98,8 +100,6 @@ def _cpu_model() -> str:
 
 
 def _cached_peak(key: str, measure) -> float:
-    from pyrl.models.tiny import default_cache_dir
-
     path = os.path.join(default_cache_dir(), "peak_flops.json")
     try:
         with open(path) as f:

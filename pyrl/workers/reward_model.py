@@ -13,9 +13,9 @@ from torch import nn
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto, PackedTensor, response_lengths
 from pyrl.workers import batching, fsdp
-from pyrl.workers.actor import load_tokenizer, model_dir, model_kwargs, resolve_model_path
 from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import worker_device
+from pyrl.workers.models import load_reward_classifier, load_tokenizer, resolve_model_path
 
 
 class LastTokenScore(nn.Module):
@@ -43,17 +43,12 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers loads with the model
 
         torch.manual_seed(0)  # a score head the checkpoint lacks starts equal on every rank
 
         model_cfg = self.config.model
-        path = model_dir(model_cfg)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code,
-                                            **dict(model_cfg.override_config))
-        config.num_labels = 1
-        classifier = AutoModelForSequenceClassification.from_pretrained(path, config=config, **model_kwargs(model_cfg))
-        self.scorer = LastTokenScore(classifier)
+        self.scorer = LastTokenScore(load_reward_classifier(model_cfg))
         fsdp.fsdp_wrap(self.scorer, self.scorer.body.layers, self.config.fsdp_config, self.device)
         self.scorer.requires_grad_(False).eval()
         self.rm_tokenizer = load_tokenizer(model_cfg)
@@ -82,8 +77,8 @@ class RewardModelWorker(Worker):
         for idx in batching.micro_batch_indices(mask.sum(-1), cfg.micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                                 cfg.forward_max_token_len_per_gpu, self.device):
             rows = idx or [0]
-            out = self.scorer(ModelInputs.last_tokens(ids[rows], mask[rows], positions[rows], cfg.model.use_remove_padding,
-                                                      self.device))
+            out = self.scorer(ModelInputs.last_tokens(ids[rows], mask[rows], positions[rows],
+                                                      cfg.model.use_remove_padding, self.device))
             if idx:
                 scores[idx] = out.cpu()
         lengths = response_lengths(data)  # the last attended token (a multi-turn response's mask has holes)

@@ -69,7 +69,8 @@ def verl_sapo(old, logp, adv, mask, tau_pos=1.0, tau_neg=1.05, rollout_is_weight
     ratio = torch.exp(negative_approx_kl)
     taus = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
     gates = torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)
-    return weighted(-gates * adv, rollout_is_weights), {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": vmean(-negative_approx_kl, mask)}
+    return weighted(-gates * adv, rollout_is_weights), {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
+                                                        "ppo_kl": vmean(-negative_approx_kl, mask)}
 
 
 def verl_dppo(old, logp, adv, mask, kind, low=0.2, high=0.28, clip_ratio_c=3.0, rollout_is_weights=None):
@@ -91,7 +92,8 @@ def verl_dppo(old, logp, adv, mask, kind, low=0.2, high=0.28, clip_ratio_c=3.0, 
                        "ppo_kl": vmean(-negative_approx_kl, mask)}
 
 
-def verl_clip_cov(old, logp, adv, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, low=0.2, high=0.28, rollout_is_weights=None):
+def verl_clip_cov(old, logp, adv, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, low=0.2, high=0.28,
+                  rollout_is_weights=None):
     negative_approx_kl = logp - old
     ratio = torch.exp(negative_approx_kl)
     ppo_kl = vmean(-negative_approx_kl, mask)
@@ -208,7 +210,8 @@ def verl_cispo(old, logp, adv, mask, low=0.2, high=0.28, rollout_is_weights=None
                        "ppo_kl": vmean(-negative_approx_kl, mask)}
 
 
-def verl_rollout_correction(log_ratio, mask, rollout_is=None, is_upper=2.0, is_lower=None, batch_normalize=False, rs=()):
+def verl_rollout_correction(log_ratio, mask, rollout_is=None, is_upper=2.0, is_lower=None,
+                            batch_normalize=False, rs=()):
     """compute_rollout_correction_and_rejection_mask with thresholds parsed: rs = [(option, lower, upper)] with k1
     bounds as ratios. Returns (weights or None, modified mask, the metrics pyrl reports)."""
     metrics = {"kl": vmean(-log_ratio, mask), "k3_kl": vmean(torch.exp(log_ratio) - log_ratio - 1, mask),
@@ -218,7 +221,8 @@ def verl_rollout_correction(log_ratio, mask, rollout_is=None, is_upper=2.0, is_l
         if rollout_is == "token":
             raw = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
         else:
-            raw = torch.exp(torch.clamp(vsum(log_ratio, mask, axis=-1).unsqueeze(-1), min=-20.0, max=20.0)).expand_as(log_ratio)
+            raw = torch.exp(torch.clamp(vsum(log_ratio, mask, axis=-1).unsqueeze(-1),
+                                        min=-20.0, max=20.0)).expand_as(log_ratio)
         raw = raw * mask
         if is_lower is None:
             weights = raw.clamp(max=is_upper)
@@ -242,7 +246,8 @@ def verl_rollout_correction(log_ratio, mask, rollout_is=None, is_upper=2.0, is_l
     combined_mask = torch.ones_like(mask)
     if rs:
         log_ratio_safe = torch.clamp(log_ratio, min=-20.0, max=20.0)
-        token_k = {"k1": -log_ratio_safe, "k2": 0.5 * log_ratio_safe**2, "k3": torch.exp(log_ratio_safe) - 1.0 - log_ratio_safe}
+        token_k = {"k1": -log_ratio_safe, "k2": 0.5 * log_ratio_safe**2,
+                   "k3": torch.exp(log_ratio_safe) - 1.0 - log_ratio_safe}
         for option, lower, upper in rs:
             stat = token_k[option[-2:]]
             if option.startswith("seq_sum"):
@@ -251,7 +256,8 @@ def verl_rollout_correction(log_ratio, mask, rollout_is=None, is_upper=2.0, is_l
                 stat = vmean(stat, mask, axis=-1).unsqueeze(-1).expand_as(mask)
             elif option.startswith("seq_max"):
                 max_values = stat.masked_fill(~mask.bool(), float("-inf")).max(dim=-1).values
-                stat = torch.where(max_values == float("-inf"), torch.zeros_like(max_values), max_values).unsqueeze(-1).expand_as(mask)
+                stat = torch.where(max_values == float("-inf"),
+                                   torch.zeros_like(max_values), max_values).unsqueeze(-1).expand_as(mask)
             if option.endswith("k1"):
                 keep = (stat >= math.log(lower)) & (stat <= math.log(upper))
             else:
@@ -295,8 +301,8 @@ def check(name, config, reference, shape, loss_agg_mode="token-mean", global_bat
     torch.testing.assert_close(loss.double(), loss64.double(), atol=atol, rtol=atol)
     for key, value in metrics.items():
         assert value.dim() == 0 and not value.requires_grad, key
-        torch.testing.assert_close(value.double(), torch.as_tensor(metrics64[key], dtype=torch.float64), atol=atol, rtol=atol,
-                                   msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(value.double(), torch.as_tensor(metrics64[key], dtype=torch.float64),
+                                   atol=atol, rtol=atol, msg=lambda m: f"{key}: {m}")
     (grad,) = torch.autograd.grad(loss, logp)
     (grad64,) = torch.autograd.grad(loss64, lp64)
     torch.testing.assert_close(grad.double(), grad64, atol=atol, rtol=atol)
@@ -313,10 +319,12 @@ def aggregated(verl_fn, loss_agg_mode, global_batch_info, **kwargs):
 GLOBAL_INFOS = [None, {"batch_num_tokens": 150.0, "global_batch_size": 9.0, "dp_size": 2}]
 TOKEN_LOSSES = {
     "dppo_tv": (actor_config(), dict(verl_fn=verl_dppo, kind="tv")),
-    "dppo_tv_dict_config": ({"clip_ratio": 0.25}, dict(verl_fn=verl_dppo, kind="tv", low=0.25, high=0.25, clip_ratio_c=20.0)),
+    "dppo_tv_dict_config": ({"clip_ratio": 0.25},
+                            dict(verl_fn=verl_dppo, kind="tv", low=0.25, high=0.25, clip_ratio_c=20.0)),
     "dppo_kl": (actor_config(clip_ratio_c=1.2), dict(verl_fn=verl_dppo, kind="kl", clip_ratio_c=1.2)),
     "dro": (actor_config(dro_beta=0.3), dict(verl_fn=verl_dro, beta=0.3)),
-    "kl_cov": (actor_config(kl_cov_ratio=0.2, ppo_kl_coef=0.5), dict(verl_fn=verl_kl_cov, kl_cov_ratio=0.2, ppo_kl_coef=0.5)),
+    "kl_cov": (actor_config(kl_cov_ratio=0.2, ppo_kl_coef=0.5),
+               dict(verl_fn=verl_kl_cov, kl_cov_ratio=0.2, ppo_kl_coef=0.5)),
     "clip_cov": (actor_config(clip_cov_ratio=0.1, clip_cov_lb=-0.5, clip_cov_ub=0.5),
                  dict(verl_fn=verl_clip_cov, clip_cov_ratio=0.1, clip_cov_lb=-0.5, clip_cov_ub=0.5)),
 }
@@ -330,7 +338,8 @@ TOKEN_LOSSES = {
 def test_token_losses_match_verl(case, loss_agg_mode, global_batch_info, shape, weights):
     config, kwargs = TOKEN_LOSSES[case]
     reference = aggregated(loss_agg_mode=loss_agg_mode, global_batch_info=global_batch_info, **kwargs)
-    check(case.split("_dict")[0], config, reference, shape, loss_agg_mode, global_batch_info, seed=1234, weights=weights)
+    check(case.split("_dict")[0], config, reference, shape, loss_agg_mode, global_batch_info,
+          seed=1234, weights=weights)
 
 
 # the kernel is float32
@@ -352,15 +361,18 @@ def test_ppo_family_with_rollout_is_weights_matches_verl(name, loss_agg_mode, gl
 @pytest.mark.parametrize("loss_agg_mode", ops.LOSS_AGG_MODES)
 def test_sapo_matches_verl_and_is_always_seq_mean_token_mean(loss_agg_mode, global_batch_info, shape, weights):
     def reference(old, logp, adv, mask, rollout_is_weights=None):
-        pg_losses, metrics = verl_sapo(old, logp, adv, mask, tau_pos=1.5, tau_neg=2.5, rollout_is_weights=rollout_is_weights)
+        pg_losses, metrics = verl_sapo(old, logp, adv, mask, tau_pos=1.5, tau_neg=2.5,
+                                       rollout_is_weights=rollout_is_weights)
         lengths = mask.sum(-1)
         seq_losses = (pg_losses * mask).sum(-1) / (lengths + 1e-8)
         non_empty = (lengths > 0).double()
         if global_batch_info is None:
             return (seq_losses * non_empty).sum() / non_empty.sum(), metrics
-        return (seq_losses * non_empty).sum() / global_batch_info["global_batch_size"] * global_batch_info["dp_size"], metrics
+        return ((seq_losses * non_empty).sum() / global_batch_info["global_batch_size"] * global_batch_info["dp_size"],
+                metrics)
 
-    check("sapo", actor_config(tau_pos=1.5, tau_neg=2.5), reference, shape, loss_agg_mode, global_batch_info, weights=weights)
+    check("sapo", actor_config(tau_pos=1.5, tau_neg=2.5), reference, shape, loss_agg_mode, global_batch_info,
+          weights=weights)
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["plain", "weighted"])
@@ -371,11 +383,12 @@ def test_geo_mean_matches_verl_on_the_non_empty_rows(loss_agg_mode, global_batch
     old, logp, adv, mask = make_inputs(*shape)
     logp = logp.requires_grad_()
     w = make_weights(shape) if weights else None
-    loss, metrics = get_policy_loss_fn("geo_mean")(old, logp, adv, mask, loss_agg_mode, actor_config(), global_batch_info,
-                                                   rollout_is_weights=w)
+    loss, metrics = get_policy_loss_fn("geo_mean")(old, logp, adv, mask, loss_agg_mode, actor_config(),
+                                                   global_batch_info, rollout_is_weights=w)
     rows = mask.sum(-1) > 0
     lp64 = logp.detach()[rows].clone().requires_grad_()
-    seq_losses, metrics64 = verl_geo_mean(old[rows], lp64, adv[rows], mask[rows], rollout_is_weights=None if w is None else w[rows])
+    seq_losses, metrics64 = verl_geo_mean(old[rows], lp64, adv[rows], mask[rows],
+                                          rollout_is_weights=None if w is None else w[rows])
     # verl: torch.mean(seq_losses) over the micro-batch; the global batch's mean here
     loss64 = seq_losses.mean() if global_batch_info is None else \
         seq_losses.sum() / global_batch_info["global_batch_size"] * global_batch_info["dp_size"]
@@ -395,7 +408,8 @@ def test_micro_batches_with_global_batch_info_sum_to_the_batch_loss(name):
     mode = "token-mean" if name in ("dppo_kl", "dro") else "seq-mean-token-mean"
     info = {"batch_num_tokens": mask.sum().item(), "global_batch_size": (mask.sum(-1) > 0).sum().item(), "dp_size": 1}
     whole, _ = get_policy_loss_fn(name)(old, logp, adv, mask, mode, config, None)
-    halves = [get_policy_loss_fn(name)(old[s], logp[s], adv[s], mask[s], mode, config, info)[0] for s in (slice(0, 3), slice(3, 8))]
+    halves = [get_policy_loss_fn(name)(old[s], logp[s], adv[s], mask[s], mode, config, info)[0]
+              for s in (slice(0, 3), slice(3, 8))]
     torch.testing.assert_close(sum(halves), whole)
 
 
@@ -405,22 +419,26 @@ BYPASS_CASES = {
     "reinforce_token_tis": ({"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": 1.3},
                             dict(loss_type="reinforce", rollout_is="token", is_upper=1.3)),
     "reinforce_sequence_icepop_normalized": (
-        {"loss_type": "reinforce", "rollout_is": "sequence", "rollout_is_threshold": "0.5_3.0", "rollout_is_batch_normalize": True},
+        {"loss_type": "reinforce", "rollout_is": "sequence", "rollout_is_threshold": "0.5_3.0",
+         "rollout_is_batch_normalize": True},
         dict(loss_type="reinforce", rollout_is="sequence", is_upper=3.0, is_lower=0.5, batch_normalize=True)),
     "reinforce_token_normalized_rs_token_k1": (
-        {"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": "2", "rollout_is_batch_normalize": True,
-         "rollout_rs": "token_k1", "rollout_rs_threshold": "0.7_1.5"},
-        dict(loss_type="reinforce", rollout_is="token", is_upper=2.0, batch_normalize=True, rs=[("token_k1", 0.7, 1.5)])),
+        {"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": "2",
+         "rollout_is_batch_normalize": True, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.7_1.5"},
+        dict(loss_type="reinforce", rollout_is="token", is_upper=2.0, batch_normalize=True,
+             rs=[("token_k1", 0.7, 1.5)])),
     "ppo_clip_rs_chain": (
         {"rollout_is": "token", "rollout_rs": "seq_mean_k3,token_k1,seq_max_k2, seq_sum_k1",
          "rollout_rs_threshold": "0.05, 1.4, 0.3, 0.2_4"},
         dict(loss_type="ppo_clip", rollout_is="token", rs=[("seq_mean_k3", None, 0.05), ("token_k1", 1 / 1.4, 1.4),
                                                            ("seq_max_k2", None, 0.3), ("seq_sum_k1", 0.2, 4.0)])),
     "reinforce_shared_rs_threshold": (
-        {"loss_type": "reinforce", "rollout_rs": "token_k2,seq_sum_k2,seq_mean_k2,token_k3,seq_sum_k3,seq_max_k3,seq_mean_k1",
+        {"loss_type": "reinforce",
+         "rollout_rs": "token_k2,seq_sum_k2,seq_mean_k2,token_k3,seq_sum_k3,seq_max_k3,seq_mean_k1",
          "rollout_rs_threshold": 1.6},
-        dict(loss_type="reinforce", rs=[(o, None, 1.6) for o in ("token_k2", "seq_sum_k2", "seq_mean_k2", "token_k3",
-                                                                 "seq_sum_k3", "seq_max_k3")] + [("seq_mean_k1", 1 / 1.6, 1.6)])),
+        dict(loss_type="reinforce",
+             rs=[(o, None, 1.6) for o in ("token_k2", "seq_sum_k2", "seq_mean_k2", "token_k3", "seq_sum_k3",
+                                          "seq_max_k3")] + [("seq_mean_k1", 1 / 1.6, 1.6)])),
 }
 
 
@@ -436,7 +454,8 @@ def test_bypass_mode_matches_verl(case, loss_agg_mode, shape):
         return ops.agg_loss(pg_losses, effective_mask, loss_agg_mode), metrics
 
     # ppo_clip runs pyrl's float32 PPO kernel
-    check("bypass_mode", config, reference, shape, loss_agg_mode, atol=1e-9 if kwargs["loss_type"] == "reinforce" else 2e-6)
+    check("bypass_mode", config, reference, shape, loss_agg_mode,
+          atol=1e-9 if kwargs["loss_type"] == "reinforce" else 2e-6)
 
 
 def test_bypass_mode_rejects_and_weights_what_it_should():
@@ -455,7 +474,8 @@ def test_bypass_mode_rejects_and_weights_what_it_should():
     expected = torch.zeros(2, 3, dtype=torch.float64)
     expected[0, [0, 2]] = -weights
     torch.testing.assert_close(grad, expected)
-    torch.testing.assert_close(metrics["rollout_corr/rollout_rs_masked_fraction"].double(), torch.tensor(4 / 6, dtype=torch.float64))
+    torch.testing.assert_close(metrics["rollout_corr/rollout_rs_masked_fraction"].double(),
+                               torch.tensor(4 / 6, dtype=torch.float64))
 
 
 def test_clip_cov_cuts_the_known_candidates():
@@ -499,8 +519,9 @@ def test_kl_cov_penalizes_the_top_covariance_tokens():
 @pytest.mark.parametrize("name", NEW_LOSSES)
 def test_all_masked_input_gives_zero_loss_and_the_same_metric_names(name):
     old, logp, adv, mask = make_inputs(4, 6)
-    config = actor_config(dro_beta=0.1, rollout_correction={**dataclasses.asdict(RolloutCorrectionConfig()), "rollout_is": "token",
-                                                            "rollout_rs": "token_k1,seq_max_k3", "rollout_rs_threshold": "2,1"})
+    config = actor_config(dro_beta=0.1, rollout_correction={**dataclasses.asdict(RolloutCorrectionConfig()),
+                                                            "rollout_is": "token", "rollout_rs": "token_k1,seq_max_k3",
+                                                            "rollout_rs_threshold": "2,1"})
     logp = logp.requires_grad_()
     _, metrics = get_policy_loss_fn(name)(old, logp, adv, mask, "token-mean", config)
     loss, empty_metrics = get_policy_loss_fn(name)(old, logp, adv, torch.zeros_like(mask), "token-mean", config)
@@ -524,7 +545,8 @@ def test_bypass_mode_ignores_rollout_is_weights():
 def test_rollout_is_weights_of_the_wrong_shape_are_refused(name):
     old, logp, adv, mask = make_inputs(3, 4)
     for shape in [(3, 5), (3, 1), (4,)]:
-        with pytest.raises(ValueError, match=r"rollout_is_weights: shape \(.*\) does not match log_prob shape \(3, 4\)"):
+        with pytest.raises(ValueError, match=r"rollout_is_weights: shape \(.*\) "
+                                             r"does not match log_prob shape \(3, 4\)"):
             get_policy_loss_fn(name)(old, logp, adv, mask, "token-mean", actor_config(dro_beta=0.1),
                                      rollout_is_weights=torch.ones(shape, dtype=torch.float64))
 
@@ -533,14 +555,15 @@ def test_registered_with_formula_docstrings():
     for name in NEW_LOSSES:
         doc = POLICY_LOSS_REGISTRY[name].__doc__
         assert doc and "(" in doc.split("\n")[0], f"{name}: its formula opens its docstring"
-    with pytest.raises(ValueError, match="Unknown policy loss 'clip-cov'; known: .*bypass_mode.*clip_cov.*dppo_kl.*sapo"):
+    with pytest.raises(ValueError, match="Unknown policy loss 'clip-cov'; "
+                                         "known: .*bypass_mode.*clip_cov.*dppo_kl.*sapo"):
         get_policy_loss_fn("clip-cov")
 
 
 def test_config_defaults_are_verl_091s():
     loss = PolicyLossConfig()
-    assert (loss.loss_mode, loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub, loss.kl_cov_ratio, loss.ppo_kl_coef,
-            loss.dro_beta) == ("vanilla", 0.0002, 1.0, 5.0, 0.0002, 0.1, None)
+    assert (loss.loss_mode, loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub, loss.kl_cov_ratio,
+            loss.ppo_kl_coef, loss.dro_beta) == ("vanilla", 0.0002, 1.0, 5.0, 0.0002, 0.1, None)
     assert loss.rollout_correction is None  # filled from algorithm.rollout_correction at start
     assert dataclasses.asdict(RolloutCorrectionConfig()) == {
         "rollout_is": None, "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False, "rollout_rs": None,
@@ -548,7 +571,8 @@ def test_config_defaults_are_verl_091s():
     assert (ActorConfig().tau_pos, ActorConfig().tau_neg) == (1.0, 1.05)
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.merge(OmegaConf.structured(ActorConfig), {"policy_loss": {"loss_mode": "bypass_mode", "kl_cov_ratio": 0.01}})
+    merged = OmegaConf.merge(OmegaConf.structured(ActorConfig),
+                             {"policy_loss": {"loss_mode": "bypass_mode", "kl_cov_ratio": 0.01}})
     assert OmegaConf.to_object(merged).policy_loss.kl_cov_ratio == 0.01
 
 
@@ -558,7 +582,8 @@ def correcting(**settings):
 
 @pytest.mark.parametrize("name, config, match", [
     ("clip_cov", actor_config(clip_cov_ratio=-0.1), r"policy_loss.clip_cov_ratio: must be a number > 0, got -0.1"),
-    ("clip_cov", actor_config(clip_cov_lb=2.0, clip_cov_ub=1.0), r"policy_loss.clip_cov_ub: must be a number > policy_loss.clip_cov_lb"),
+    ("clip_cov", actor_config(clip_cov_lb=2.0, clip_cov_ub=1.0),
+     r"policy_loss.clip_cov_ub: must be a number > policy_loss.clip_cov_lb"),
     ("clip_cov", {"policy_loss": {"clip_cov_lb": "low"}}, r"policy_loss.clip_cov_lb: must be a number"),
     ("kl_cov", actor_config(kl_cov_ratio=0.0), r"policy_loss.kl_cov_ratio: must be a number > 0"),
     ("kl_cov", actor_config(ppo_kl_coef=-1.0), r"policy_loss.ppo_kl_coef: must be a number >= 0"),
@@ -567,12 +592,17 @@ def correcting(**settings):
     ("sapo", actor_config(tau_pos=0.0), r"tau_pos: must be a number > 0"),
     ("sapo", {"tau_neg": -1}, r"tau_neg: must be a number > 0"),
     ("dppo_tv", {"clip_ratio_c": -3.0}, r"clip_ratio_c: must be a number > 0"),
-    ("bypass_mode", correcting(loss_type="ppo"), r"rollout_correction.loss_type: expected one of \('ppo_clip', 'reinforce'\)"),
-    ("bypass_mode", correcting(rollout_is="tokens"), r"rollout_correction.rollout_is: expected token, sequence or None"),
-    ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold="3_2"), r"thresholds must be positive, lower <= upper"),
+    ("bypass_mode", correcting(loss_type="ppo"),
+     r"rollout_correction.loss_type: expected one of \('ppo_clip', 'reinforce'\)"),
+    ("bypass_mode", correcting(rollout_is="tokens"),
+     r"rollout_correction.rollout_is: expected token, sequence or None"),
+    ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold="3_2"),
+     r"thresholds must be positive, lower <= upper"),
     ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold=-2.0), r"rollout_is_threshold"),
-    ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold=True), r"rollout_is_threshold: expected a positive number"),
-    ("bypass_mode", correcting(rollout_rs="token_k9", rollout_rs_threshold=2), r"rollout_rs: unknown option\(s\) \['token_k9'\]"),
+    ("bypass_mode", correcting(rollout_is="token", rollout_is_threshold=True),
+     r"rollout_is_threshold: expected a positive number"),
+    ("bypass_mode", correcting(rollout_rs="token_k9", rollout_rs_threshold=2),
+     r"rollout_rs: unknown option\(s\) \['token_k9'\]"),
     ("bypass_mode", correcting(rollout_rs="token_k1"), r"rollout_rs_threshold: required when rollout_rs is set"),
     ("bypass_mode", correcting(rollout_rs="token_k2", rollout_rs_threshold="0.1_2"),
      r"rollout_rs_threshold \(token_k2\): expected a positive number, got '0.1_2'"),
@@ -592,7 +622,8 @@ def test_actor_update_in_bypass_mode_needs_rollout_log_probs():
 
     config = ActorRolloutRefConfig(actor=actor_config(loss_mode="bypass_mode"))
     ones = torch.ones(2, 3, dtype=torch.long)
-    data = DataProto.from_dict({"input_ids": ones, "position_ids": ones, "attention_mask": ones, "responses": ones[:, :2],
-                                "response_mask": ones[:, :2], "advantages": torch.zeros(2, 2), "old_log_probs": torch.zeros(2, 2)})
+    data = DataProto.from_dict({"input_ids": ones, "position_ids": ones, "attention_mask": ones,
+                                "responses": ones[:, :2], "response_mask": ones[:, :2], "advantages": torch.zeros(2, 2),
+                                "old_log_probs": torch.zeros(2, 2)})
     with pytest.raises(KeyError, match="actor.policy_loss.loss_mode=bypass_mode needs the batch's rollout_log_probs"):
         ActorRolloutRefWorker(config, role="actor").update_actor(data)

@@ -24,7 +24,8 @@ def _batch(b=8, t=6):
 
 
 def test_registries_hold_the_issue_list():
-    assert {"gae", "grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "reinforce_plus_plus", "remax"} <= set(ADV_ESTIMATOR_REGISTRY)
+    assert {"gae", "grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
+            "remax"} <= set(ADV_ESTIMATOR_REGISTRY)
     assert {"vanilla", "gspo", "gpg", "cispo"} <= set(POLICY_LOSS_REGISTRY)
     for fn in list(ADV_ESTIMATOR_REGISTRY.values()) + list(POLICY_LOSS_REGISTRY.values()):
         assert fn.__doc__ and len(fn.__doc__) > 20, f"{fn.__name__} needs its formula in its docstring"
@@ -74,7 +75,8 @@ def test_grpo_passk_and_rpp_baseline():
 def test_gae_estimator():
     rewards, mask, _ = _batch()
     values = torch.randn_like(rewards)
-    adv, ret = get_adv_estimator_fn("gae")(token_level_rewards=rewards, values=values, response_mask=mask, gamma=0.9, lam=0.8)
+    adv, ret = get_adv_estimator_fn("gae")(token_level_rewards=rewards, values=values, response_mask=mask,
+                                           gamma=0.9, lam=0.8)
     adv64, ret64 = ref.compute_gae(rewards.double(), values.double(), mask.double(), 0.9, 0.8)
     torch.testing.assert_close(adv.double(), adv64, atol=1e-5, rtol=1e-5)
 
@@ -89,7 +91,8 @@ def test_reinforce_plus_plus_hand_computed():
 def test_remax_hand_computed():
     r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, ret = get_adv_estimator_fn("remax")(token_level_rewards=r, reward_baselines=torch.tensor([0.5, 2.0]), response_mask=m)
+    adv, ret = get_adv_estimator_fn("remax")(token_level_rewards=r, reward_baselines=torch.tensor([0.5, 2.0]),
+                                             response_mask=m)
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0]]))
 

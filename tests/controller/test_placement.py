@@ -87,8 +87,9 @@ def test_the_rollout_pool_that_finds_no_room_names_the_rollout_keys(ray_session)
         trainer.placement_groups()
         rollout = ResourcePool([2], cpus_per_process=1)
         with pytest.raises(ValueError, match=r"rollout\.nnodes=1 \(rollout\.n_gpus_per_node=0: CPU workers, "
-                                             r"rollout\.n_cpu_workers_per_node=2 per node\) cannot be placed: 1 distinct "
-                                             rf"node\(s\) wanted.*only 0 .*Nodes: {node[:8]} \(.*\): CPU \d+ \(0 free\)"):
+                                             r"rollout\.n_cpu_workers_per_node=2 per node\) cannot be placed: "
+                                             r"1 distinct node\(s\) wanted.*only 0 .*Nodes: "
+                                             rf"{node[:8]} \(.*\): CPU \d+ \(0 free\)"):
             place(rollout, RolloutPoolConfig(nnodes=1, n_gpus_per_node=0, n_cpu_workers_per_node=2), "rollout")
     finally:
         trainer.release()

@@ -76,7 +76,8 @@ def test_sampler_resumes_with_the_same_batches():
 
 def test_preprocess_gsm8k_to_verl_schema(tmp_path):
     src = tmp_path / "gsm8k.jsonl"
-    src.write_text('{"question": "2+2?", "answer": "two and two\\n#### 4"}\n{"question": "q", "answer": "#### 1,000"}\n')
+    src.write_text('{"question": "2+2?", "answer": "two and two\\n#### 4"}\n'
+                   '{"question": "q", "answer": "#### 1,000"}\n')
     out = str(tmp_path / "train.parquet")
     assert convert("gsm8k", str(src), out) == 2
     rows = pq.read_table(out).to_pylist()
@@ -155,8 +156,10 @@ def test_chat_template_kwargs_custom_template_max_samples_and_workers(tokenizer,
     pooled = prompts(path, tokenizer, DataConfig(max_prompt_length=64, dataloader_num_workers=2))
     assert pooled.prompt_ids == base.prompt_ids and len(base) == 200  # the same items, in order
     template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if flag %}!{% endif %}"
-    custom = PromptBatches(RLHFDataset(path, tokenizer, DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True})),
-                           tokenizer, DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True}), template)
+    custom = PromptBatches(RLHFDataset(path, tokenizer,
+                                       DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True})),
+                           tokenizer, DataConfig(max_prompt_length=64, apply_chat_template_kwargs={"flag": True}),
+                           template)
     assert tokenizer.decode(custom.prompt_ids[3]) == "<<q3>>!"
     first = prompts(path, tokenizer, DataConfig(max_prompt_length=64, shuffle=False), max_samples=5)
     assert [r["raw_prompt"][0]["content"] for r in first.rows] == [f"q{i}" for i in range(5)]

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from pyrl.config import PPOConfig
 from pyrl.ppo import resolve_model_paths
-from pyrl.workers.actor import load_policy, load_tokenizer
+from pyrl.trainer.run_plan import resolve_run_plan
+from pyrl.workers.models import load_policy, load_tokenizer
 
 hub_id, source = sys.argv[1:3]
 def config(path):
@@ -26,19 +27,21 @@ def config(path):
             "algorithm.adv_estimator=gae"]
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PPOConfig), OmegaConf.from_dotlist(keys)))
 cfg = config(hub_id)
-resolve_model_paths(cfg)
+resolve_model_paths(cfg, resolve_run_plan(cfg))
 model = cfg.actor_rollout_ref.model
 lm, _ = load_policy(model)
 want = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
 text = "<|im_start|>user\n12+34=<|im_end|>"
 try:
-    resolve_model_paths(config("pyrl-test/not-cached"))
+    missing = config("pyrl-test/not-cached")
+    resolve_model_paths(missing, resolve_run_plan(missing))
     error = None
 except FileNotFoundError as e:
     error = str(e)
 print(json.dumps({
     "paths": [model.path, model.tokenizer_path, cfg.critic.model.path],
-    "weights_equal": lm.state_dict().keys() == want.keys() and all(torch.equal(v, want[k]) for k, v in lm.state_dict().items()),
+    "weights_equal": lm.state_dict().keys() == want.keys() and all(torch.equal(v, want[k])
+                                                                   for k, v in lm.state_dict().items()),
     "tokens_equal": load_tokenizer(model)(text).input_ids == AutoTokenizer.from_pretrained(source)(text).input_ids,
     "error": error}))
 """

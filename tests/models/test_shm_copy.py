@@ -75,7 +75,7 @@ def test_a_copy_that_fails_names_the_sizes(tmp_path, monkeypatch):
 def test_the_workers_load_from_the_copy(tmp_path, monkeypatch):
     import pyrl.models.hub as hub
     from pyrl.config import ModelConfig
-    from pyrl.workers.actor import load_policy
+    from pyrl.workers.models import load_policy
 
     monkeypatch.setattr(hub, "SHM_ROOT", str(tmp_path / "shm"))
     model = ModelConfig(path="pyrl:tiny", use_shm=True, use_fused_kernels=False)

@@ -23,11 +23,13 @@ def test_same_seed_same_files(tiny_path, tmp_path):
             assert a.read() == b.read(), name
     from safetensors.torch import load_file
 
-    w1, w2 = load_file(os.path.join(tiny_path, "model.safetensors")), load_file(os.path.join(again, "model.safetensors"))
+    w1, w2 = (load_file(os.path.join(tiny_path, "model.safetensors")),
+              load_file(os.path.join(again, "model.safetensors")))
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
     other = tiny_model_path(TinyModelSpec(seed=1), cache_dir=str(tmp_path))
-    assert other != again and not torch.equal(load_file(os.path.join(other, "model.safetensors"))["model.embed_tokens.weight"],
-                                              w1["model.embed_tokens.weight"])
+    assert other != again and not torch.equal(
+        load_file(os.path.join(other, "model.safetensors"))["model.embed_tokens.weight"],
+        w1["model.embed_tokens.weight"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]  # made in a temp dir, renamed
 
 

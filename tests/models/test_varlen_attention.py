@@ -1,6 +1,7 @@
 """pyrl.models.varlen_attention: packed causal attention, each sequence attending to its own tokens only, against
 a float64 per-sequence reference (values and gradients), on both CPU paths (plain matmuls for short bf16 buckets,
-SDPA for long ones and fp32) and on CUDA (marked gpu), GQA and plain heads, equal and mixed lengths (1 and 0 included), fp32 and bf16."""
+SDPA for long ones and fp32) and on CUDA (marked gpu), GQA and plain heads, equal and mixed lengths (1 and 0 included),
+fp32 and bf16."""
 
 import pytest
 import torch
@@ -82,7 +83,8 @@ def test_matmul_attention_equals_sdpa(length, heads):
     q = torch.randn(2, heads, length, 16, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 2, length, 16, generator=g, dtype=torch.float64) for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(heads // 2, 1),
-                                                            v.repeat_interleave(heads // 2, 1), is_causal=True, scale=0.25)
+                                                            v.repeat_interleave(heads // 2, 1),
+                                                            is_causal=True, scale=0.25)
     torch.testing.assert_close(varlen_attention.matmul_attention(q, k, v, 0.25), sdpa, atol=1e-5, rtol=1e-5)
 
 

@@ -51,7 +51,8 @@ def test_matches_float64_reference(backend, device, chunk_size, return_entropy):
     hidden = torch.randn(n, h, device=device, requires_grad=True)
     weight = (torch.randn(v, h, device=device) / 4).requires_grad_()
     labels = torch.randint(0, v, (n,), device=device)
-    out = fused_linear_logprobs(hidden, weight, labels, temperature=0.9, chunk_size=chunk_size, return_entropy=return_entropy)
+    out = fused_linear_logprobs(hidden, weight, labels, temperature=0.9, chunk_size=chunk_size,
+                                return_entropy=return_entropy)
     h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
     out64 = ref.fused_linear_logprobs(h64, w64, labels, 0.9, return_entropy)
     outs, outs64 = (out, out64) if return_entropy else ((out,), (out64,))
@@ -79,7 +80,8 @@ def test_bf16(backend, device):
     weight = torch.randn(130, 32, device=device, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, 130, (9,), device=device)
     logp = fused_linear_logprobs(hidden, weight, labels, chunk_size=4)
-    logits = hidden.detach() @ weight.detach().t()  # the op's bf16 logits (rounded to bf16, as every backend forms them)
+    # the op's bf16 logits (rounded to bf16, as every backend forms them)
+    logits = hidden.detach() @ weight.detach().t()
     expected = ref.logprobs_from_logits(logits, labels)
     torch.testing.assert_close(logp, expected.float(), atol=1e-4, rtol=1e-4)
     logp_o, _, dlogp_o, _ = oracle_logprob_rows(logits.double().cpu().numpy(), labels.cpu(), 1.0)  # independent
@@ -138,11 +140,14 @@ def test_default_chunk_size_bounds_memory():
 @pytest.mark.parametrize(
     "args, err, match",
     [
-        ((torch.randn(4, 8), torch.randn(10, 7), torch.zeros(4, dtype=torch.long)), ValueError, "weight: hidden size 7"),
-        ((torch.randn(4, 8), torch.randn(10, 8).double(), torch.zeros(4, dtype=torch.long)), TypeError, "hidden/weight"),
+        ((torch.randn(4, 8), torch.randn(10, 7), torch.zeros(4, dtype=torch.long)),
+         ValueError, "weight: hidden size 7"),
+        ((torch.randn(4, 8), torch.randn(10, 8).double(), torch.zeros(4, dtype=torch.long)),
+         TypeError, "hidden/weight"),
         ((torch.randn(4, 8), torch.randn(10, 8), torch.zeros(3, dtype=torch.long)), ValueError, "labels: shape"),
         ((torch.randn(4, 8), torch.randn(10, 8), torch.full((4,), 10)), ValueError, "labels: value 10"),
-        ((torch.randn(4, 2, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.long)), ValueError, r"expected \[N, H\]"),
+        ((torch.randn(4, 2, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.long)),
+         ValueError, r"expected \[N, H\]"),
     ],
 )
 def test_bad_input(backend, args, err, match):

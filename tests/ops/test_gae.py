@@ -111,7 +111,8 @@ def test_sequences_longer_than_a_scan_block(backend, device):
     torch.testing.assert_close(ret.cpu().double(), flat(ret_o), atol=2e-5, rtol=1e-5)
     # whitened: the kernel's moments merged block by block and sequence by sequence give the batch's statistics
     adv, _ = compute_gae(rewards.to(device), values.to(device), mask.to(device), 0.99, 0.95)
-    torch.testing.assert_close(adv.cpu().double(), oracle_gae(rewards, values, mask, 0.99, 0.95)[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(adv.cpu().double(), oracle_gae(rewards, values, mask, 0.99, 0.95)[0],
+                               atol=2e-5, rtol=1e-5)
     adv, _ = compute_gae_packed(flat(rewards).to(device), flat(values).to(device), cu.to(device), 0.99, 0.95,
                                 mask=flat(mask).to(device))
     want = oracle_gae(flat(rewards), flat(values), flat(mask), 0.99, 0.95, cu_seqlens=cu)[0]
@@ -215,12 +216,17 @@ def test_all_masked_batch_cannot_be_whitened(backend, device):
     "call, err, match",
     [
         (lambda: compute_gae(torch.randn(2, 3), torch.randn(2, 4), torch.ones(2, 3)), ValueError, "values: shape"),
-        (lambda: compute_gae(torch.randn(6), torch.randn(6), torch.ones(6)), ValueError, r"rewards: expected \[batch, tokens\]"),
-        (lambda: compute_gae(torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3), gamma=float("inf")), ValueError, "gamma"),
+        (lambda: compute_gae(torch.randn(6), torch.randn(6), torch.ones(6)),
+         ValueError, r"rewards: expected \[batch, tokens\]"),
+        (lambda: compute_gae(torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3), gamma=float("inf")),
+         ValueError, "gamma"),
         (lambda: compute_gae(torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3), lam="x"), TypeError, "lam"),
-        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([0, 2, 4])), ValueError, "cu_seqlens: must"),
-        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([0, 3, 2, 5])), ValueError, "cu_seqlens"),
-        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([1.0, 5.0])), ValueError, "cu_seqlens"),
+        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([0, 2, 4])),
+         ValueError, "cu_seqlens: must"),
+        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([0, 3, 2, 5])),
+         ValueError, "cu_seqlens"),
+        (lambda: compute_gae_packed(torch.randn(5), torch.randn(5), torch.tensor([1.0, 5.0])),
+         ValueError, "cu_seqlens"),
         (lambda: compute_gae_packed(torch.randn(5), torch.randn(4), torch.tensor([0, 5])), ValueError, "values: shape"),
     ],
 )

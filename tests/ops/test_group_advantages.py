@@ -95,7 +95,8 @@ def test_hand_computed(backend, device):
     # group 0: mean 1/3, std (unbiased) sqrt(1/3); group 9 singleton; group 3 all equal (std 0)
     std0 = (1 / 3) ** 0.5
     grpo = group_advantages(s, g, "grpo", eps=1e-6).cpu()
-    torch.testing.assert_close(grpo, torch.tensor([(2 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6), 5 / (1 + 1e-6), 0.0, 0.0]))
+    torch.testing.assert_close(grpo, torch.tensor([(2 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6),
+                                                   (-1 / 3) / (std0 + 1e-6), 5 / (1 + 1e-6), 0.0, 0.0]))
     rloo = group_advantages(s, g, "rloo").cpu()
     torch.testing.assert_close(rloo, torch.tensor([1.0, -0.5, -0.5, 5.0, 0.0, 0.0]))
     passk = group_advantages(s[[0, 1, 2, 4, 5]], g[[0, 1, 2, 4, 5]], "grpo_passk", norm_by_std=False).cpu()
@@ -117,18 +118,24 @@ def test_large_and_empty(backend, device):
     out = group_advantages(scores.to(device), ids.to(device))
     torch.testing.assert_close(out.cpu().double(), ref.group_advantages(scores.double(), ids), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.cpu().double(), oracle_group_advantages(scores, ids), atol=1e-5, rtol=1e-5)
-    assert group_advantages(torch.zeros(0, device=device), torch.zeros(0, dtype=torch.long, device=device)).shape == (0,)
+    assert group_advantages(torch.zeros(0, device=device),
+                            torch.zeros(0, dtype=torch.long, device=device)).shape == (0,)
 
 
 @pytest.mark.parametrize(
     "call, err, match",
     [
         (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0])), ValueError, "group_index: shape"),
-        (lambda: group_advantages(torch.randn(3), torch.tensor([0.0, 0.0, 1.0])), TypeError, "group_index: expected an integer"),
-        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "ppo"), ValueError, "estimator: unknown 'ppo'"),
-        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "opo"), ValueError, "lengths: the opo estimator"),
-        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "grpo_passk"), ValueError, "at least 2 samples per group"),
-        (lambda: group_advantages(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)), ValueError, r"scores: expected \[B\]"),
+        (lambda: group_advantages(torch.randn(3), torch.tensor([0.0, 0.0, 1.0])),
+         TypeError, "group_index: expected an integer"),
+        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "ppo"),
+         ValueError, "estimator: unknown 'ppo'"),
+        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "opo"),
+         ValueError, "lengths: the opo estimator"),
+        (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), "grpo_passk"),
+         ValueError, "at least 2 samples per group"),
+        (lambda: group_advantages(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)),
+         ValueError, r"scores: expected \[B\]"),
         (lambda: group_advantages(torch.randn(3), torch.tensor([0, 0, 1]), eps=-1.0), ValueError, "eps"),
     ],
 )

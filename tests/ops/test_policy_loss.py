@@ -62,29 +62,31 @@ def oracle_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
             a, raw = adv[i][t], x - old[i][t]
             clipped = lower = False
             if loss_mode == "gpg":
-                l, dl, da, kl = -a * x, -a, -x, 0.0
+                loss_t, dl, da, kl = -a * x, -a, -x, 0.0
             elif loss_mode == "gspo":  # value: the sequence ratio; gradient: d ratio / d logp_t = ratio (below the cap)
                 ratio, dratio, kl = seq_ratio, (seq_ratio if seq <= 10.0 else 0.0), -raw
                 clipped_ratio = min(max(ratio, lo), hi)
                 clipped = -a * clipped_ratio > -a * ratio
-                l, dl, da = (-a * clipped_ratio, 0.0, -clipped_ratio) if clipped else (-a * ratio, -a * dratio, -ratio)
+                loss_t, dl, da = ((-a * clipped_ratio, 0.0, -clipped_ratio) if clipped
+                                  else (-a * ratio, -a * dratio, -ratio))
             else:
                 delta = min(max(raw, -20.0), 20.0)
                 ratio, kl = math.exp(delta), -delta
                 dratio = ratio if -20.0 <= raw <= 20.0 else 0.0
                 clipped_ratio = min(max(ratio, lo), hi)
                 if loss_mode == "cispo":  # the clipped ratio is a constant
-                    l, dl, da = -clipped_ratio * a * x, -clipped_ratio * a, -clipped_ratio * x
+                    loss_t, dl, da = -clipped_ratio * a * x, -clipped_ratio * a, -clipped_ratio * x
                     clipped = clipped_ratio != ratio
                 else:  # vanilla: the clipped branch is flat in logp; dual clip for a < 0
                     clipped = -a * clipped_ratio > -a * ratio
-                    l, dl, da = (-a * clipped_ratio, 0.0, -clipped_ratio) if clipped else (-a * ratio, -a * dratio, -ratio)
-                    if a < 0 and l > -a * c:
+                    loss_t, dl, da = ((-a * clipped_ratio, 0.0, -clipped_ratio) if clipped
+                                      else (-a * ratio, -a * dratio, -ratio))
+                    if a < 0 and loss_t > -a * c:
                         lower = True
-                        l, dl, da = -a * c, 0.0, -c
+                        loss_t, dl, da = -a * c, 0.0, -c
             w = 1.0 if weights is None else weights[i][t]
-            loss_terms.append(coef[i][t] * w * l)
-            g_lp[i][t], g_adv[i][t], g_w[i][t] = coef[i][t] * w * dl, coef[i][t] * w * da, coef[i][t] * l
+            loss_terms.append(coef[i][t] * w * loss_t)
+            g_lp[i][t], g_adv[i][t], g_w[i][t] = coef[i][t] * w * dl, coef[i][t] * w * da, coef[i][t] * loss_t
             if m[i][t]:
                 n_valid += 1
                 n_clipped += clipped
@@ -99,7 +101,8 @@ def oracle_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
 
 
 def _check_oracle(loss, metrics, grad, oracle):
-    """A backend's (loss, metrics, d loss / d log_prob) against oracle_policy_loss's, at the float32 tolerances above."""
+    """A backend's (loss, metrics, d loss / d log_prob) against oracle_policy_loss's, at the float32 tolerances
+    above."""
     loss_o, metrics_o, grad_o = oracle[:3]
     torch.testing.assert_close(loss.double().cpu(), torch.tensor(loss_o, dtype=torch.float64), atol=1e-5, rtol=1e-5)
     for name, value in metrics_o.items():
@@ -113,7 +116,8 @@ def _check_oracle(loss, metrics, grad, oracle):
 def test_matches_float64_reference(backend, device, loss_mode, loss_agg_mode):
     logp, old, adv, mask = _inputs(device=device)
     logp = logp.requires_grad_()
-    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode, loss_mode=loss_mode)
+    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode,
+                  loss_mode=loss_mode)
     loss, metrics = ppo_policy_loss(logp, old, adv, mask, **kwargs)
     lp64 = logp.detach().double().requires_grad_()
     loss64, metrics64 = ref.ppo_policy_loss(lp64, old.double(), adv.double(), mask.double(), **kwargs)
@@ -121,7 +125,8 @@ def test_matches_float64_reference(backend, device, loss_mode, loss_agg_mode):
     torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
     assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
     for name in metrics:
-        torch.testing.assert_close(metrics[name].double().cpu(), metrics64[name].detach().double().cpu(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(metrics[name].double().cpu(), metrics64[name].detach().double().cpu(),
+                                   atol=1e-5, rtol=1e-5)
     loss.backward()
     loss64.backward()
     torch.testing.assert_close(logp.grad.double(), lp64.grad, atol=1e-6, rtol=1e-5)
@@ -143,21 +148,24 @@ def test_rollout_is_weights_match_float64(backend, device, loss_mode, loss_agg_m
     logp, old, adv, mask = _inputs(device=device)
     weights = _weights(logp)
     logp = logp.requires_grad_()
-    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode, loss_mode=loss_mode)
+    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode,
+                  loss_mode=loss_mode)
     loss, metrics = ppo_policy_loss(logp, old, adv, mask, rollout_is_weights=weights, **kwargs)
     lp64 = logp.detach().double().requires_grad_()
-    loss64, metrics64 = ref.ppo_policy_loss(lp64, old.double(), adv.double(), mask.double(), rollout_is_weights=weights.double(),
-                                            **kwargs)
+    loss64, metrics64 = ref.ppo_policy_loss(lp64, old.double(), adv.double(), mask.double(),
+                                            rollout_is_weights=weights.double(), **kwargs)
     torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
     _, unweighted_metrics = ppo_policy_loss(logp.detach(), old, adv, mask, **kwargs)
     for name in metrics:
         torch.testing.assert_close(metrics[name], unweighted_metrics[name])
-        torch.testing.assert_close(metrics[name].double().cpu(), metrics64[name].detach().double().cpu(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(metrics[name].double().cpu(), metrics64[name].detach().double().cpu(),
+                                   atol=1e-5, rtol=1e-5)
     loss.backward()
     loss64.backward()
     torch.testing.assert_close(logp.grad.double(), lp64.grad, atol=1e-6, rtol=1e-5)
     assert weights.grad is None
-    _check_oracle(loss, metrics, logp.grad, oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=weights, **kwargs))
+    _check_oracle(loss, metrics, logp.grad,
+                  oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=weights, **kwargs))
     # d loss / d log_prob = w x the unweighted per-token derivative, for a token-sum aggregation (linear in each token)
     lp = logp.detach().double().requires_grad_()
     kwargs["loss_agg_mode"] = "token-sum"
@@ -169,7 +177,8 @@ def test_rollout_is_weights_match_float64(backend, device, loss_mode, loss_agg_m
 def test_rollout_is_weights_of_ones_change_nothing_and_get_gradients_when_asked(backend, device):
     logp, old, adv, mask = _inputs(device=device)
     plain, _ = ppo_policy_loss(logp, old, adv, mask)
-    torch.testing.assert_close(ppo_policy_loss(logp, old, adv, mask, rollout_is_weights=torch.ones_like(logp))[0], plain)
+    torch.testing.assert_close(ppo_policy_loss(logp, old, adv, mask, rollout_is_weights=torch.ones_like(logp))[0],
+                               plain)
     weights = _weights(logp).requires_grad_()
     ppo_policy_loss(logp, old, adv, mask, rollout_is_weights=weights)[0].backward()
     w64 = weights.detach().double().requires_grad_()
@@ -197,7 +206,8 @@ def test_bf16_and_bool_mask(backend, device):
     logp, old, adv, mask = _inputs(device=device)
     lp16 = logp.bfloat16().requires_grad_()
     loss, _ = ppo_policy_loss(lp16, old.bfloat16(), adv.bfloat16(), mask.bool())
-    loss64, _ = ref.ppo_policy_loss(lp16.detach().double(), old.bfloat16().double(), adv.bfloat16().double(), mask.double())
+    loss64, _ = ref.ppo_policy_loss(lp16.detach().double(), old.bfloat16().double(), adv.bfloat16().double(),
+                                    mask.double())
     torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
     loss.backward()
     assert lp16.grad.dtype == torch.bfloat16
@@ -228,13 +238,14 @@ def test_reference_matches_independent_oracle(loss_mode, loss_agg_mode):
     above (the +-20 clamp, the dual clip, an all-masked row, a length-1 row)."""
     logp, old, adv, mask = (x.double() for x in _inputs())
     weights = _weights(logp).double()
-    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode, loss_mode=loss_mode)
+    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=loss_agg_mode,
+                  loss_mode=loss_mode)
     for w in (None, weights):
         lp, a = logp.clone().requires_grad_(), adv.clone().requires_grad_()
         w = None if w is None else w.clone().requires_grad_()
         loss, metrics = ref.ppo_policy_loss(lp, old, a, mask, rollout_is_weights=w, **kwargs)
-        loss_o, metrics_o, grad_lp_o, grad_adv_o, grad_w_o = oracle_policy_loss(logp, old, adv, mask, rollout_is_weights=w,
-                                                                                **kwargs)
+        loss_o, metrics_o, grad_lp_o, grad_adv_o, grad_w_o = oracle_policy_loss(logp, old, adv, mask,
+                                                                                rollout_is_weights=w, **kwargs)
         torch.testing.assert_close(loss, torch.tensor(loss_o, dtype=torch.float64), atol=1e-9, rtol=1e-9)
         for name, value in metrics_o.items():
             torch.testing.assert_close(metrics[name].detach(), torch.tensor(value, dtype=torch.float64), atol=1e-9,
@@ -274,5 +285,7 @@ def test_bad_shapes(backend):
     with pytest.raises(TypeError, match="old_log_prob: expected a torch.Tensor"):
         ppo_policy_loss(torch.randn(2, 3), None, torch.randn(2, 3), torch.ones(2, 3))
     for weights in (torch.ones(2, 4), torch.ones(2, 1), torch.ones(3)):
-        with pytest.raises(ValueError, match=r"rollout_is_weights: shape \(.*\) does not match log_prob shape \(2, 3\)"):
-            ppo_policy_loss(torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3), rollout_is_weights=weights)
+        with pytest.raises(ValueError, match=r"rollout_is_weights: shape \(.*\) "
+                                             r"does not match log_prob shape \(2, 3\)"):
+            ppo_policy_loss(torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3),
+                            rollout_is_weights=weights)

@@ -31,7 +31,8 @@ def oracle_value_loss(values, old_values, returns, response_mask, cliprange_valu
             n_clipped += l2 > l1
             loss_terms.append(0.5 * coef * max(l1, l2))
             grad[i][t] = 0.5 * coef * (2.0 * (x - ret[i][t]) if l1 >= l2 else 0.0)
-    return math.fsum(loss_terms), n_clipped / (n_valid + 1e-8), torch.tensor(grad, dtype=torch.float64).view(values.shape)
+    return (math.fsum(loss_terms), n_clipped / (n_valid + 1e-8),
+            torch.tensor(grad, dtype=torch.float64).view(values.shape))
 
 
 @pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
@@ -55,7 +56,8 @@ def test_matches_float64_reference(backend, device, loss_agg_mode, cliprange):
     # the independent oracle too (for the torch backend, reference.py is the code under test)
     loss_o, clipfrac_o, grad_o = oracle_value_loss(values, old, returns, mask, cliprange, loss_agg_mode)
     torch.testing.assert_close(loss.double().cpu(), torch.tensor(loss_o, dtype=torch.float64), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(clipfrac.double().cpu(), torch.tensor(clipfrac_o, dtype=torch.float64), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(clipfrac.double().cpu(), torch.tensor(clipfrac_o, dtype=torch.float64),
+                               atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(values.grad.double().cpu(), grad_o, atol=1e-6, rtol=1e-5)
 
 
@@ -88,8 +90,10 @@ def test_bf16_against_independent_oracle(backend, device):
     assert values.grad.dtype == torch.bfloat16
     loss_o, clipfrac_o, grad_o = oracle_value_loss(values, old, returns, mask.double(), 0.2, "seq-mean-token-mean")
     torch.testing.assert_close(loss.double().cpu(), torch.tensor(loss_o, dtype=torch.float64), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(clipfrac.double().cpu(), torch.tensor(clipfrac_o, dtype=torch.float64), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(values.grad.double().cpu(), grad_o, atol=1e-5, rtol=1e-2)  # the gradient is stored in bf16
+    torch.testing.assert_close(clipfrac.double().cpu(), torch.tensor(clipfrac_o, dtype=torch.float64),
+                               atol=1e-6, rtol=1e-6)
+    # the gradient is stored in bf16
+    torch.testing.assert_close(values.grad.double().cpu(), grad_o, atol=1e-5, rtol=1e-2)
 
 
 def test_hand_computed(backend, device):

@@ -75,7 +75,8 @@ def test_logprobs_bf16(shape):
         assert theirs.dtype == torch.bfloat16 and theirs.shape == labels.shape
         # log_softmax in bf16 rounds the row's logsumexp and the result: one bf16 ulp of the larger of the two
         bound = 2**-7 * torch.maximum(torch.logsumexp(logits.float(), -1).abs(), ours.abs())
-        assert bool(((theirs.float() - ours).abs() <= bound).all()), float(((theirs.float() - ours).abs() / bound).max())
+        assert bool(((theirs.float() - ours).abs() <= bound).all()), (
+            float(((theirs.float() - ours).abs() / bound).max()))
 
 
 def _grpo_batch(dtype, n_groups=40, T=6):

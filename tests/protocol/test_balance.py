@@ -28,7 +28,10 @@ def test_partitions_by_hand_and_input_types():
     assert balanced_partitions([1, 2, 3, 8, 9, 10], 3, equal_size=True) == [[0, 5], [1, 4], [2, 3]]
     as_tensor = balanced_partitions(torch.tensor([5, 1, 4, 2]), 2)
     assert as_tensor == balanced_partitions(np.array([5, 1, 4, 2]), 2) == balanced_partitions([5, 1, 4, 2], 2)
-    spread = lambda parts, lens: max(sum(lens[i] for i in p) for p in parts) - min(sum(lens[i] for i in p) for p in parts)
+
+    def spread(parts, lens):
+        return max(sum(lens[i] for i in p) for p in parts) - min(sum(lens[i] for i in p) for p in parts)
+
     lens = np.random.default_rng(0).integers(1, 8193, 6400).tolist()
     assert spread(balanced_partitions(lens, 64), lens) <= spread(ref.karmarkar_karp(lens, 64, True), lens)
     assert balanced_partitions(lens, 8) == balanced_partitions(lens, 8)  # deterministic

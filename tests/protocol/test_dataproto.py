@@ -110,7 +110,8 @@ def test_pop_and_rename():
 
 def test_union_merges_and_checks_clashes():
     a = make()
-    b = DataProto.from_dict({"obs": a.batch["obs"].clone(), "rew": torch.ones(4)}, {"uid": list(a.non_tensor_batch["uid"])},
+    b = DataProto.from_dict({"obs": a.batch["obs"].clone(), "rew": torch.ones(4)},
+                            {"uid": list(a.non_tensor_batch["uid"])},
                             {"temperature": 1.0, "step": 3})
     a.union(b)
     assert set(a.batch) == {"obs", "act", "rew"} and a.meta_info == {"temperature": 1.0, "step": 3}
@@ -181,7 +182,11 @@ def test_make_iterator_epochs_and_seeded_shuffle():
     d = make(4)
     seen = [m.batch["act"].tolist() for m in d.make_iterator(2, epochs=2)]
     assert seen == [[0.0, 1.0], [2.0, 3.0]] * 2
-    run = lambda: [m.non_tensor_batch["uid"].tolist() for m in d.make_iterator(2, 1, seed=7, dataloader_kwargs={"shuffle": True})]
+
+    def run():
+        return [m.non_tensor_batch["uid"].tolist()
+                for m in d.make_iterator(2, 1, seed=7, dataloader_kwargs={"shuffle": True})]
+
     assert run() == run()
     assert sorted(sum(run(), [])) == ["u0", "u1", "u2", "u3"]
     with pytest.raises(ValueError, match="mini_batch_size"):

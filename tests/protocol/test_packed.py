@@ -17,7 +17,8 @@ def padded_batches(draw):
     prompt_width, response_width = draw(st.integers(0, 6)), draw(st.integers(0, 6))
     prompt_lens = draw(st.lists(st.integers(0, prompt_width), min_size=rows, max_size=rows))
     response_lens = draw(st.lists(st.integers(0, response_width), min_size=rows, max_size=rows))
-    prompt = torch.arange(prompt_width)[None] >= prompt_width - torch.tensor(prompt_lens, dtype=torch.int64).reshape(-1, 1)
+    prompt = torch.arange(prompt_width)[None] >= prompt_width - torch.tensor(prompt_lens,
+                                                                             dtype=torch.int64).reshape(-1, 1)
     response = torch.arange(response_width)[None] < torch.tensor(response_lens, dtype=torch.int64).reshape(-1, 1)
     mask = torch.cat([prompt.reshape(rows, prompt_width), response.reshape(rows, response_width)], 1)
     # a row with an empty response but a prompt, or the reverse, is still one contiguous run
@@ -69,7 +70,8 @@ def test_position_ids_and_padded_index_by_hand():
     assert layout.position_ids().tolist() == [0, 1, 0, 1, 2]
     assert layout.padded_index().tolist() == [2, 3, 4, 5, 6]
     left = PackedLayout.from_lengths([2, 3], width=4, padding_side="left")
-    assert left.starts.tolist() == [2, 1] and left.mask().tolist() == [[False, False, True, True], [False, True, True, True]]
+    assert left.starts.tolist() == [2, 1] and left.mask().tolist() == [[False, False, True, True],
+                                                                       [False, True, True, True]]
 
 
 def test_gradients_flow_through_pack_and_unpack():

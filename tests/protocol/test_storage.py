@@ -16,9 +16,11 @@ def rich_proto():
     mask = torch.tensor([[0, 1, 1], [1, 1, 0], [1, 1, 1]])
     d = DataProto.from_dict(
         tensors={"input_ids": torch.randint(0, 100, (3, 3)), "logp": torch.randn(3, 3, dtype=torch.bfloat16),
-                 "attention_mask": mask, "score": torch.randn(3, dtype=torch.float64), "done": torch.tensor([True, False, True])},
+                 "attention_mask": mask, "score": torch.randn(3, dtype=torch.float64),
+                 "done": torch.tensor([True, False, True])},
         non_tensors={"uid": ["a", "b", "c"], "extra": [{"k": 1}, {"k": 2, "s": "x"}, {"k": 3}],
-                     "tokens": [[1, 2], [3], []], "maybe": ["x", None, "z"], "mixed": [1, "a", 2.5], "nums": [1, 2.5, None]},
+                     "tokens": [[1, 2], [3], []], "maybe": ["x", None, "z"], "mixed": [1, "a", 2.5],
+                     "nums": [1, 2.5, None]},
         meta_info={"temperature": 0.7, "eos": [1, 2], "name": "run"},
     ).to_packed(keys=["input_ids", "logp"])
     d.non_tensor_batch["step"] = np.array([1, 2, 3], dtype=np.int32)

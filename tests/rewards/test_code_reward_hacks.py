@@ -16,8 +16,9 @@ import types
 
 import numpy as np
 import pytest
+import test_code_exec
 import torch
-from test_code_exec import fenced, fusion  # noqa: F401 - the fusion fixture
+from test_code_exec import fenced
 
 import pyrl.sandbox as sandbox
 from pyrl.rewards import assert_cases, code_exec, counts
@@ -25,6 +26,8 @@ from pyrl.rewards.code_exec import HOSTILE, compute_score
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "sandbox"))
 from sandbox_leftovers import isolation_for, unavailable  # noqa: E402
+
+fusion = test_code_exec.fusion  # the Sandbox Fusion fixture: pytest finds it in this module by this name
 
 
 @pytest.fixture(autouse=True, params=["isolated", "unisolated"])

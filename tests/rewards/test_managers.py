@@ -149,7 +149,8 @@ def test_worker_processes_score_in_order_with_failures_counted(tokenizer, tmp_pa
     assert pooled[0].sum(-1).tolist() == inline[0].sum(-1).tolist() == [1.25, 0.0, 0.0, 1.25, 0.25, 1.25]
     assert pooled[1] == inline[1] and pooled[2] == inline[2] == {"reward/scorer_errors": 1, "reward/scorer_timeouts": 1}
 
-    crash = tmp_path / "crash_reward.py"  # a scorer that kills its process: its chunk scores 0, counted, the run goes on
+    # a scorer that kills its process: its chunk scores 0, counted, the run goes on
+    crash = tmp_path / "crash_reward.py"
     crash.write_text("import os\n"
                      "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                      "    if '3' in solution_str:\n"
@@ -176,7 +177,8 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
     from pyrl.config import migrate_legacy_reward
     from pyrl.rewards.managers import load_reward_manager
 
-    new = compose("preset=toy", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+    new = compose("preset=toy", "reward.reward_manager.name=dapo",
+                  "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
                   "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8",
                   "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny")
     old = compose("preset=toy", "data.max_response_length=8", "reward_model.reward_manager=dapo",
@@ -189,10 +191,11 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
         manager = load_reward_manager(config, None)
         assert manager.overlong_buffer["len"] == 4 and manager.max_response_length == 8
     clash = compose("preset=toy", "reward.custom_reward_function.path=a.py", "custom_reward_function.path=b.py")
-    with pytest.raises(ValueError, match="custom_reward_function.path='b.py' and reward.custom_reward_function.path='a.py' "
-                                         "disagree"):
+    with pytest.raises(ValueError, match="custom_reward_function.path='b.py' and "
+                                         "reward.custom_reward_function.path='a.py' disagree"):
         migrate_legacy_reward(clash)
-    missing = compose("preset=toy", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+    missing = compose("preset=toy", "reward.reward_manager.name=dapo",
+                      "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
                       "+reward.reward_kwargs.overlong_buffer_cfg.len=4")
     with pytest.raises(ValueError, match="needs reward.reward_kwargs.max_resp_len"):
         load_reward_manager(missing, None)
@@ -201,7 +204,8 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
 DAPO_RECIPE = ("reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
                "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
                "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
-               "+reward_model.reward_kwargs.overlong_buffer_cfg.log=false", "+reward_model.reward_kwargs.max_resp_len=8")
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.log=false",
+               "+reward_model.reward_kwargs.max_resp_len=8")
 
 
 def test_the_dapo_recipes_reward_kwargs_reach_the_manager():

@@ -69,7 +69,8 @@ def test_ok_with_stdin_stdout_and_files():
 
 
 def test_writes_inside_its_directory_are_allowed():
-    code = ("import os, tempfile\nos.makedirs('a/b')\nopen('a/b/c.txt', 'w').write('x')\nos.rename('a/b/c.txt', 'd.txt')\n"
+    code = ("import os, tempfile\nos.makedirs('a/b')\nopen('a/b/c.txt', 'w').write('x')\n"
+            "os.rename('a/b/c.txt', 'd.txt')\n"
             "tempfile.NamedTemporaryFile(delete=True).close()\nprint(sorted(os.listdir('.')))")
     result = run_code(code, limits=SMALL)
     assert result.ok, result
@@ -181,7 +182,8 @@ def test_no_writing_outside_its_directory(tmp_path, mode):
         "rename": f"import os\nos.rename({str(keep)!r}, 'stolen.txt')",
         "chmod": f"import os\nos.chmod({str(keep)!r}, 0o777)",
         "symlink": f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')",
-        "dir_fd": f"import os\nd = os.open({str(tmp_path)!r}, os.O_RDONLY)\nos.open('written.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d)",
+        "dir_fd": f"import os\nd = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+                  "os.open('written.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d)",
         "chdir": f"import os\nos.chdir({str(tmp_path)!r})\nopen('written.txt', 'w').write('x')",
         "mkdir": f"import os\nos.mkdir({str(tmp_path / 'd')!r})",
         "mknod": f"import os\nos.mknod({str(target)!r})",

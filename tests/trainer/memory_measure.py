@@ -80,7 +80,8 @@ def estimate(spec: dict) -> dict:
     from pyrl.trainer.memory_plan import ModelShape, Setting, plan
 
     config = resolved_config(config_overrides(spec))
-    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(spec["model"]), model_config=config.actor_rollout_ref.model)
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(spec["model"]),
+                                      model_config=config.actor_rollout_ref.model)
     result = plan(config, {"actor": shape}, Setting("cpu", 1, distributed=False), capacity=1 << 50, uses_ref=False)
     phases = {p.name: p for p in result.phases}
     held = lambda name: sum(t.bytes for t in phases[name].resident if t.name.startswith("actor "))  # noqa: E731
@@ -159,8 +160,9 @@ def measure_here(spec: dict) -> dict:
     _read_frozen_weights(worker.policy)
     worker.update_actor(batch)  # the first step allocates the gradients and AdamW's moments
     worker.compute_log_prob(batch)
-    out = {"update_actor": _phase_peak(lambda: worker.update_actor(batch)),
-           "old_log_prob": _phase_peak(lambda: worker.compute_log_prob(batch))}
+    # the worker is bound into each lambda (which goes away after its call), so that `del worker` below drops it
+    out = {"update_actor": _phase_peak(lambda worker=worker: worker.update_actor(batch)),
+           "old_log_prob": _phase_peak(lambda worker=worker: worker.compute_log_prob(batch))}
     gc.collect()
     held = _status("VmRSS")
     del worker

@@ -91,7 +91,8 @@ def test_retention_keeps_whole_checkpoints_and_critics_separately(tmp_path, capl
     assert checkpoints.saved_steps(run) == [2, 3, 4]
     for step in (2, 3):
         directory = checkpoints.step_dir(run, step)
-        assert not os.path.exists(os.path.join(directory, "critic")) and os.path.exists(os.path.join(directory, "actor"))
+        assert (not os.path.exists(os.path.join(directory, "critic"))
+                and os.path.exists(os.path.join(directory, "actor")))
         assert checkpoints.damage(directory) == ("its critic checkpoint was removed by retention "
                                                  "(trainer.max_critic_ckpt_to_keep)")
     assert checkpoints.damage(checkpoints.step_dir(run, 4)) is None
@@ -144,7 +145,8 @@ DISK_FULL = r"""
 set -u
 mount -t tmpfs -o size=1g pyrl-test "$BASE"
 run() {  # run LABEL STEPS: python -m pyrl.ppo, its output in $OUT/LABEL.log and exit code in $OUT/LABEL.rc
-    "$PYTHON" -m pyrl.ppo trainer.total_training_steps=$2 $ARGS trainer.default_local_dir="$BASE/run" > "$OUT/$1.log" 2>&1
+    "$PYTHON" -m pyrl.ppo trainer.total_training_steps=$2 $ARGS trainer.default_local_dir="$BASE/run" \
+        > "$OUT/$1.log" 2>&1
     echo $? > "$OUT/$1.rc"
 }
 run first 1
@@ -152,7 +154,8 @@ used=$(df --output=used -B1 "$BASE" | tail -1)
 step=$(du -sb "$BASE/run/global_step_1" | cut -f1)
 mount -o remount,size=$((used + step / 2)) "$BASE"  # room for half a checkpoint more
 run full 2
-"$PYTHON" -c "from pyrl.trainer import checkpoints; print(checkpoints.damage('$BASE/run/global_step_1'))" > "$OUT/damage"
+"$PYTHON" -c "from pyrl.trainer import checkpoints; print(checkpoints.damage('$BASE/run/global_step_1'))" \
+    > "$OUT/damage"
 cat "$BASE/run/latest_checkpointed_iteration.txt" > "$OUT/latest"
 mount -o remount,size=1g "$BASE"
 run again 2

@@ -99,14 +99,16 @@ def test_balance_batch_moves_whole_rows_into_equal_rank_chunks(world_size):
     batch = random_batch(rows=rows, prompt_width=9, response_width=17, empty_rows=())
     before = {int(r): batch.batch["attention_mask"][i].clone() for i, r in enumerate(batch.batch["row"])}
     lengths = batch.batch["attention_mask"].sum(-1)
-    naive_spread = max(int(c.sum()) for c in lengths.chunk(world_size)) - min(int(c.sum()) for c in lengths.chunk(world_size))
+    naive_spread = (max(int(c.sum()) for c in lengths.chunk(world_size))
+                    - min(int(c.sum()) for c in lengths.chunk(world_size)))
     metrics = balance_batch(batch, world_size)
 
     assert sorted(batch.batch["row"].tolist()) == list(range(rows))  # a permutation
     for i, r in enumerate(batch.batch["row"].tolist()):  # every field moved with its row
         assert torch.equal(batch.batch["attention_mask"][i], before[r])
         assert batch.non_tensor_batch["uid"][i] == f"u{r // 2}"
-    sums = [int(chunk.sum()) for chunk in batch.batch["attention_mask"].sum(-1).chunk(world_size)]  # what each rank gets
+    # what each rank gets
+    sums = [int(chunk.sum()) for chunk in batch.batch["attention_mask"].sum(-1).chunk(world_size)]
     assert metrics["global_seqlen/min"] == min(sums) and metrics["global_seqlen/max"] == max(sums)
     assert metrics["global_seqlen/minmax_diff"] == max(sums) - min(sums) <= min(naive_spread, int(lengths.max()))
     assert metrics["global_seqlen/mean"] == pytest.approx(np.mean(sums))
@@ -201,7 +203,8 @@ def verl_validation_reference(data_sources, uids, infos, seed=42):
                         sizes.append(m)
                         m *= 2
                     for m in sizes + [n]:
-                        (metric[f"best@{m}/mean"], metric[f"best@{m}/std"]), (metric[f"worst@{m}/mean"], metric[f"worst@{m}/std"]) = \
+                        ((metric[f"best@{m}/mean"], metric[f"best@{m}/std"]),
+                         (metric[f"worst@{m}/mean"], metric[f"worst@{m}/std"])) = \
                             bootstrap(vals, m, [np.max, np.min])
                         if "pred" in by_var:
                             votes = [{"val": v, "pred": p} for v, p in zip(vals, by_var["pred"])]
@@ -214,7 +217,8 @@ def verl_validation_reference(data_sources, uids, infos, seed=42):
         for name, by_metric in by_var.items():
             n_max = max(int(key.split("@")[-1].split("/")[0]) for key in by_metric)
             for key, values in by_metric.items():
-                section = "val-core" if name == core and key.startswith(("mean", "maj", "best")) and f"@{n_max}" in key else "val-aux"
+                section = ("val-core" if name == core and key.startswith(("mean", "maj", "best")) and f"@{n_max}" in key
+                           else "val-aux")
                 out[f"{section}/{source}/{name}/{key}"] = np.mean(values)
     return out
 
@@ -246,7 +250,8 @@ def test_validation_metrics_by_hand():
     vote ties, so a subset's first sample wins): a subset of prompt 1 has best 1 unless it drew 0 twice
     (p = 1/4), worst 0 unless it drew 1 twice, majority its first draw; prompt 0 gives 1 throughout."""
     got = M.validation_metrics(["a", "a", "b"], ["0", "1", "2"], {"reward": [1.0, 0.0, 1.0]}, [1, 2, 3])
-    assert got == {"val-core/a/reward/mean@1": 0.5, "val-core/b/reward/mean@1": 1.0, "val-aux/response_length/mean": 2.0}
+    assert got == {"val-core/a/reward/mean@1": 0.5, "val-core/b/reward/mean@1": 1.0,
+                   "val-aux/response_length/mean": 2.0}
     got = M.validation_metrics(["a"] * 4, ["0", "0", "1", "1"], {"reward": [1.0, 1.0, 0.0, 1.0], "pred": [None] * 4},
                                [1] * 4)
     assert got["val-core/a/reward/mean@2"] == 0.75 and got["val-aux/a/reward/std@2"] == 0.25

@@ -65,11 +65,13 @@ def test_activation_formulas_by_hand():
 def test_plan_resident_state_and_phases_by_hand():
     """Two CPU ranks, float32 master weights, a reference, the hf engine in float32; no critic."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32",
-                     "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                     "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8",
+                     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                      "actor_rollout_ref.model.use_fused_kernels=false",
                      "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-                     "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.ref.fsdp_config.dtype=float32")
+                     "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+                     "actor_rollout_ref.ref.fsdp_config.dtype=float32")
     shape = mp.ModelShape.from_hf_config(TINY)
     result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
     phases = {p.name: p for p in result.phases}
@@ -83,7 +85,8 @@ def test_plan_resident_state_and_phases_by_hand():
     kept = 2 * mp.layer_saved_bytes(shape, T, 4) + T * 12 * 64
     logits = 2 * N * 64 * 4 + 2 * N * 100 * 4
     gathered = (shape.root_params + 2 * shape.layer_params) * 4 * 2
-    assert sum(t.bytes for t in phases["update_actor"].transient) == kept + max(logits, T * 4 * 2 * (128 + 64)) + gathered
+    assert (sum(t.bytes for t in phases["update_actor"].transient)
+            == kept + max(logits, T * 4 * 2 * (128 + 64)) + gathered)
     # the hf engine's rollout: 4 prompts x 2 samples of 40 tokens of KV (+ one layer's copy), the prefill, the scores
     kv = mp.kv_cache_bytes(shape, 8 * 40, 4)
     rollout = {t.name: t.bytes for t in phases["rollout"].transient}
@@ -103,7 +106,8 @@ def test_lora_plan_counts_the_adapters_and_no_reference_copy():
     the reference is the actor with its adapters off (no weights of its own)."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=true",
                      "actor_rollout_ref.model.lora_rank=4", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.fsdp_config.dtype=float32")
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                     "actor_rollout_ref.actor.fsdp_config.dtype=float32")
     shape = mp.ModelShape.from_hf_config(TINY, model_config=config.actor_rollout_ref.model)
     # q and o 64 -> 64, k and v 64 -> 32, gate and up 64 -> 128, down 128 -> 64; the head is not adapted
     per_layer = 4 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 3)
@@ -133,7 +137,8 @@ def test_estimates_match_measured_peaks_on_cpu(measured_model, checkpointing, fu
     estimated, measured = memory_measure.estimate(spec), memory_measure.measure(spec)
     for phase in ("resident", "update_actor", "old_log_prob"):
         assert measured[phase] > 30 * 2 ** 20, (phase, measured)  # well above allocator noise
-        assert estimated[phase] == pytest.approx(measured[phase], rel=0.10 if lora else 0.06), (phase, estimated, measured)
+        assert estimated[phase] == pytest.approx(measured[phase],
+                                                 rel=0.10 if lora else 0.06), (phase, estimated, measured)
 
 
 @pytest.mark.parametrize("checkpointing, fused", [(True, False), (False, True)])
@@ -193,8 +198,8 @@ def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
     its share of the prompts (8 prompts over 3 processes: 3 each)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     config = compose("preset=toy", *ONE_STEP_OFF, "actor_rollout_ref.rollout.name=vllm",
-                     "actor_rollout_ref.rollout.dtype=float32", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
-                     "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+                     "actor_rollout_ref.rollout.dtype=float32", "data.train_batch_size=8",
+                     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
     shape = mp.ModelShape.from_hf_config(TINY)
     result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
                      rollout_processes=3)
@@ -250,7 +255,8 @@ def test_cpu_processes_share_the_nodes_ram_with_the_rollouts(monkeypatch):
     import psutil
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    config = compose("preset=toy", *ONE_STEP_OFF, "trainer.n_cpu_workers_per_node=2", "rollout.n_cpu_workers_per_node=3")
+    config = compose("preset=toy", *ONE_STEP_OFF, "trainer.n_cpu_workers_per_node=2",
+                     "rollout.n_cpu_workers_per_node=3")
     assert resolve_run_plan(config).processes_per_node == 5
     capacity = mp.run_capacity(config, resolve_run_plan(config))
     assert "/ 5 process(es) per node" in capacity.note
@@ -307,15 +313,18 @@ def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
 
     from pyrl.ppo import resolve_defaults
 
-    config = compose(*SMALL, "algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=null")
+    config = compose(*SMALL, "algorithm.adv_estimator=gae",
+                     "actor_rollout_ref.model.enable_gradient_checkpointing=null")
     plan = resolve_defaults(config)
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing is None
     assert config.critic.model.enable_gradient_checkpointing is None
     without = copy.deepcopy(config)
-    without.actor_rollout_ref.model.enable_gradient_checkpointing = without.critic.model.enable_gradient_checkpointing = False
+    without.actor_rollout_ref.model.enable_gradient_checkpointing = False
+    without.critic.model.enable_gradient_checkpointing = False
     peak = max(p.peak for p in mp.memory_plan_of(without, plan, mp.Capacity(1 << 50, "all")).running())
     with_it = copy.deepcopy(without)
-    with_it.actor_rollout_ref.model.enable_gradient_checkpointing = with_it.critic.model.enable_gradient_checkpointing = True
+    with_it.actor_rollout_ref.model.enable_gradient_checkpointing = True
+    with_it.critic.model.enable_gradient_checkpointing = True
     update = lambda c: next(p.peak for p in mp.memory_plan_of(c, plan, mp.Capacity(1 << 50, "all")).phases  # noqa: E731
                             if p.name == "update_actor")
     assert update(with_it) < update(without)  # it saves memory where it is on

@@ -36,7 +36,8 @@ def test_hf_model_in_the_checkpoint(step_dir, hub_cache):
     from transformers import AutoModelForCausalLM
 
     for role in ("actor", "critic"):
-        assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(step_dir / role / "huggingface"))
+        assert {"config.json", "model.safetensors",
+                "tokenizer.json"} <= set(os.listdir(step_dir / role / "huggingface"))
     assert (step_dir / "actor" / "huggingface" / "generation_config.json").exists()
     assert not [p for p in step_dir.rglob("*.tmp")]
     trained = AutoModelForCausalLM.from_pretrained(step_dir / "actor" / "huggingface", dtype=torch.float32).state_dict()
@@ -51,7 +52,8 @@ def test_merge_gives_the_trained_model(step_dir, tmp_path, role):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
     local_dir, target = step_dir / role, tmp_path / "merged"
-    proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir), "--target_dir", str(target), cwd=tmp_path)
+    proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir), "--target_dir", str(target),
+                  cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = set(os.listdir(target))
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
@@ -68,14 +70,15 @@ def test_merge_gives_the_trained_model(step_dir, tmp_path, role):
     with torch.no_grad():
         assert torch.equal(merged(ids).logits, saved(ids).logits)
 
-    proc = merger("test", "--backend", "fsdp", "--local_dir", str(local_dir), "--test_hf_dir", str(target), cwd=tmp_path)
+    proc = merger("test", "--backend", "fsdp", "--local_dir", str(local_dir), "--test_hf_dir", str(target),
+                  cwd=tmp_path)
     assert proc.returncode == 0 and "checks passed" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_merger_errors(step_dir, tmp_path):
     for local_dir in (tmp_path / "missing", step_dir):  # step_dir: the step, not its actor/ or critic/
-        proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir), "--target_dir", str(tmp_path / "out"),
-                      cwd=tmp_path)
+        proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir),
+                      "--target_dir", str(tmp_path / "out"), cwd=tmp_path)
         assert proc.returncode != 0 and f"--local_dir {str(local_dir)!r}: not a pyrl checkpoint" in proc.stderr
     proc = merger("merge", "--backend", "megatron", "--local_dir", str(step_dir / "actor"), cwd=tmp_path)
     assert proc.returncode != 0 and "pyrl saves FSDP checkpoints" in proc.stderr
@@ -137,5 +140,6 @@ def test_vllm_loads_the_merged_actor(step_dir, tmp_path):
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     with torch.no_grad():
-        expected = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(ids):]
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                                  min_new_tokens=6)[0, len(ids):]
     assert served == expected.tolist()

@@ -17,8 +17,9 @@ import torch
 from trainer_helpers import compose, kill_after_checkpoint, read_metrics, run_cli
 
 ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.train_batch_size=8",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
-        "trainer.test_freq=2", "trainer.total_training_steps=4", "trainer.save_freq=1", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.val_before_train=false", "trainer.test_freq=2", "trainer.total_training_steps=4",
+        "trainer.save_freq=1", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.actor.optim.lr=0.002", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.hybrid_engine=false",
         "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -39,8 +40,8 @@ def run_args(tmp_path_factory):
     """ARGS with a scorer returning fields besides the score, dynamic sampling on one of them, the rollout dump."""
     base = tmp_path_factory.mktemp("one_step_off")
     (base / "scorer.py").write_text(SCORER)
-    return base, ARGS + [f"reward.custom_reward_function.path={base / 'scorer.py'}", "algorithm.filter_groups.enable=true",
-                         "algorithm.filter_groups.metric=acc"]
+    return base, ARGS + [f"reward.custom_reward_function.path={base / 'scorer.py'}",
+                         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
 
 
 def rollout_dump(run_dir) -> str:
@@ -85,7 +86,8 @@ def test_each_batch_is_generated_with_the_weights_of_two_steps_before(full_run):
         current = response_log_probs(weights[saved_at], batch)[mask]
         assert (rollout - generating).abs().max() < 1e-4, f"batch {saved_at + 1} vs the weights of step {saved_at - 1}"
         staleness = (rollout - current).abs().mean()
-        assert staleness > 1e-3, f"batch {saved_at + 1}: step {saved_at}'s weights give the same log-probs ({staleness})"
+        assert staleness > 1e-3, (f"batch {saved_at + 1}: step {saved_at}'s weights give the same log-probs "
+                                  f"({staleness})")
     last = torch.load(full_run / "global_step_4" / "data.pt", weights_only=False)
     assert last["next_batch"] is None  # the last step starts no generation
 
@@ -190,7 +192,8 @@ OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_
     (["actor_rollout_ref.hybrid_engine=false"], "free_cache_engine=true: .* set it to false"),
     (OFF[:2] + ["actor_rollout_ref.rollout.calculate_log_probs=false"],
      "set actor_rollout_ref.rollout.calculate_log_probs=true"),
-    (OFF + ["rollout.n_gpus_per_node=0", "rollout.n_cpu_workers_per_node=0"], "rollout.n_cpu_workers_per_node must be >= 1"),
+    (OFF + ["rollout.n_gpus_per_node=0", "rollout.n_cpu_workers_per_node=0"],
+     "rollout.n_cpu_workers_per_node must be >= 1"),
     (OFF + ["rollout.nnodes=0"], "rollout.nnodes=0: the rollout needs at least one node"),
     (OFF + ["trainer.n_gpus_per_node=0", "rollout.n_gpus_per_node=2"], "both on GPUs or both on CPU"),
 ])

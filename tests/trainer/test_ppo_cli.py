@@ -78,7 +78,8 @@ def test_two_runs_started_at_once_both_finish(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *SMALL, "actor_rollout_ref.rollout.name=hf",
                                "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / str(i)}",
                                *ray_kwargs[i]],
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
@@ -114,7 +115,8 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
     for key in STEP_KEYS:
         assert key in rows[-1], key
     if estimator == "gae":
-        for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "timing_s/values", "timing_s/update_critic"):
+        for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "timing_s/values",
+                    "timing_s/update_critic"):
             assert key in rows[-1], key
     if estimator == "remax":
         assert "timing_s/gen_max" in rows[-1]
@@ -133,7 +135,8 @@ def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tm
 
     config = compose(*SMALL, "algorithm.adv_estimator=gae", "trainer.n_cpu_workers_per_node=2",
                      "trainer.total_training_steps=2", "trainer.test_freq=2", "actor_rollout_ref.rollout.name=hf",
-                     "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+                     "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
                      "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                      "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"trainer.default_local_dir={tmp_path}",
                      "trainer.critic_warmup=2")
@@ -159,8 +162,8 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
     from pyrl.ppo import run_ppo
 
     config = compose(*SMALL, "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.rollout.name=hf",
-                     "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}", "data.gen_batch_size=12",
-                     "trainer.save_freq=2",
+                     "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",
+                     "data.gen_batch_size=12", "trainer.save_freq=2",
                      "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true",
                      "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
                      "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
@@ -219,8 +222,8 @@ def test_a_grpo_run_with_two_ranks_sharing_a_tensor_parallel_vllm_engine(tmp_pat
 
     fp32 = [f"actor_rollout_ref.{role}.fsdp_config.dtype=float32" for role in ("actor", "ref")]
     config = compose(*SMALL, *fp32, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm",
-                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.dtype=float32",
-                     "actor_rollout_ref.rollout.calculate_log_probs=true",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                     "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.calculate_log_probs=true",
                      "trainer.n_cpu_workers_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
                      "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "trainer.total_training_steps=2",
                      "trainer.test_freq=2", f"trainer.default_local_dir={tmp_path}")
@@ -317,7 +320,8 @@ def test_fast_paths_default_on_where_they_give_the_same_numbers(caplog):
     assert resolved()[:3] == (True, False, False)  # n = 1: nothing to share
     assert resolved("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.model.use_remove_padding=false")[:3] == (
         True, False, False)
-    fused, shared, _, text = resolved("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.model.use_fused_kernels=false",
+    fused, shared, _, text = resolved("actor_rollout_ref.rollout.n=8",
+                                      "actor_rollout_ref.model.use_fused_kernels=false",
                                       "actor_rollout_ref.actor.use_prefix_grouper=false")
     assert (fused, shared, text) == (False, False, "")
 
@@ -333,15 +337,18 @@ def test_builtin_task_files_by_name_and_split():
     for overrides, train, val in ((["data.train_files=pyrl:tool_calc"], tool.train, tool.val),
                                   (["data.train_files=pyrl:tool_calc", "data.val_files=pyrl:tool_calc:test"],
                                    tool.train, tool.test),
-                                  (["data.train_files=pyrl:toy_addition:train", "data.val_files=pyrl:toy_addition:test"],
+                                  (["data.train_files=pyrl:toy_addition:train",
+                                    "data.val_files=pyrl:toy_addition:test"],
                                    toy.train, toy.test),
                                   (["data.train_files=/data/x.parquet", "data.val_files=pyrl:toy_addition:val"],
                                    "/data/x.parquet", toy.val)):
         config = compose(*overrides)
         resolve_builtin_files(config)
         assert (config.data.train_files, config.data.val_files) == (train, val), overrides
-    for override, message in (("data.train_files=pyrl:sudoku", "data.train_files='pyrl:sudoku': pyrl's built-in tasks"),
-                              ("data.val_files=pyrl:tool_calc:dev", "data.val_files='pyrl:tool_calc:dev': no split 'dev'")):
+    for override, message in (("data.train_files=pyrl:sudoku",
+                               "data.train_files='pyrl:sudoku': pyrl's built-in tasks"),
+                              ("data.val_files=pyrl:tool_calc:dev",
+                               "data.val_files='pyrl:tool_calc:dev': no split 'dev'")):
         with pytest.raises(ValueError, match=re.escape(message)):
             resolve_builtin_files(compose(override))
 
@@ -387,8 +394,8 @@ def good_row(content="03+47="):
             "reward_model": {"style": "rule", "ground_truth": "50"}}
 
 
-@pytest.mark.parametrize("case", ["unknown_key", "added_unknown_key", "verl_feature", "ill_typed", "missing_prompt", "wrong_type",
-                                  "empty_file", "empty_table", "overlong_error", "full_error"])
+@pytest.mark.parametrize("case", ["unknown_key", "added_unknown_key", "verl_feature", "ill_typed", "missing_prompt",
+                                  "wrong_type", "empty_file", "empty_table", "overlong_error", "full_error"])
 def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
     """Each error found before the workers start is the last line of stderr, alone, with no traceback, and the
     exit code is 2; HYDRA_FULL_ERROR=1 brings the traceback back."""
@@ -428,7 +435,8 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, tmp_path):
     if case == "full_error":
         assert "Traceback" in proc.stderr and expect[1] in last
     else:
-        assert proc.returncode == 2 and last.startswith("pyrl: stopped before any worker started: "), proc.stderr[-2000:]
+        assert (proc.returncode == 2
+                and last.startswith("pyrl: stopped before any worker started: ")), proc.stderr[-2000:]
         assert expect[1] in last and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     if case in ("missing_prompt", "empty_file", "wrong_type"):
         assert str(data) in last  # the message names the file

@@ -66,7 +66,8 @@ def test_rerunning_in_a_used_run_directory(tmp_path, ray_session, caplog):
 
 
 @pytest.mark.parametrize("signum, what", [
-    (signal.SIGKILL, r"died during \w+\(\): ended by a signal no handler sees \(SIGKILL\), or exited without a Python error"),
+    (signal.SIGKILL, r"died during \w+\(\): ended by a signal no handler sees \(SIGKILL\), "
+                     r"or exited without a Python error"),
     (signal.SIGSTOP, r"stopped responding during \w+\(\): its process is stopped \(SIGSTOP, state T\)( for \d+ s "
                      r"\(dist_timeout_s=10, verl's actor_rollout_ref.nccl_timeout\))?"),
 ], ids=["SIGKILL", "SIGSTOP"])
@@ -102,8 +103,9 @@ def test_a_worker_killed_or_stopped_mid_step_stops_the_run_in_one_line_and_the_r
     out, err = out_path.read_text(), err_path.read_text()
     last = err.rstrip().splitlines()[-1]
     assert re.fullmatch(
-        rf"pyrl: stopped at step 2 of 3: actor_rollout(_ref)? rank 1 \(node [0-9a-f]{{8}}, [^,]+, [^,]+, pid {pids['1']}\) "
-        rf"{what}; rerunning the same command resumes from {re.escape(str(run_dir / 'global_step_1'))}", last), err[-3000:]
+        rf"pyrl: stopped at step 2 of 3: actor_rollout(_ref)? rank 1 \(node [0-9a-f]{{8}}, [^,]+, [^,]+, "
+        rf"pid {pids['1']}\) {what}; rerunning the same command resumes from "
+        rf"{re.escape(str(run_dir / 'global_step_1'))}", last), err[-3000:]
     # no traceback of the driver's; a worker's own, when one raised (the other rank's collective timing out), is
     # part of the logged account
     assert (out + err).count("Traceback (most recent call last)") == (out + err).count("--- the worker's traceback ---")

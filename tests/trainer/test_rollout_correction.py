@@ -97,8 +97,8 @@ def test_engines_log_probs_match_the_trainer_after_updates(engine, update, tmp_p
 
     sizes = ["actor_rollout_ref.actor.ppo_epochs=2"] if update == "2 epochs" else [
         "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # 8 = train_batch_size
-    config = compose(*SMALL, f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                     *sizes, "trainer.total_training_steps=3",
+    config = compose(*SMALL, f"actor_rollout_ref.rollout.name={engine}",
+                     "actor_rollout_ref.rollout.calculate_log_probs=true", *sizes, "trainer.total_training_steps=3",
                      "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
                      f"trainer.default_local_dir={tmp_path}")
     run_ppo(config)
@@ -114,9 +114,11 @@ def test_engines_log_probs_match_the_trainer_after_updates(engine, update, tmp_p
 def test_rollout_correction_modes_train(mode, tmp_path, ray_session):
     from pyrl.ppo import run_ppo
 
-    keys = {"decoupled": ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
+    keys = {"decoupled": ["algorithm.rollout_correction.rollout_is=token",
+                          "algorithm.rollout_correction.rollout_rs=token_k1",
                           "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
-            "bypass": ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=sequence"]}
+            "bypass": ["algorithm.rollout_correction.bypass_mode=true",
+                       "algorithm.rollout_correction.rollout_is=sequence"]}
     config = compose(*SMALL, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.calculate_log_probs=true",
                      "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}", *keys[mode])
     run_ppo(config)
@@ -136,7 +138,8 @@ def test_rollout_correction_needs_the_engines_log_probs():
                      "algorithm.rollout_correction.bypass_mode=true")
     with pytest.raises(ValueError, match="rollout_correction.bypass_mode compares .*rollout.calculate_log_probs=true"):
         apply_rollout_correction_config(config)
-    config = compose(*SMALL, "algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
+    config = compose(*SMALL, "algorithm.rollout_correction.bypass_mode=true",
+                     "actor_rollout_ref.rollout.calculate_log_probs=true",
                      "actor_rollout_ref.actor.policy_loss.loss_mode=gspo")
     with pytest.raises(ValueError, match="uses the bypass_mode loss"):
         apply_rollout_correction_config(config)

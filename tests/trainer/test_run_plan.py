@@ -34,6 +34,13 @@ def test_ppo_with_a_critic_and_a_kl_loss():
     assert [r.name for r in plan.roles] == ["actor", "rollout", "ref", "critic"]
     assert plan.role("critic").trains and not plan.role("ref").trains
     assert plan.role("ref").group == plan.role("actor").group == "actor_rollout_ref"
+    # the hybrid engine's one group hosts actor, rollout and ref; the critic is a group colocated on its bundles
+    assert [(g.name, g.worker.rsplit(".", 1)[-1], g.roles) for g in plan.groups] == [
+        ("actor_rollout_ref", "ActorRolloutRefWorker", ("actor", "rollout", "ref")),
+        ("critic", "CriticWorker", ("critic",))]
+    assert plan.group_of("rollout").name == "actor_rollout_ref" and plan.group_of("reward_model") is None
+    critic = plan.group_of("critic")
+    assert critic.section == "critic" and [a.key for a in critic.args] == ["actor_rollout_ref.rollout.n"]
     # two epochs (the toy preset's), mini-batches of 4 of 8 prompts: the old log-probs need their own pass
     assert plan.passes == PASSES
     assert "actor.ppo_epochs=2, ppo_mini_batch_size=4" in dict(plan.why)["old_log_prob"]
@@ -64,6 +71,9 @@ def test_the_one_step_off_rollout_has_a_pool_of_its_own():
     assert plan.rollout_pool is not None and plan.rollout_pool.world_size == 2
     assert plan.role("rollout").group == "rollout" and plan.role("rollout").pool == "rollout"
     assert plan.actor_group == "actor"
+    rollout = plan.group_of("rollout")
+    assert ((rollout.name, rollout.args, rollout.pool, rollout.distributed)
+            == ("rollout", ("rollout",), "rollout", False))
     assert (plan.world_size, plan.rows_per_rank, plan.processes_per_node) == (2, 16, 4)
     text = plan.describe()
     assert "rollout pool: 1 node(s) x 2 process(es), CPU (gloo) each" in text
@@ -85,3 +95,19 @@ def test_asking_for_what_the_plan_lacks_names_it():
         plan.role("critic")
     with pytest.raises(KeyError, match="unknown pass 'refs'"):
         plan.runs("refs")
+    with pytest.raises(KeyError, match="unknown role 'critics'"):
+        plan.group_of("critics")
+    with pytest.raises(KeyError, match="the run has no rollout pool"):
+        plan.pool("rollout")
+
+
+def test_the_workers_are_found_by_role():
+    from pyrl.trainer.workers import Workers
+
+    plan, _ = plan_of("algorithm.adv_estimator=gae")
+    groups = {g.name: object() for g in plan.groups}
+    workers = Workers(groups, plan, pool=None)
+    assert workers.actor is workers.rollout is groups["actor_rollout"] and workers.critic is groups["critic"]
+    assert workers.ref is None and workers.reward_model is None and workers.world_size == 1
+    with pytest.raises(AttributeError, match="no attribute or role 'teacher'"):
+        workers.teacher

@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-SMALL = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false", "trainer.test_freq=-1"]
+SMALL = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", "data.train_batch_size=8",
+         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
 def run_cli(args, cwd, timeout=600, env=None):
@@ -21,9 +22,9 @@ def run_cli(args, cwd, timeout=600, env=None):
 def kill_after_checkpoint(args, run_dir, step: int, cwd, timeout=400, env=None) -> None:
     """Start `python -m pyrl.ppo ARGS trainer.default_local_dir=RUN_DIR` and SIGKILL its process group as soon as
     its step-`step` checkpoint is committed (latest_checkpointed_iteration.txt names it): a run that dies there."""
-    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *args, f"trainer.default_local_dir={run_dir}"], cwd=cwd,
-                              env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    killed = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *args, f"trainer.default_local_dir={run_dir}"],
+                              cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
     latest = Path(run_dir) / "latest_checkpointed_iteration.txt"
     deadline = time.monotonic() + timeout
     try:

@@ -34,7 +34,8 @@ ENTRIES = {"verl.trainer.main_ppo": "main_ppo", "recipe.one_step_off_policy.main
 STUB = r"""#!/bin/bash
 # records a launch of verl's PPO trainer; anything else does nothing
 for a in "$@"; do
-  case "$a" in *main_ppo*) printf '%s\0' "$(basename "$0")" "$@" >> "$CORPUS_RECORD"; printf '\n\0' >> "$CORPUS_RECORD";;
+  case "$a" in *main_ppo*) printf '%s\0' "$(basename "$0")" "$@" >> "$CORPUS_RECORD"; \
+    printf '\n\0' >> "$CORPUS_RECORD";;
   esac
 done
 exit 0

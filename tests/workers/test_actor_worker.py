@@ -93,7 +93,8 @@ def test_update_on_two_ranks_equals_single_process(group, train_batch):
     for name, value in after_single["params"].items():
         # Adam divides by |grad|, so float32 summation-order noise in near-zero gradients shows as ~1e-2 lr
         torch.testing.assert_close(after_group["params"][name], value, atol=1e-5, rtol=0, msg=name)
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+                "actor/grad_norm"):
         assert metrics[key] == pytest.approx(metrics_single[key], rel=1e-4, abs=1e-6), key
     assert metrics["actor/pg_clipfrac"] > 0  # the perturbed old log-probs clip some tokens
     assert metrics["actor/lr"] == pytest.approx(0.001)
@@ -138,7 +139,8 @@ def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
 
 def test_missing_field_names_worker_rank_and_method(group):
     batch = random_batch(4, seed=6)
-    with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d \(node .*\) raised in update_actor\(\).*advantages"):
+    with pytest.raises(WorkerError, match=r"ActorRolloutRefWorker rank \d \(node .*\) "
+                                          r"raised in update_actor\(\).*advantages"):
         group.update_actor(batch)
 
 
@@ -187,7 +189,8 @@ def test_packed_equals_padded(ray_session, train_batch, ranks):
     seen = batch.batch["attention_mask"][:, -6:].bool()
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(outputs[True].batch[key][seen], outputs[False].batch[key][seen], atol=1e-5, rtol=0)
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+                "actor/grad_norm"):
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6), key
     grads = {name: value for name, value in digests[False]["optimizer"].items() if name.endswith("exp_avg")}
     assert len(grads) >= 20  # every trained tensor (the tied lm_head shares the embedding's)
@@ -235,7 +238,8 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
                                ("fused", 1, [micro]),
                                ("fused-padded", 1, [micro, "actor_rollout_ref.model.use_remove_padding=false"]),
                                ("shared", 1, [micro]),
-                               ("uncheckpointed", 1, [micro, "actor_rollout_ref.model.enable_gradient_checkpointing=false"]),
+                               ("uncheckpointed", 1, [micro,
+                                                      "actor_rollout_ref.model.enable_gradient_checkpointing=false"]),
                                ("shared-fused-2-ranks", 2, ["actor_rollout_ref.actor.use_dynamic_bsz=true",
                                                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
                                                             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
@@ -266,7 +270,8 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
     for name in ("fused", "fused-padded", "shared", "uncheckpointed", "shared-fused-2-ranks"):
         logp, metrics, digest = results[name]
         torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
-        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+                    "actor/grad_norm"):
             assert metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), (name, key)
         for key, value in plain_digest["optimizer"].items():  # Adam's first moment after one step: the gradient
             if key.endswith("exp_avg"):
@@ -318,7 +323,8 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
         off_policy.update_actor(batch)
 
 
-@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
+@pytest.mark.skipif(not cpu_has_bf16(),
+                    reason="this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
 def test_bf16_mixed_precision_on_cpu(ray_session, train_batch, tiny_path):
     """fsdp_config.dtype=bfloat16 on a CPU with bf16 instructions: the forward runs in bf16 (log-probs near, not
     equal to, float64's), the master weights and the optimizer stay float32 and train."""

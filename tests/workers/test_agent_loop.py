@@ -35,7 +35,8 @@ def tool_config(tool_model, engine: str, *overrides: str):
                        "actor_rollout_ref.rollout.multi_turn.enable=true",
                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALCULATOR}",
                        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-                       "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.load_format=auto",
+                       "actor_rollout_ref.rollout.calculate_log_probs=true",
+                       "actor_rollout_ref.rollout.load_format=auto",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=16", *overrides)
 
 
@@ -73,7 +74,8 @@ def rollouts(tool_model, ray_session):
     from pyrl.tools.tool_registry import load_all_tools
 
     tokenizer = AutoTokenizer.from_pretrained(tool_model)
-    schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in load_all_tools(CALCULATOR, None)]
+    schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+               for t in load_all_tools(CALCULATOR, None)]
     prompts = task_prompts(tokenizer, 16, schemas, tool_users=8)
     prompts.meta_info.update(do_sample=False, calculate_log_probs=True)
     out = {}

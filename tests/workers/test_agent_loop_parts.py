@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from pyrl.config import RolloutConfig
 from pyrl.tools.function_tool import FunctionTool, _build_schema_from_fn
 from pyrl.workers.rollout.agent_loop import AgentLoop, ChatTokens, ToolRunner, Trajectory, truncate_text
@@ -205,7 +203,8 @@ def test_tool_selection_limits_a_sample_to_the_tools_it_names(tool_tokenizer):
 
     loop = _loop(tool_tokenizer, [_function_tool(calculator)])
     assert selected_tools(loop.tools, {"tool_selection": ["search"]}) == {}
-    assert selected_tools(loop.tools, {"tool_selection": ["calculator"]}) == loop.tools == selected_tools(loop.tools, {})
+    assert (selected_tools(loop.tools, {"tool_selection": ["calculator"]}) == loop.tools
+            == selected_tools(loop.tools, {}))
     t = _trajectory(loop)
     t.tools = selected_tools(loop.tools, {"tool_selection": ["search"]})
     text, _, failed = loop.runner.run([loop._call_tool(t, FunctionCall(name="calculator", arguments="{}"))], 1.0)[0]

@@ -39,7 +39,8 @@ def test_values_and_update_match_single_process(critic_group):
     torch.testing.assert_close(values[mask], logits[mask], atol=1e-5, rtol=0)
 
     batch.batch["values"] = values
-    batch.batch["returns"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(2)) * batch.batch["response_mask"]
+    batch.batch["returns"] = (torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(2))
+                              * batch.batch["response_mask"])
     # mini-batch m of the 2 ranks: rows {m, 3 + m}; the single process takes mini-batches of 2 in this order
     metrics = critic_group.update_critic(batch).meta_info["metrics"]
     single_metrics = single.update_critic(batch.select_idxs([0, 3, 1, 4, 2, 5])).meta_info["metrics"]
@@ -54,7 +55,8 @@ def test_values_and_update_match_single_process(critic_group):
 def test_reward_model_scores_the_last_token(ray_session, tiny_path):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    cfg = make_config("reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=2", "reward_model.model.path=pyrl:tiny")
+    cfg = make_config("reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=2",
+                      "reward_model.model.path=pyrl:tiny")
     wg = WorkerGroup(ResourcePool([2]), RewardModelWorker, cfg.reward_model, "pyrl:tiny")
     try:
         wg.init_model()
@@ -106,7 +108,8 @@ def test_critic_packed_equals_padded():
     batch.batch["returns"] = torch.randn(ROWS, 6, generator=g) * mask
     out = {}
     for packed in (True, False):
-        worker = CriticWorker(make_config(*CRITIC, "critic.ppo_mini_batch_size=6", "critic.ppo_micro_batch_size_per_gpu=4",
+        worker = CriticWorker(make_config(*CRITIC, "critic.ppo_mini_batch_size=6",
+                                          "critic.ppo_micro_batch_size_per_gpu=4",
                                           f"critic.model.use_remove_padding={packed}").critic)
         worker.init_model()
         values = worker.compute_values(batch).batch["values"]

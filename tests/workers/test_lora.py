@@ -11,7 +11,8 @@ from worker_helpers import hf_response_logprobs, make_config, random_batch, roll
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.workers import lora
-from pyrl.workers.actor import ActorRolloutRefWorker, load_policy
+from pyrl.workers.actor import ActorRolloutRefWorker
+from pyrl.workers.models import load_policy
 
 ROWS, RANK, ALPHA, LR = 8, 4, 8, 0.01
 LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.lora_alpha={ALPHA}",
@@ -58,7 +59,8 @@ def lora_update_reference(tiny_path, adapters: dict, batch, minis, clip=0.2, cli
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-    return {name.removeprefix("base_model.model."): p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    return {name.removeprefix("base_model.model."): p.detach()
+            for name, p in model.named_parameters() if p.requires_grad}
 
 
 def adapters_of(digest: dict) -> dict:
@@ -134,7 +136,8 @@ def test_update_equals_peft_reference_and_ref_stays_base(group, tiny_path):
     for name, value in before["params"].items():
         moved = not torch.equal(after["params"][name], value)
         assert moved == (".lora_" in name), name
-    assert set(after["optimizer"]) == {f"lm.{n}.{k}" for n in adapters_of(after) for k in ("step", "exp_avg", "exp_avg_sq")}
+    assert set(after["optimizer"]) == {f"lm.{n}.{k}" for n in adapters_of(after)
+                                       for k in ("step", "exp_avg", "exp_avg_sq")}
     # rank r holds rows [4r, 4r + 4) and mini-batch m is rows 4r + 2m, 4r + 2m + 1 of each rank
     expected = lora_update_reference(tiny_path, adapters_of(before), batch, [[0, 1, 4, 5], [2, 3, 6, 7]])
     for name, value in expected.items():

@@ -18,7 +18,8 @@ def verl091_qwen2_flops(config, tokens_sum, batch_seqlens):
     attn_linear_n = config.hidden_size * (q_size + k_size + v_size + config.num_attention_heads * head_dim)
     dense_n = (mlp_n + attn_linear_n) * config.num_hidden_layers + config.vocab_size * config.hidden_size * 2
     seqlen_square_sum = sum(s * s for s in batch_seqlens)
-    return 6 * dense_n * tokens_sum + 6 * seqlen_square_sum * head_dim * config.num_attention_heads * config.num_hidden_layers
+    return (6 * dense_n * tokens_sum
+            + 6 * seqlen_square_sum * head_dim * config.num_attention_heads * config.num_hidden_layers)
 
 
 CONFIG = SimpleNamespace(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,

@@ -208,7 +208,8 @@ def _grouped_batch(vocab, seed=5):
         ids[i, prompt - n:prompt] = tokens
         mask[i, prompt - n:prompt + int(response_len[i])] = 1
         ids[i, prompt:] = torch.randint(3, vocab, (response,), generator=g)
-    return {"input_ids": ids * mask, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}, response
+    return {"input_ids": ids * mask, "attention_mask": mask,
+            "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}, response
 
 
 def test_shared_prompts_give_the_same_log_probs_entropy_and_gradients(tiny_lm, hf64):

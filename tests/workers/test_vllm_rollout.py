@@ -17,7 +17,8 @@ pytest.importorskip("vllm")
 # a token budget per engine step below one batch's prompts: prefills are scheduled over several steps; one vLLM
 # option through verl's engine_kwargs (a null one is dropped, not passed)
 CONFIG_OVERRIDES = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.optim.lr=0.05",
-                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                    "actor_rollout_ref.rollout.calculate_log_probs=true",
                     "actor_rollout_ref.rollout.max_num_batched_tokens=16", "actor_rollout_ref.rollout.max_num_seqs=16",
                     "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=7",
                     "actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=12",
@@ -53,7 +54,8 @@ def vllm_group(request, ray_session):
     """One rank with its own engine; or two ranks (FSDP over both) sharing one engine, each holding half of every
     layer (rollout.tensor_model_parallel_size=2)."""
     tp = request.param
-    config = CONFIG if tp == 1 else make_config(*CONFIG_OVERRIDES, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+    config = CONFIG if tp == 1 else make_config(*CONFIG_OVERRIDES,
+                                                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
     wg = WorkerGroup(ResourcePool([tp]), ProbedWorker, config.actor_rollout_ref, "actor_rollout")
     wg.init_model()
     yield wg
@@ -82,12 +84,14 @@ def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):
 
     train = random_batch(8, seed=22)
     train.batch["old_log_probs"] = torch.zeros(8, 6)
-    train.batch["advantages"] = torch.randn(8, 6, generator=torch.Generator().manual_seed(0)) * train.batch["response_mask"]
+    train.batch["advantages"] = (torch.randn(8, 6, generator=torch.Generator().manual_seed(0))
+                                 * train.batch["response_mask"])
     for _ in range(3):
         vllm_group.update_actor(train)
     push = vllm_group.update_weights()[0]
     assert push["perf/update_weights_bytes"] > 1e6 and push["timing_s/update_weights"] > 0
-    print(f"weight push: {push['timing_s/update_weights'] * 1e3:.1f} ms, {push['perf/update_weights_bytes'] / 2**20:.2f} MiB")
+    print(f"weight push: {push['timing_s/update_weights'] * 1e3:.1f} ms, "
+          f"{push['perf/update_weights_bytes'] / 2**20:.2f} MiB")
 
     out = vllm_group.generate_sequences(prompts_with(prompts, greedy))
     vllm_group.export_hf(str(tmp_path / "hf"))

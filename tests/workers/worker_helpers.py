@@ -14,12 +14,14 @@ def make_config(*overrides: str):
     from pyrl.config import PPOConfig
 
     base = OmegaConf.structured(PPOConfig)
-    # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups and the rollout in bf16): the tests
-    # compare against float32 single processes and float64 references
-    fp32 = [f"{key}.dtype=float32" for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
+    # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups and the rollout in bf16):
+    # the tests compare against float32 single processes and float64 references
+    fp32 = [f"{key}.dtype=float32" for key in ("actor_rollout_ref.actor.fsdp_config",
+                                               "actor_rollout_ref.ref.fsdp_config",
                                                "critic.fsdp", "reward_model.fsdp_config")]
-    defaults = fp32 + ["actor_rollout_ref.rollout.dtype=float32", f"data.max_prompt_length={PROMPT_WIDTH}", f"data.max_response_length={RESPONSE_WIDTH}",
-                "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.path=pyrl:tiny"]
+    defaults = fp32 + ["actor_rollout_ref.rollout.dtype=float32", f"data.max_prompt_length={PROMPT_WIDTH}",
+                       f"data.max_response_length={RESPONSE_WIDTH}", "actor_rollout_ref.rollout.name=hf",
+                       "actor_rollout_ref.model.path=pyrl:tiny"]
     cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
     return OmegaConf.to_object(cfg)
 
@@ -41,7 +43,8 @@ def random_batch(rows: int, seed: int, vocab: int = 300) -> DataProto:
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return DataProto.from_dict({
         "prompts": prompts, "responses": responses, "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention_mask, "position_ids": position_ids,
+        "input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention_mask,
+        "position_ids": position_ids,
     }, meta_info={"temperature": 1.0})
 
 
@@ -63,14 +66,16 @@ def hf_response_logprobs(path: str, batch: DataProto, temperature: float = 1.0, 
 def rollout_prompts(rows: int, seed: int) -> DataProto:
     """Left-padded prompts only, as the trainer hands them to generate_sequences."""
     batch = random_batch(rows, seed)
-    return DataProto.from_dict({k: batch.batch[k][:, :PROMPT_WIDTH] for k in ("input_ids", "attention_mask", "position_ids")})
+    return DataProto.from_dict({k: batch.batch[k][:, :PROMPT_WIDTH]
+                                for k in ("input_ids", "attention_mask", "position_ids")})
 
 
 def check_rollout_fields(out, prompts, n):
     rows, width = len(prompts) * n, RESPONSE_WIDTH
     assert set(out.batch) >= {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
                               "rollout_log_probs"}
-    assert out.batch["responses"].shape == (rows, width) and out.batch["input_ids"].shape == (rows, PROMPT_WIDTH + width)
+    assert (out.batch["responses"].shape == (rows, width)
+            and out.batch["input_ids"].shape == (rows, PROMPT_WIDTH + width))
     repeated = prompts.batch["input_ids"].repeat_interleave(n, 0)
     assert torch.equal(out.batch["prompts"], repeated)
     assert torch.equal(out.batch["input_ids"], torch.cat([repeated, out.batch["responses"]], -1))

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
+import numpy as np
+
 from pyrl.sandbox import SandboxUnavailable
 from pyrl.seeding import derive_seed
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
@@ -98,9 +100,9 @@ class ChatTokens:
         self.turn_separator = closed[ends[-1] + 1:] if ends else []
 
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, chat_template=self.chat_template,
-                                                  **self.template_kwargs)
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                  add_generation_prompt=add_generation_prompt, tokenize=False,
+                                                  chat_template=self.chat_template, **self.template_kwargs)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def delta(self, prefix: list[dict], appended: list[dict], tools: list[dict] | None) -> list[int]:
@@ -240,7 +242,9 @@ class AgentLoop:
     objects; `interactions`: name -> BaseInteraction."""
 
     def __init__(self, engine: RolloutEngine, tokenizer, rollout_config, tools: list | None = None,
-                 interactions: dict | None = None, chat_template: str | None = None, template_kwargs: dict | None = None):
+                 interactions: dict | None = None, chat_template: str | None = None,
+                 template_kwargs: dict | None = None):
+        # lazy: pyrl.tools (pydantic) loads only with an agent loop; the trainer imports this module for its columns
         from pyrl.workers.rollout.tool_parser import ToolParser
 
         self.engine, self.tokenizer = engine, tokenizer
@@ -352,7 +356,8 @@ class AgentLoop:
             if reward is not None:  # a failed call's is 0.0, as verl's
                 t.tool_rewards.append(float(reward))
             if not failed:  # verl truncates what a tool returned; its own error messages are short already
-                text = truncate_text(text, self.config.max_tool_response_length, self.config.tool_response_truncate_side)
+                text = truncate_text(text, self.config.max_tool_response_length,
+                                     self.config.tool_response_truncate_side)
             message = {"role": "tool", "content": text}
             if getattr(call, "tool_call_id", None) is not None:
                 message["tool_call_id"] = call.tool_call_id
@@ -364,6 +369,7 @@ class AgentLoop:
     async def _call_tool(self, t: Trajectory, call) -> tuple[str, float, bool]:
         """(response text, reward, failed). verl 0.9.1's _call_tool: unknown names and bad JSON are
         answered, not raised; a BaseTool runs create -> execute -> release."""
+        # lazy: pyrl.tools (pydantic) loads only with an agent loop; the trainer imports this module for its columns
         from pyrl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
         if getattr(call, "error", None):
@@ -424,8 +430,6 @@ AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", 
 def trajectory_columns(trajectories: list[Trajectory]) -> dict:
     """Per-sample columns of the rollout batch: verl's __num_turns__, tool_call_counts, turn_scores and
     tool_rewards, and pyrl's tool_error_counts and tool_seconds (the trainer's metrics read them)."""
-    import numpy as np
-
     def objects(values):
         out = np.empty(len(values), dtype=object)
         out[:] = values

@@ -46,7 +46,8 @@ class SamplingSpec:
             seed=None if meta.get("seed") is None else int(meta["seed"]),
         )
         if spec.n < 1 or spec.max_tokens < 1:
-            raise ValueError(f"rollout: n and response_length must be >= 1, got n={spec.n}, response_length={spec.max_tokens}")
+            raise ValueError(f"rollout: n and response_length must be >= 1, got n={spec.n}, "
+                             f"response_length={spec.max_tokens}")
         if spec.temperature < 0 or not 0 < spec.top_p <= 1 or (spec.top_k < 1 and spec.top_k not in (-1, 0)):
             raise ValueError(f"rollout: expected temperature >= 0, 0 < top_p <= 1, top_k -1 (off) or >= 1; got "
                              f"temperature={spec.temperature}, top_p={spec.top_p}, top_k={spec.top_k}")
@@ -94,7 +95,8 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
     trained = mask if response_masks is None else torch.zeros_like(mask)
     for i, tokens in enumerate(responses):
         if len(tokens) > response_length:
-            raise ValueError(f"assemble_rollout: row {i} has {len(tokens)} tokens, more than response_length={response_length}")
+            raise ValueError(f"assemble_rollout: row {i} has {len(tokens)} tokens, more than "
+                             f"response_length={response_length}")
         out[i, :len(tokens)] = torch.as_tensor(tokens, dtype=prompt_ids.dtype)
         mask[i, :len(tokens)] = 1
         if response_masks is not None:
@@ -116,7 +118,8 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
     }
     if logprobs is not None:
         fields["rollout_log_probs"] = rollout_logp
-    return DataProto.from_dict(tensors=fields, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info))
+    return DataProto.from_dict(tensors=fields, non_tensors=dict(prompts.non_tensor_batch),
+                               meta_info=dict(prompts.meta_info))
 
 
 def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer,
@@ -124,11 +127,11 @@ def make_engine(name: str, model_path: str, rollout_config, device: torch.device
     """The engine actor_rollout_ref.rollout.name asks for. group_name: with tensor parallelism, the name of the
     ranks sharing the engine (pyrl.workers.rollout.tensor_parallel)."""
     if name == "vllm":
-        from pyrl.workers.rollout.vllm_engine import VLLMEngine
+        from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: import cycle (it imports this module)
 
         return VLLMEngine(model_path, rollout_config, device, group_name)
     if name == "hf":
-        from pyrl.workers.rollout.hf_engine import HFEngine
+        from pyrl.workers.rollout.hf_engine import HFEngine  # lazy: import cycle (it imports this module)
 
         return HFEngine(model_path, rollout_config, device, tokenizer)
     raise ValueError(f"actor_rollout_ref.rollout.name: unknown engine {name!r}, expected 'vllm' or 'hf'")

@@ -15,7 +15,7 @@ from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
 
 class HFEngine(RolloutEngine):
     def __init__(self, model_path: str, config, device: torch.device, tokenizer):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: transformers loads only when an engine is built
 
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
@@ -46,8 +46,8 @@ class HFEngine(RolloutEngine):
         if spec.seed is not None:  # the samples do not depend on the engine's history
             self.generator.manual_seed(spec.seed)
         with _forked_rng(self.device, self.generator):
-            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-                                      generation_config=config)
+            out = self.model.generate(input_ids=input_ids.to(self.device),
+                                      attention_mask=attention_mask.to(self.device), generation_config=config)
         generated = out.sequences[:, width:].cpu()
         step_logprobs = None
         if spec.logprobs:  # the processed scores (after temperature / top-k / top-p), as vLLM's processed_logprobs

@@ -34,7 +34,7 @@ class VLLMEngine(RolloutEngine):
         on_cuda = device.type == "cuda"
         if not on_cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
-        from vllm import LLM
+        from vllm import LLM  # lazy: vllm is optional
 
         self.on_cuda, self.sleeps = on_cuda, config.free_cache_engine
         # pyrl seeds every request (resumable sampling); after a partial (chunked) prefill vLLM rewinds a seeded
@@ -84,6 +84,7 @@ class VLLMEngine(RolloutEngine):
                     os.unlink(path)
 
     def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+        # lazy: vllm is optional
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -195,6 +196,7 @@ def _prefix_cpu_shm_names(prefix: str) -> None:
     engine's start fail ("create shm in SHMManager failed. errno: 17"). The names get this run's group name first."""
     if not prefix:
         raise ValueError("a tensor-parallel vllm engine on CPU needs its group's name")
+    # lazy: vllm is optional
     from vllm.distributed.device_communicators import cpu_communicator
 
     shm = cpu_communicator._CPUSHMDistributed

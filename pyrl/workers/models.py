@@ -1,0 +1,75 @@
+"""Loading a worker's model and tokenizer from its model section (verl's model keys): one place for the actor's
+causal LM, the critic's token classifier and the reward model's sequence classifier, with the same from_pretrained
+keywords (float32 master weights, config overrides, packed attention) and gradient checkpointing."""
+
+from __future__ import annotations
+
+import torch
+
+from pyrl.config import recomputes
+from pyrl.models import varlen_attention
+from pyrl.models.hub import model_dir, resolve_model_path
+from pyrl.workers.policy import ResponseLogProbs
+
+__all__ = ["load_policy", "load_reward_classifier", "load_tokenizer", "load_value_model", "model_dir", "model_kwargs",
+           "resolve_model_path"]
+
+
+def load_tokenizer(model_config):
+    from transformers import AutoTokenizer  # lazy: transformers loads with the first model
+
+    path = resolve_model_path(model_config.tokenizer_path or model_config.path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+
+
+def model_kwargs(model_config) -> dict:
+    """from_pretrained keywords for a worker's model: float32 master weights, the config overrides, and
+    packed attention when model.use_remove_padding (see pyrl.models.varlen_attention)."""
+    kwargs = {"dtype": torch.float32, "trust_remote_code": model_config.trust_remote_code}
+    if model_config.use_remove_padding:
+        kwargs["attn_implementation"] = varlen_attention.register()
+    return kwargs
+
+
+def _checkpointed(model, model_config):
+    if recomputes(model_config):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _one_label_config(model_config):
+    from transformers import AutoConfig  # lazy: transformers loads with the first model
+
+    config = AutoConfig.from_pretrained(model_dir(model_config), trust_remote_code=model_config.trust_remote_code,
+                                        **dict(model_config.override_config))
+    config.num_labels = 1
+    return config
+
+
+def load_policy(model_config):
+    """(HF causal LM, ResponseLogProbs over it); the worker shards it."""
+    from transformers import AutoModelForCausalLM  # lazy: transformers loads with the first model
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir(model_config), **model_kwargs(model_config),
+                                              **dict(model_config.override_config))
+    return _checkpointed(lm, model_config), ResponseLogProbs(lm, model_config.use_fused_kernels)
+
+
+def load_value_model(model_config):
+    """The critic: a token classifier with one label (a value per token), no dropout in its head."""
+    from transformers import AutoModelForTokenClassification  # lazy: transformers loads with the first model
+
+    config = _one_label_config(model_config)
+    config.classifier_dropout = 0.0  # HF's default 0.1 would make values noisy in training
+    model = AutoModelForTokenClassification.from_pretrained(model_dir(model_config), config=config,
+                                                            **model_kwargs(model_config))
+    return _checkpointed(model, model_config)
+
+
+def load_reward_classifier(model_config):
+    """The reward model: a sequence classifier with one label (frozen: never checkpointed)."""
+    from transformers import AutoModelForSequenceClassification  # lazy: transformers loads with the first model
+
+    return AutoModelForSequenceClassification.from_pretrained(model_dir(model_config),
+                                                              config=_one_label_config(model_config),
+                                                              **model_kwargs(model_config))
