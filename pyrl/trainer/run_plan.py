@@ -160,24 +160,32 @@ class RunPlan:
 
 # ---- resolving ----
 
-def gpus_per_node(trainer_config) -> int:
-    """trainer.n_gpus_per_node; -1: the GPUs this machine has (none unless trainer.device allows CUDA)."""
-    if trainer_config.n_gpus_per_node >= 0:
-        return trainer_config.n_gpus_per_node
+def machine_gpus(trainer_config) -> int:
+    """The GPUs this machine has, none unless trainer.device allows CUDA."""
     import torch  # lazy: torch stays off the config-check path until a GPU count is asked for
 
     return torch.cuda.device_count() if trainer_config.device in ("auto", "cuda") else 0
 
 
+def gpus_per_node(trainer_config) -> int:
+    """trainer.n_gpus_per_node; -1: the GPUs this machine has."""
+    return trainer_config.n_gpus_per_node if trainer_config.n_gpus_per_node >= 0 else machine_gpus(trainer_config)
+
+
+def _pool(name: str, section, gpus: int) -> Pool:
+    """A pool from a section's nnodes and n_cpu_workers_per_node, with `gpus` GPUs per node (0: CPU workers)."""
+    per_node = gpus if gpus > 0 else section.n_cpu_workers_per_node
+    if per_node < 1:
+        raise ValueError(f"{name}.n_cpu_workers_per_node must be >= 1 when the {name} runs on CPU "
+                         f"({name}.n_gpus_per_node=0)")
+    if section.nnodes < 1:
+        raise ValueError(f"{name}.nnodes={section.nnodes}: the {name} needs at least one node")
+    return Pool(name, section.nnodes, per_node, 1 if gpus > 0 else 0)
+
+
 def trainer_pool(trainer_config) -> Pool:
     """The trainer's pool: a GPU per process, or trainer.n_cpu_workers_per_node CPU processes per node."""
-    gpus = gpus_per_node(trainer_config)
-    per_node = gpus if gpus > 0 else trainer_config.n_cpu_workers_per_node
-    if per_node < 1:
-        raise ValueError("trainer.n_cpu_workers_per_node must be >= 1 when trainer.n_gpus_per_node is 0")
-    if trainer_config.nnodes < 1:
-        raise ValueError(f"trainer.nnodes={trainer_config.nnodes}: the trainer needs at least one node")
-    return Pool("trainer", trainer_config.nnodes, per_node, 1 if gpus > 0 else 0)
+    return _pool("trainer", trainer_config, gpus_per_node(trainer_config))
 
 
 def rollout_pool(config) -> Pool | None:
@@ -190,9 +198,7 @@ def rollout_pool(config) -> Pool | None:
     trainer_gpus = gpus_per_node(trainer)
     gpus = section.n_gpus_per_node
     if gpus < 0:
-        import torch  # lazy: torch stays off the config-check path until a GPU count is asked for
-
-        machine = torch.cuda.device_count() if trainer.device in ("auto", "cuda") else 0
+        machine = machine_gpus(trainer)
         gpus = machine - trainer_gpus if machine else 0
         if machine and gpus < 1:
             raise ValueError(f"rollout.n_gpus_per_node=-1 takes this machine's GPUs beyond trainer.n_gpus_per_node="
@@ -200,12 +206,7 @@ def rollout_pool(config) -> Pool | None:
     if (gpus > 0) != (trainer_gpus > 0):
         raise ValueError(f"rollout.n_gpus_per_node={section.n_gpus_per_node} and trainer.n_gpus_per_node="
                          f"{trainer.n_gpus_per_node}: the rollout and the trainer run both on GPUs or both on CPU")
-    per_node = gpus if gpus > 0 else section.n_cpu_workers_per_node
-    if per_node < 1:
-        raise ValueError("rollout.n_cpu_workers_per_node must be >= 1 when the rollout runs on CPU")
-    if section.nnodes < 1:
-        raise ValueError(f"rollout.nnodes={section.nnodes}: the rollout needs at least one node")
-    return Pool("rollout", section.nnodes, per_node, 1 if gpus > 0 else 0)
+    return _pool("rollout", section, gpus)
 
 
 def estimator_needs(config):
