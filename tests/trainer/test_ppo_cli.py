@@ -13,8 +13,7 @@ import pytest
 import torch
 from trainer_helpers import SMALL, compose, read_metrics, run_cli
 
-from pyrl.algos import ADV_ESTIMATOR_REGISTRY
-from pyrl.algos.advantage import SUM_PI_SQUARED_ESTIMATORS
+from pyrl.algos import ADV_ESTIMATOR_REGISTRY, advantage
 
 STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
              "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
@@ -98,7 +97,7 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
     extra = ["actor_rollout_ref.actor.use_kl_loss=true"] if estimator == "grpo" else []
     if estimator == "reinforce_plus_plus":
         extra = ["algorithm.use_kl_in_reward=true"]  # its usual pairing: KL in the reward, fed to the return
-    if estimator in SUM_PI_SQUARED_ESTIMATORS:
+    if "sum_pi_squared" in advantage.ESTIMATORS.needs(estimator).tensors:
         extra = ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"]
     if estimator == "gdpo":  # reward components, normalized one by one: a scorer returning them
         scorer = tmp_path / "components.py"
