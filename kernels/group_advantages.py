@@ -8,6 +8,14 @@ import torch
 import triton
 import triton.language as tl
 
+from pyrl.ops.codes import GroupEstimator
+
+# the estimators, named (tl.constexpr: compiled kernels may read no other kind of global); codes from pyrl.ops.codes
+GRPO, RLOO, RPP_BASELINE, OPO, GRPO_PASSK = (
+    tl.constexpr(int(e)) for e in (GroupEstimator.grpo, GroupEstimator.rloo,
+                                   GroupEstimator.reinforce_plus_plus_baseline, GroupEstimator.opo,
+                                   GroupEstimator.grpo_passk))
+
 BLOCK = 128
 
 
@@ -48,7 +56,7 @@ def _group_kernel(scores_ptr, lengths_ptr, order_ptr, offsets_ptr, alpha_ptr, ou
         best_pos = tl.minimum(best_pos, tl.min(tl.where(valid & (s == best), offs, 2147483647), 0).to(tl.int32))
     std = tl.where(count > 1, tl.sqrt(sq / tl.maximum(count - 1.0, 1.0)), 1.0)
     second = tl.full((), float("-inf"), tl.float64)
-    if ESTIMATOR == 4:
+    if ESTIMATOR == GRPO_PASSK:
         for start in range(begin, end, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             valid = (offs < end) & (offs != best_pos)
@@ -61,18 +69,18 @@ def _group_kernel(scores_ptr, lengths_ptr, order_ptr, offsets_ptr, alpha_ptr, ou
         valid = offs < end
         idx = tl.load(order_ptr + offs, mask=valid, other=0)
         s = tl.load(scores_ptr + idx, mask=valid, other=0.0).to(tl.float64)
-        if ESTIMATOR == 0:
+        if ESTIMATOR == GRPO:
             adv = s - mean
             if NORM:
                 adv = adv / (std + eps)
-        elif ESTIMATOR == 1:
+        elif ESTIMATOR == RLOO:
             adv = tl.where(count > 1, (s - mean) * count / tl.maximum(count - 1.0, 1.0), s)
-        elif ESTIMATOR == 2:
+        elif ESTIMATOR == RPP_BASELINE:
             adv = s - mean
-        elif ESTIMATOR == 3:
+        elif ESTIMATOR == OPO:
             base = tl.where((count > 1) & (wtot > 0), wsum / tl.where(wtot > 0, wtot, 1.0), 0.0)
             adv = s - base
-        elif ESTIMATOR == 4:
+        elif ESTIMATOR == GRPO_PASSK:
             top = best - second
             if NORM:
                 top = top / (std + eps)
@@ -88,7 +96,7 @@ def group_advantages(scores, ids, lengths, code, norm_by_std, eps):
     if n == 0:
         return out
     unique, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    if code == 4 and bool((counts < 2).any()):
+    if code == GroupEstimator.grpo_passk and bool((counts < 2).any()):
         bad = int(unique[counts < 2][0])
         raise ValueError(f"group_index: grpo_passk needs at least 2 samples per group, group {bad} has 1")
     order = torch.sort(inverse, stable=True).indices
@@ -97,6 +105,6 @@ def group_advantages(scores, ids, lengths, code, norm_by_std, eps):
     alpha = (n / torch.count_nonzero(scores).clamp(min=1)).to(torch.float32).reshape(1)
     _group_kernel[(unique.numel(),)](
         scores, lengths if lengths is not None else scores, order, offsets, alpha, out, eps,
-        ESTIMATOR=code, NORM=norm_by_std, HAS_LENGTHS=lengths is not None, BLOCK=BLOCK,
+        ESTIMATOR=int(code), NORM=norm_by_std, HAS_LENGTHS=lengths is not None, BLOCK=BLOCK,
     )
     return out

@@ -5,6 +5,11 @@ import torch
 import triton
 import triton.language as tl
 
+from pyrl.ops.codes import PolicyLossMode
+
+# the modes, named (tl.constexpr: compiled kernels may read no other kind of global); codes from pyrl.ops.codes
+VANILLA, CISPO = tl.constexpr(int(PolicyLossMode.vanilla)), tl.constexpr(int(PolicyLossMode.cispo))
+
 BLOCK = 1024
 
 
@@ -24,7 +29,7 @@ def _policy_loss_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, loss_ptr, dloss_pt
     hi = 1.0 + clip_high
     clipped_ratio = tl.minimum(tl.maximum(ratio, lo), hi)
     f_lower = tl.zeros((BLOCK,), tl.float32)
-    if MODE == 0:
+    if MODE == VANILLA:
         l1 = -a * ratio
         l2 = -a * clipped_ratio
         dl1 = -a * dratio
@@ -37,7 +42,7 @@ def _policy_loss_kernel(logp_ptr, old_ptr, adv_ptr, mask_ptr, loss_ptr, dloss_pt
         f_lower = tl.where(neg & (loss > l3), 1.0, 0.0)
         dl = tl.where(neg, tl.where(loss < l3, dl, tl.where(loss > l3, 0.0, 0.5 * dl)), dl)
         loss = tl.where(neg, tl.minimum(loss, l3), loss)
-    elif MODE == 1:
+    elif MODE == CISPO:
         loss = -clipped_ratio * a * logp
         dl = -clipped_ratio * a
         f_clip = tl.where(clipped_ratio != ratio, 1.0, 0.0)
@@ -59,6 +64,7 @@ def policy_loss_forward(code, logp, old_logp, advantages, mask, clip_low, clip_h
     n = logp.numel()
     if n:
         _policy_loss_kernel[(triton.cdiv(n, BLOCK),)](
-            logp, old_logp, advantages, mask, loss, dloss, sums, n, clip_low, clip_high, clip_c, MODE=code, BLOCK=BLOCK
+            logp, old_logp, advantages, mask, loss, dloss, sums, n, clip_low, clip_high, clip_c, MODE=int(code),
+            BLOCK=BLOCK,
         )
     return loss, dloss, sums

@@ -39,18 +39,21 @@ def test_cpp_core_checks_its_buffers():
     from pyrl import _C
 
     a = torch.zeros(4).numpy()
+    k1, f32 = _C.KLKind.k1, _C.FloatKind.float32
     with pytest.raises(ValueError, match="ref_logp: expected 4 elements, got 3"):
-        _C.kl_forward(a, torch.zeros(3).numpy(), 0, torch.zeros(4).numpy())
+        _C.kl_forward(a, torch.zeros(3).numpy(), k1, torch.zeros(4).numpy())
     with pytest.raises(TypeError, match="ref_logp: expected a float32 buffer"):
-        _C.kl_forward(a, torch.zeros(4, dtype=torch.float64).numpy(), 0, torch.zeros(4).numpy())
-    with pytest.raises(ValueError, match="kind: unknown KL estimator code 7"):
-        _C.kl_forward(a, a, 7, torch.zeros(4).numpy())
+        _C.kl_forward(a, torch.zeros(4, dtype=torch.float64).numpy(), k1, torch.zeros(4).numpy())
+    with pytest.raises(ValueError, match="kind: unknown KL estimator code 7"):  # an enum made from any int
+        _C.kl_forward(a, a, _C.KLKind(7), torch.zeros(4).numpy())
+    with pytest.raises(TypeError, match="incompatible function arguments"):  # codes travel as the enum, not ints
+        _C.kl_forward(a, a, 3, torch.zeros(4).numpy())
     logits = torch.zeros(2, 5).numpy()
     with pytest.raises(ValueError, match=r"labels: entry 1 is 9, outside \[0, 5\)"):
-        _C.logprobs_forward(logits, 0, torch.tensor([0, 9]).numpy(), 1.0,
+        _C.logprobs_forward(logits, f32, torch.tensor([0, 9]).numpy(), 1.0,
                             torch.zeros(2).numpy(), torch.zeros(2).numpy(), None)
     with pytest.raises(ValueError, match="logits: expected 2 dims"):
-        _C.logprobs_forward(torch.zeros(10).numpy(), 0, None, 1.0, None, torch.zeros(10).numpy(), None)
+        _C.logprobs_forward(torch.zeros(10).numpy(), f32, None, 1.0, None, torch.zeros(10).numpy(), None)
     with pytest.raises(ValueError, match="cu_seqlens: last entry 3 != number of tokens 4"):
         _C.gae(a, a, None, torch.tensor([0, 3]).numpy(), 1, 0, 1.0, 1.0, True,
                torch.zeros(4).numpy(), torch.zeros(4).numpy())

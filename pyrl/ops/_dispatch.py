@@ -13,7 +13,6 @@ import os
 import torch
 
 BACKENDS = ("triton", "cpp", "torch")
-FLOAT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,7 +44,7 @@ import torch
 
 from pyrl import ops
 from pyrl.models.tiny import TinyModelSpec
-from pyrl.ops._dispatch import FLOAT_KIND
+from pyrl.ops.codes import FLOAT_KIND
 
 TARGETS = (80, 90)  # CUDA compute capabilities: sm_80 (A100), sm_90 (H100; Triton emits sm_90a)
 

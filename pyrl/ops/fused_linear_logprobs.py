@@ -13,7 +13,8 @@ import functools
 import torch
 
 from pyrl.ops import reference
-from pyrl.ops._dispatch import FLOAT_KIND, check_positive, check_tensor, choose_backend
+from pyrl.ops._dispatch import check_positive, check_tensor, choose_backend
+from pyrl.ops.codes import FLOAT_KIND
 from pyrl.ops.logprobs import check_labels, implementation
 
 MIN_CHUNK_ROWS = 256  # below this the matmuls get too thin to run at speed

@@ -22,8 +22,7 @@ import torch
 
 from pyrl.ops import reference
 from pyrl.ops._dispatch import as_buffer, check_tensor, choose_backend, maybe_buffer
-
-GROUP_ESTIMATORS = {"grpo": 0, "rloo": 1, "reinforce_plus_plus_baseline": 2, "opo": 3, "grpo_passk": 4, "gpg": 5}
+from pyrl.ops.codes import GROUP_ESTIMATORS
 
 
 def group_advantages(scores, group_index, estimator="grpo", norm_by_std=True, eps=1e-6, lengths=None):

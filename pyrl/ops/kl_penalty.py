@@ -14,11 +14,10 @@ import torch
 
 from pyrl.ops import reference
 from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous
+from pyrl.ops.codes import KL_KINDS, KLKind
 
-KL_KINDS = {"kl": 0, "k1": 0, "abs": 1, "mse": 2, "k2": 2, "low_var_kl": 3, "k3": 3}
 
-
-def parse_kind(kind) -> tuple[int, bool]:
+def parse_kind(kind) -> tuple[KLKind, bool]:
     if not isinstance(kind, str):
         raise TypeError(f"kind: expected a string, got {type(kind).__name__}")
     base, straight_through = (kind[:-1], True) if kind.endswith("+") else (kind, False)

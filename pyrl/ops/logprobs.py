@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from pyrl.ops import reference
-from pyrl.ops._dispatch import FLOAT_KIND, as_buffer, check_positive, check_tensor, choose_backend, maybe_buffer
+from pyrl.ops._dispatch import as_buffer, check_positive, check_tensor, choose_backend, maybe_buffer
+from pyrl.ops.codes import FLOAT_KIND
 
 
 class CppLogProbs:

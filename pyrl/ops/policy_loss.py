@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from pyrl.ops import reference
+from pyrl.ops import codes, reference
 from pyrl.ops._dispatch import as_buffer, check_same_shape, check_tensor, choose_backend, float32_contiguous
 from pyrl.ops.masked import agg_loss
 
-POLICY_LOSS_MODES = {"vanilla": 0, "cispo": 1, "gpg": 2, "gspo": None}
+POLICY_LOSS_MODES = {**codes.POLICY_LOSS_MODES, "gspo": None}  # gspo: sequence-level, the torch formula
 
 
 def per_token_policy_loss(backend, code, logp, old_logp, advantages, mask, clip_low, clip_high, clip_c):

@@ -17,7 +17,7 @@ import triton  # noqa: F401  - required: a missing Triton is a failure here, not
 
 from pyrl import ops
 from pyrl.ops import compile_report
-from pyrl.ops._dispatch import FLOAT_KIND
+from pyrl.ops.codes import FLOAT_KIND
 
 POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 
@@ -39,11 +39,13 @@ def test_every_kernel_is_launched_by_the_scenarios():
 
 
 def test_variants_cover_the_ops_tables():
-    assert _constexpr_values("kl_penalty._kl_fwd_kernel", "KIND") == set(ops.KL_KINDS.values())
+    # the tables hold pyrl._C's enum members; the kernels take their codes, int(member)
+    assert _constexpr_values("kl_penalty._kl_fwd_kernel", "KIND") == set(map(int, ops.KL_KINDS.values()))
     assert _constexpr_values("kl_penalty._kl_bwd_kernel", "STRAIGHT_THROUGH") == {False, True}
-    modes = {code for code in ops.POLICY_LOSS_MODES.values() if code is not None}
+    modes = {int(code) for code in ops.POLICY_LOSS_MODES.values() if code is not None}
     assert _constexpr_values("policy_loss._policy_loss_kernel", "MODE") == modes
-    assert _constexpr_values("group_advantages._group_kernel", "ESTIMATOR") == set(ops.GROUP_ESTIMATORS.values())
+    estimators = set(map(int, ops.GROUP_ESTIMATORS.values()))
+    assert _constexpr_values("group_advantages._group_kernel", "ESTIMATOR") == estimators
     assert _constexpr_values("gae._gae_kernel", "PACKED") == {False, True}
     logprobs = [v for v in compile_report.variants() if v.kernel.startswith("logprobs.")]
     logit_types = {dict(v.signature)["logits_ptr"] for v in logprobs}
