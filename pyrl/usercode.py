@@ -26,7 +26,8 @@ def is_file_location(location: str) -> bool:
 
 
 def load_file(path: str, key: str) -> ModuleType:
-    """The module the Python file at `path` defines, run once per process (a second load returns the same module)."""
+    """The module the Python file at `path` defines, run once per process (a second load returns the same module),
+    pickled by value (its name means nothing to another process)."""
     abs_path = os.path.abspath(path)
     if not os.path.isfile(abs_path):
         raise FileNotFoundError(f"{key}: {path!r} does not exist")
@@ -37,12 +38,17 @@ def load_file(path: str, key: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"{key}: cannot import {path!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
+    sys.modules[module_name] = module  # dataclasses and typing look a class's module up while it is being made
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[module_name]
         raise
+    # other processes (the reward scoring pool, Ray workers) cannot import it by that name: its functions and
+    # classes travel by value
+    import ray.cloudpickle  # lazy: ray loads only when users' code does
+
+    ray.cloudpickle.register_pickle_by_value(module)
     _LOADED_FILES[abs_path] = module
     return module
 

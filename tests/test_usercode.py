@@ -40,3 +40,26 @@ def test_a_file_that_fails_is_not_half_loaded(tmp_path):
     for _ in range(2):  # the second load runs it again rather than returning a half-made module
         with pytest.raises(RuntimeError, match="boom"):
             load_file(str(path), "k")
+
+
+def test_a_files_functions_travel_by_value(tmp_path):
+    """Another process (a spawned scoring worker) cannot import the file's module by its derived name: the
+    loaded function pickles by value and runs there."""
+    import concurrent.futures
+    import multiprocessing
+
+    import ray.cloudpickle
+
+    path = tmp_path / "scorer.py"
+    # a dataclass with string annotations: made only when the module can be looked up while it runs
+    path.write_text("from __future__ import annotations\nimport dataclasses\n\n@dataclasses.dataclass\nclass Row:\n"
+                    "    x: int\n\ndef score(x):\n    return Row(2 * x).x\n")
+    fn = load_object(str(path), "reward.custom_reward_function.path", name="score")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        assert pool.submit(_call_pickled, ray.cloudpickle.dumps(fn), 4).result(timeout=120) == 8
+
+
+def _call_pickled(blob, x):
+    import ray.cloudpickle
+
+    return ray.cloudpickle.loads(blob)(x)
