@@ -4,10 +4,10 @@ prompt length grows (16 to 1,024 tokens), each curve with its growth exponent (t
 least squares).
 
 Each point is bench_e2e's side-by-side run (the same model, prompts, samples, lengths, precision, one PPO epoch of
-one mini-batch, one micro-batch per step, no reference model; pyrl with its defaults, vLLM rollout; TRL with HF
-generate) on a small batch, 4 prompts per step, so that the long points fit this 2-core machine: 3 steps per run,
-the median of steps 2-3, --rounds runs per point interleaved (each round visits every point and system in a rotated
-order). The model is bench_e2e's body (BENCH_SPEC) with room for 2,048 positions.
+one mini-batch, one micro-batch per step, no reference model; pyrl as bench_e2e's pyrl-vllm system, tuned, not
+verl's defaults; TRL with HF generate) on a small batch, 4 prompts per step, so that the long points fit this
+2-core machine: 3 steps per run, the median of steps 2-3, --rounds runs per point interleaved (each round visits
+every point and system in a rotated order). The model is bench_e2e's body (BENCH_SPEC) with room for 2,048 positions.
 
     python benchmarks/bench_scaling.py --rounds 3 --plot benchmarks/scaling_cpu.png
     python benchmarks/bench_scaling.py --sweeps group --rounds 1      # one sweep
