@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyrl.config import generation_batch_size, recomputes, torch_dtype
+from pyrl.config import recomputes, torch_dtype
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
+from pyrl.trainer.run_plan import PASSES, ConfigValue
 from pyrl.trainer.workers import start_ray
 from pyrl.workers.fsdp import compute_dtype, shard_group_size
 from pyrl.workers.lora import adapter_config, uses_lora
@@ -388,10 +389,6 @@ def matmul_attention_len(setting: Setting, precision: Precision, length: int) ->
 
 # ---- the plan of a run ----
 
-def micro_key(prefix: str, dynamic: bool) -> str:
-    return f"{prefix}_max_token_len_per_gpu" if dynamic else f"{prefix}_micro_batch_size_per_gpu"
-
-
 def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | None, rows: int) -> tuple[list, list]:
     """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts;
     vLLM on CUDA takes gpu_memory_utilization of the device (nothing counted when its size is unknown)."""
@@ -429,119 +426,85 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
                             f"{key}.calculate_log_probs=false or {key}.name=vllm")]
 
 
-def plan(config, shapes: dict, setting: Setting, capacity: int | None, capacity_note: str = "",
-         runs_old_log_prob: bool = True, uses_ref: bool = True, uses_critic: bool = False,
-         uses_reward_model: bool = False, rollout_processes: int = 0) -> MemoryPlan:
-    """The phases of a PPO step on one rank. shapes: ModelShape by role ("actor", and "critic" /
-    "reward_model" when used). rollout_processes: the one-step-off rollout's own processes
-    (actor_rollout_ref.hybrid_engine=false), planned as one more phase: a rollout worker holds the engine alone."""
-    arr = config.actor_rollout_ref
-    actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
-    device = torch.device(setting.device)
-    world = setting.world
-    P, R = rollout.prompt_length, rollout.response_length
-    length = P + R
-    samples = config.data.train_batch_size * rollout.n // world  # rows per rank trained on
-    prompts = generation_batch_size(config.data) // world  # generated for (more with dynamic sampling's gen_batch_size)
-    generated = prompts * rollout.n  # rows per rank the reward model scores, before dynamic sampling keeps some
-    shape = shapes["actor"]
+LABELS = {"actor": "actor", "ref": "reference", "critic": "critic", "reward_model": "reward model"}  # in the table
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """What a role holds on a rank between passes: `state` while it trains, `idle` otherwise (optimizer_offload
+    moves AdamW's moments off the device between updates)."""
+    precision: Precision
+    shards: int
+    state: list
+    idle: list
+
+
+def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
+    fsdp = ConfigValue(role.fsdp).read(config)
+    precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
+    shards = shard_group_size(fsdp.fsdp_size, setting.world)
     on_cuda = setting.device == "cuda"
-    a_prec = fsdp_precision(actor.fsdp_config, device, setting.distributed)
-    key_a = "actor_rollout_ref.actor"
-    a_shards = shard_group_size(actor.fsdp_config.fsdp_size, world)
-    actor_state = sharded_state(shape, a_prec, a_shards, world, True, actor.fsdp_config.param_offload and on_cuda,
-                                f"{key_a}.fsdp_config", "actor")
-    moments = [t for t in actor_state if "moments" in t.name]
-    if actor.fsdp_config.optimizer_offload and on_cuda and not actor.fsdp_config.param_offload:
-        actor_state_idle = [t for t in actor_state if t not in moments]
-    else:
-        actor_state_idle = actor_state
-    ref_state = []
-    if uses_ref and not uses_lora(model):  # with LoRA the reference is the actor with its adapters off
-        r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
-        ref_state = sharded_state(shape, r_prec, shard_group_size(ref.fsdp_config.fsdp_size, world), world, False,
-                                  ref.fsdp_config.param_offload and on_cuda,
-                                  "actor_rollout_ref.ref.fsdp_config", "reference")
+    if not role.owns_weights:  # another role's weights, counted there
+        return RoleState(precision, shards, [], [])
+    state = sharded_state(shape, precision, shards, setting.world, role.trains, fsdp.param_offload and on_cuda,
+                          role.fsdp, LABELS[role.name])
+    offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not fsdp.param_offload
+    return RoleState(precision, shards, state, [t for t in state if "moments" not in t.name] if offloaded else state)
+
+
+def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "",
+         distributed: bool = True) -> MemoryPlan:
+    """The phases of a PPO step on one rank of the run `run` (its RunPlan): a phase per micro-batched pass of its
+    roles, in the step's order, and the one-step-off rollout's own processes (actor_rollout_ref.hybrid_engine=false)
+    as one more phase (a rollout worker holds the engine alone). shapes: ModelShape by the role whose model it is
+    (Role.model_of: "actor", and "critic" / "reward_model" when they run). distributed=False: one process without a
+    process group (FSDP2 gathers nothing)."""
+    arr = config.actor_rollout_ref
+    rollout = arr.rollout
+    setting = Setting(run.trainer_pool.device, run.world_size, distributed)
+    length = rollout.prompt_length + rollout.response_length
+    on_cuda = setting.device == "cuda"
+    roles = [r for r in run.roles if r.fsdp is not None]  # the rollout's engine is counted apart
+    states = {r.name: role_state(config, r, shapes[r.model_of or r.name], setting) for r in roles}
     notes = []
     if capacity is None and rollout.name == "vllm" and on_cuda:
         notes.append("vLLM's gpu_memory_utilization x the device is not counted: the device's size is unknown")
     if arr.hybrid_engine:
-        engine_resident, engine_rollout = engine_terms(config, shape, setting, capacity, prompts)
+        engine_resident, engine_rollout = engine_terms(config, shapes["actor"], setting, capacity,
+                                                       run.prompts_per_rank)
     else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
         engine_resident, engine_rollout = [], []
-    critic_state, critic_idle, rm_state = [], [], []
-    if uses_critic:
-        c_prec = fsdp_precision(config.critic.fsdp, device, setting.distributed)
-        c_shards = shard_group_size(config.critic.fsdp.fsdp_size, world)
-        critic_state = sharded_state(shapes["critic"], c_prec, c_shards, world, True,
-                                     config.critic.fsdp.param_offload and on_cuda, "critic.fsdp", "critic")
-        if config.critic.fsdp.optimizer_offload and on_cuda and not config.critic.fsdp.param_offload:
-            critic_idle = [t for t in critic_state if "moments" not in t.name]
-        else:
-            critic_idle = critic_state
-    if uses_reward_model:
-        rm_prec = fsdp_precision(config.reward_model.fsdp_config, device, setting.distributed)
-        rm_state = sharded_state(shapes["reward_model"], rm_prec,
-                                 shard_group_size(config.reward_model.fsdp_config.fsdp_size, world), world, False,
-                                 config.reward_model.fsdp_config.param_offload and on_cuda,
-                                 "reward_model.fsdp_config", "reward model")
-    others = critic_idle + rm_state
-    idle = actor_state_idle + ref_state + engine_resident + others
-    phases = []
+    idle = [t for s in states.values() for t in s.idle] + engine_resident
     # loading: each model is built whole in float32 (from_pretrained), moved to the device, then sharded
-    load = shape.params * max(4, a_prec.master)
-    phases.append(Phase("load (whole model before sharding)", [], [Term("one whole model in float32", load,
-                                                                         "a device with more memory")]))
-    phases.append(Phase("rollout", idle, engine_rollout))
-
-    def micro(rows, size, dynamic, budget):
-        return micro_batch(rows, size, dynamic, budget, P, R)
-
-    old = micro(samples, rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
-                rollout.log_prob_max_token_len_per_gpu)
-    phases.append(Phase("old_log_prob", idle, forward_pass(
-        shape, a_prec, setting, old, length, "logits", model.use_fused_kernels,
-        f"actor_rollout_ref.rollout.{micro_key('log_prob', rollout.log_prob_use_dynamic_bsz)}"),
-        "" if runs_old_log_prob else "on-policy update or bypass_mode: the update's log-probs serve"))
-    if uses_ref:
-        r_prec = fsdp_precision(ref.fsdp_config, device, setting.distributed)
-        ref_mb = micro(samples, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
-                       ref.log_prob_max_token_len_per_gpu)
-        phases.append(Phase("ref_log_prob", idle, forward_pass(
-            shape, r_prec, setting, ref_mb, length, "logits", model.use_fused_kernels,
-            f"actor_rollout_ref.ref.{micro_key('log_prob', ref.log_prob_use_dynamic_bsz)}")))
-    if uses_critic:
-        critic, c_shape = config.critic, shapes["critic"]
-        values_mb = micro(samples, critic.forward_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
-                          critic.forward_max_token_len_per_gpu)
-        phases.append(Phase("values", idle, forward_pass(
-            c_shape, c_prec, setting, values_mb, length, "value", False,
-            f"critic.{micro_key('forward', critic.use_dynamic_bsz)}")))
-        mini = critic.ppo_mini_batch_size * rollout.n // world
-        critic_mb = micro(mini, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
-                          critic.ppo_max_token_len_per_gpu)
-        during = actor_state_idle + ref_state + engine_resident + rm_state + [
-            t for t in critic_state if "gradients" not in t.name]
-        phases.append(Phase("update_critic", during, update_pass(
-            c_shape, c_prec, setting, critic_mb, length, "value", False, recomputes(critic.model),
-            f"critic.{micro_key('ppo', critic.use_dynamic_bsz)}", "critic.model", c_shards)))
-    if uses_reward_model:
-        rm = config.reward_model
-        rm_mb = micro(generated, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
-        phases.append(Phase("reward_model", idle, forward_pass(
-            shapes["reward_model"], rm_prec, setting, rm_mb, length, "value", False,
-            f"reward_model.{'forward_max_token_len_per_gpu' if rm.use_dynamic_bsz else 'micro_batch_size_per_gpu'}")))
-    mini = actor.ppo_mini_batch_size * rollout.n // world
-    update_mb = micro(mini, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu)
-    without_grads = [t for t in actor_state if "gradients" not in t.name]
-    phases.append(Phase("update_actor", without_grads + ref_state + engine_resident + others, update_pass(
-        shape, a_prec, setting, update_mb, length, "logits", model.use_fused_kernels,
-        recomputes(model), f"{key_a}.{micro_key('ppo', actor.use_dynamic_bsz)}",
-        "actor_rollout_ref.model", a_shards)))
-    if not arr.hybrid_engine:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
-        rows = math.ceil(generation_batch_size(config.data) / max(1, rollout_processes))
-        phases.append(Phase("rollout worker (one-step-off)", *engine_terms(config, shape, setting, capacity, rows)))
-    if actor.use_prefix_grouper:
+    load = shapes["actor"].params * max(4, states["actor"].precision.master)
+    phases = [Phase("load (whole model before sharding)", [], [Term("one whole model in float32", load,
+                                                                     "a device with more memory")]),
+              Phase("rollout", idle, engine_rollout)]
+    why = dict(run.why)
+    passes = sorted(((r, m) for r in roles for m in r.micro), key=lambda rm: PASSES.index(rm[1].step_pass))
+    for role, micro in passes:
+        shape, state = shapes[role.model_of or role.name], states[role.name]
+        head = "logits" if role.kind == "causal_lm" else "value"
+        role_model = ConfigValue(role.model_section).read(config)
+        fused = head == "logits" and role_model.use_fused_kernels
+        mb = micro_batch(micro.rows, micro.size, micro.dynamic, micro.budget, rollout.prompt_length,
+                         rollout.response_length)
+        if not micro.trains:
+            skipped = "" if run.runs(micro.step_pass) else why[micro.step_pass].removeprefix("skipped: ")
+            phases.append(Phase(micro.phase, idle, forward_pass(shape, state.precision, setting, mb, length, head,
+                                                                fused, micro.knob), skipped))
+            continue
+        # while a role trains it holds its whole state but last step's gradients (zero_grad freed them); the others
+        # idle
+        during = [t for name, s in states.items() for t in
+                  ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
+        phases.append(Phase(micro.phase, during + engine_resident, update_pass(
+            shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
+            role.model_section, state.shards)))
+    if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
+        phases.append(Phase("rollout worker (one-step-off)", *engine_terms(
+            config, shapes["actor"], setting, capacity, run.prompts_per_rollout_process)))
+    if arr.actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
     return MemoryPlan(phases, capacity, capacity_note, notes)
 
@@ -631,22 +594,17 @@ def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
     workers will get (their `capacity` when it was asked already)."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
-    def shape(model, kind):
+    shapes = {}
+    for role in run.roles:
+        if (role.model_of or role.name) != role.name:  # it runs another role's model
+            continue
+        model = ConfigValue(role.model_section).read(config)
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
-        return ModelShape.from_hf_config(hf, kind, model.trust_remote_code, model if kind != "sequence_classification"
-                                         else None)
-
-    setting = Setting(run.trainer_pool.device, run.world_size)
-    shapes = {"actor": shape(config.actor_rollout_ref.model, "causal_lm")}
-    critic, rm = run.has("critic"), run.has("reward_model")
-    if critic:
-        shapes["critic"] = shape(config.critic.model, "token_classification")
-    if rm:
-        shapes["reward_model"] = shape(config.reward_model.model, "sequence_classification")
+        shapes[role.name] = ModelShape.from_hf_config(hf, role.kind, model.trust_remote_code,
+                                                      model if role.kind != "sequence_classification" else None)
     capacity = capacity or run_capacity(config, run)
-    return plan(config, shapes, setting, capacity.bytes, capacity.note, run.runs("old_log_prob"), run.has("ref"),
-                critic, rm, run.rollout_pool.world_size if run.rollout_pool else 0)
+    return plan(config, run, shapes, capacity.bytes, capacity.note)
 
 
 def check_memory_plan(config, run) -> MemoryPlan | None:

@@ -13,9 +13,10 @@ generate -> reward -> old_log_prob -> ref -> values -> advantage -> update_criti
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from pyrl.config import is_on_policy
+from pyrl.config import generation_batch_size, is_on_policy
 
 PASSES = ("generate", "reward", "old_log_prob", "ref", "values", "advantage", "update_critic", "update_actor",
           "push_weights")
@@ -56,15 +57,63 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class MicroPlan:
+    """How one pass of a role splits a rank's `rows` into micro-batches: `size` rows each (`size_key`; None: all in
+    one), or with `dynamic` a budget of `budget` tokens each (`budget_key`); the keys live under `section`. The
+    values are the config's, read when the plan is resolved."""
+    step_pass: str  # the pass it serves (PASSES)
+    phase: str  # its name in the memory plan's table
+    section: str
+    rows: int  # rows per rank the pass runs over
+    size: int | None
+    dynamic: bool
+    budget: int | None
+    size_key: str
+    budget_key: str
+    trains: bool = False  # forward and backward (an update), or forward only
+
+    @property
+    def knob(self) -> str:
+        """The key that sets its micro-batches' size."""
+        return f"{self.section}.{self.budget_key if self.dynamic else self.size_key}"
+
+    def describe(self) -> str:
+        split = (f"a token budget of {self.budget} per micro-batch" if self.dynamic
+                 else f"{self.size} rows per micro-batch" if self.size else "in one micro-batch")
+        return f"{self.phase} over {self.rows} rows per rank, {split}"
+
+
+def micro_plan(config, step_pass: str, phase: str, section: str, rows: int, size_key: str, dynamic_key: str,
+               budget_key: str, trains: bool = False) -> MicroPlan:
+    values = ConfigValue(section).read(config)
+    return MicroPlan(step_pass, phase, section, rows, getattr(values, size_key), bool(getattr(values, dynamic_key)),
+                     getattr(values, budget_key), size_key, budget_key, trains)
+
+
+@dataclass(frozen=True)
 class Role:
-    """A model's part in the run."""
+    """A model's part in the run: where it runs, what it holds, the passes it makes."""
     name: str  # actor, rollout, ref, critic, reward_model
     section: str  # its config section, for errors
     model_key: str  # the config key of its model
     trains: bool
     group: str  # the worker group that hosts it (the hybrid engine hosts actor, rollout and ref in one)
     pool: str  # the pool its group runs on
-    detail: str = ""  # how it runs: its passes' micro-batches, its engine
+    kind: str = "causal_lm"  # its model's head: causal_lm (log-probs), token_classification (values),
+    #                          sequence_classification (a score)
+    model_of: str = ""  # the role whose model (architecture and settings) it runs: ref and rollout run the actor's
+    fsdp: str | None = None  # the FSDP section its weights are sharded under; None: a rollout engine's
+    owns_weights: bool = True  # False: it runs another role's weights (a LoRA reference: the actor, adapters off)
+    micro: tuple[MicroPlan, ...] = ()  # its passes' micro-batches
+    detail: str = ""  # anything else about how it runs (its engine)
+
+    @property
+    def model_section(self) -> str:
+        """The config section of its model's settings (path, trust_remote_code, override_config, LoRA)."""
+        return MODEL_SECTIONS[self.model_of or self.name]
+
+
+MODEL_SECTIONS = {"actor": "actor_rollout_ref.model", "critic": "critic.model", "reward_model": "reward_model.model"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +138,7 @@ class RunPlan:
     passes: tuple[str, ...]  # in PASSES' order
     why: tuple[tuple[str, str], ...]  # (pass, why it runs or is skipped)
     rows_per_step: int  # samples trained on per step: data.train_batch_size x rollout.n
+    prompts_per_step: int  # prompts generated for per step (more than trained on with dynamic sampling)
     seed: int  # actor_rollout_ref.rollout.seed: every sampling seed derives from it (pyrl.seeding)
 
     # ---- what the rest of the run asks ----
@@ -128,6 +178,16 @@ class RunPlan:
         return self.rows_per_step // self.world_size
 
     @property
+    def prompts_per_rank(self) -> int:
+        """Prompts a trainer rank's hybrid engine generates for."""
+        return self.prompts_per_step // self.world_size
+
+    @property
+    def prompts_per_rollout_process(self) -> int:
+        """Prompts a process of the one-step-off rollout's pool generates for (the last may have fewer)."""
+        return math.ceil(self.prompts_per_step / self.rollout_pool.world_size)
+
+    @property
     def actor_group(self) -> str:
         """The actor's worker group's role string (ActorRolloutRefWorker's `role`): the roles it hosts."""
         return self.role("actor").group
@@ -146,8 +206,9 @@ class RunPlan:
                 lines.append(f"  {pool.describe()}")
         lines.append(f"  rows: {self.rows_per_step} per step, {self.rows_per_rank} per trainer rank")
         for r in self.roles:
+            how = [m.describe() for m in r.micro] + ([r.detail] if r.detail else [])
             lines.append(f"  role {r.name}: {r.model_key}, {'trains' if r.trains else 'frozen'}, group {r.group} "
-                         f"({r.pool} pool)" + (f", {r.detail}" if r.detail else ""))
+                         f"({r.pool} pool)" + "".join(f", {h}" for h in how))
         for g in self.groups:
             lines.append(f"  group {g.name}: {g.worker.rsplit('.', 1)[-1]} x {self.pool(g.pool).world_size} on the "
                          f"{g.pool} pool, hosting {', '.join(g.roles)}")
@@ -249,37 +310,55 @@ def old_log_prob_source(config) -> tuple[str, str]:
                       "optimizer step, are the old ones")
 
 
-def micro_batches(section, prefix: str) -> str:
-    """How a role's pass splits a rank's rows: a token budget (use_dynamic_bsz) or rows per micro-batch."""
-    if getattr(section, "use_dynamic_bsz", False):
-        budget = getattr(section, f"{prefix}_max_token_len_per_gpu", None)
-        return f"{prefix}: token budget {budget} per micro-batch"
-    rows = getattr(section, f"{prefix}_micro_batch_size_per_gpu", None)
-    return f"{prefix}: {rows} rows per micro-batch" if rows else f"{prefix}: all of a rank's rows in one micro-batch"
-
-
 def resolve_run_plan(config) -> RunPlan:
     """The plan of `config` (its settings resolved: pyrl.ppo.resolve_settings)."""
     arr = config.actor_rollout_ref
     trainer, rollout = trainer_pool(config.trainer), rollout_pool(config)
     ref, critic, rm = uses_ref(config), uses_critic(config), config.reward.reward_model.enable
+    world, n = trainer.world_size, arr.rollout.n
+    step_rows = config.data.train_batch_size * n // world
+    prompts = generation_batch_size(config.data)
     hosted = "actor" + ("_rollout" if rollout is None else "") + ("_ref" if ref else "")
-    actor_micro = ", ".join([micro_batches(arr.actor, "ppo"), micro_batches(arr.rollout, "log_prob")])
-    roles = [Role("actor", "actor_rollout_ref.actor", "actor_rollout_ref.model", True, hosted, "trainer", actor_micro)]
-    roles.append(Role("rollout", "actor_rollout_ref.rollout", "actor_rollout_ref.model", False,
-                      hosted if rollout is None else "rollout", "trainer" if rollout is None else "rollout",
-                      f"engine {arr.rollout.name}, tensor parallel {arr.rollout.tensor_model_parallel_size}"))
+    actor_fsdp = "actor_rollout_ref.actor.fsdp_config"
+
+    def micro(*args, **kwargs):
+        return micro_plan(config, *args, **kwargs)
+
+    def log_probs(step_pass, phase, section):
+        return micro(step_pass, phase, section, step_rows, "log_prob_micro_batch_size_per_gpu",
+                     "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")
+
+    roles = [Role("actor", "actor_rollout_ref.actor", "actor_rollout_ref.model", True, hosted, "trainer",
+                  model_of="actor", fsdp=actor_fsdp, micro=(
+                      log_probs("old_log_prob", "old_log_prob", "actor_rollout_ref.rollout"),
+                      micro("update_actor", "update_actor", "actor_rollout_ref.actor",
+                            arr.actor.ppo_mini_batch_size * n // world, "ppo_micro_batch_size_per_gpu",
+                            "use_dynamic_bsz", "ppo_max_token_len_per_gpu", trains=True))),
+             Role("rollout", "actor_rollout_ref.rollout", "actor_rollout_ref.model", False,
+                  hosted if rollout is None else "rollout", "trainer" if rollout is None else "rollout",
+                  model_of="actor", detail=f"engine {arr.rollout.name}, tensor parallel "
+                                           f"{arr.rollout.tensor_model_parallel_size}")]
     if ref:
         lora = arr.model.lora_rank > 0  # the actor with its adapters off: no model, no ref.fsdp_config of its own
         roles.append(Role("ref", "actor_rollout_ref.ref", "actor_rollout_ref.model", False, hosted, "trainer",
-                          micro_batches(arr.ref, "log_prob") + (", LoRA: the actor with its adapters off (no model "
-                                                                "of its own, ref.fsdp_config unused)" if lora else "")))
+                          model_of="actor", fsdp=actor_fsdp if lora else "actor_rollout_ref.ref.fsdp_config",
+                          owns_weights=not lora, micro=(log_probs("ref", "ref_log_prob", "actor_rollout_ref.ref"),),
+                          detail="LoRA: the actor with its adapters off (no model of its own, ref.fsdp_config "
+                                 "unused)" if lora else ""))
     if critic:
-        roles.append(Role("critic", "critic", "critic.model", True, "critic", "trainer",
-                          ", ".join([micro_batches(config.critic, "ppo"), micro_batches(config.critic, "forward")])))
-    if rm:
+        roles.append(Role("critic", "critic", "critic.model", True, "critic", "trainer", "token_classification",
+                          fsdp="critic.fsdp", micro=(
+                              micro("values", "values", "critic", step_rows, "forward_micro_batch_size_per_gpu",
+                                    "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+                              micro("update_critic", "update_critic", "critic",
+                                    config.critic.ppo_mini_batch_size * n // world, "ppo_micro_batch_size_per_gpu",
+                                    "use_dynamic_bsz", "ppo_max_token_len_per_gpu", trains=True))))
+    if rm:  # it scores every generated sample, before dynamic sampling keeps some
         roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
-                          "reward_model", "trainer", micro_batches(config.reward_model, "forward")))
+                          "reward_model", "trainer", "sequence_classification", fsdp="reward_model.fsdp_config",
+                          micro=(micro("reward", "reward_model", "reward_model", prompts // world * n,
+                                       "micro_batch_size_per_gpu", "use_dynamic_bsz",
+                                       "forward_max_token_len_per_gpu"),)))
     source, old_why = old_log_prob_source(config)
     why = [("old_log_prob", old_why),
            ("ref", "runs: " + ("actor.use_kl_loss" if arr.actor.use_kl_loss else "algorithm.use_kl_in_reward")
@@ -294,13 +373,15 @@ def resolve_run_plan(config) -> RunPlan:
               and (p not in ("values", "update_critic") or critic)]
     groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
-                   config.data.train_batch_size * arr.rollout.n, arr.rollout.seed)
+                   config.data.train_batch_size * n, prompts, arr.rollout.seed)
 
+
+GROUP_NAME = object()  # a worker's argument: the name of its group (ActorRolloutRefWorker's role: the roles it hosts)
 
 # the worker class of a group whose first role is the key, its config section, and the arguments that follow it
 WORKERS = {
-    "actor": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref"),
-    "rollout": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref"),
+    "actor": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref", GROUP_NAME),
+    "rollout": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref", GROUP_NAME),
     "critic": ("pyrl.workers.critic.CriticWorker", "critic", ConfigValue("actor_rollout_ref.rollout.n")),
     "reward_model": ("pyrl.workers.reward_model.RewardModelWorker", "reward_model",
                      ConfigValue("actor_rollout_ref.model.path")),
@@ -309,7 +390,7 @@ WORKERS = {
 
 def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, ...]:
     """The worker groups hosting `roles`, one per Role.group, in the roles' order: a group is made by the WORKERS
-    entry of its first role; ActorRolloutRefWorker takes the group's name (the roles it hosts) as its role. The
+    entry of its first role (a GROUP_NAME argument: the group's name). The
     trainer's groups form process groups (FSDP); the one-step-off rollout's only to share tensor-parallel engines."""
     groups: dict[str, list[Role]] = {}
     for r in roles:
@@ -317,8 +398,7 @@ def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, .
     out = []
     for name, members in groups.items():
         worker, section, *args = WORKERS[members[0].name]
-        if worker.endswith(".ActorRolloutRefWorker"):
-            args = [name]
-        out.append(Group(name, worker, section, tuple(args), members[0].pool, tuple(r.name for r in members),
+        args = tuple(name if a is GROUP_NAME else a for a in args)
+        out.append(Group(name, worker, section, args, members[0].pool, tuple(r.name for r in members),
                          distributed=members[0].pool == "trainer" or rollout_tensor_parallel > 1))
     return tuple(out)

@@ -77,12 +77,14 @@ def estimate(spec: dict) -> dict:
     """The memory plan's numbers for the measured process (one process, no process group: nothing gathered)."""
     from transformers import AutoConfig
 
-    from pyrl.trainer.memory_plan import ModelShape, Setting, plan
+    from pyrl.trainer.memory_plan import ModelShape, plan
+    from pyrl.trainer.run_plan import resolve_run_plan
 
     config = resolved_config(config_overrides(spec))
+    config.critic.enable = False  # the measured process holds the actor alone
     shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(spec["model"]),
                                       model_config=config.actor_rollout_ref.model)
-    result = plan(config, {"actor": shape}, Setting("cpu", 1, distributed=False), capacity=1 << 50, uses_ref=False)
+    result = plan(config, resolve_run_plan(config), {"actor": shape}, capacity=1 << 50, distributed=False)
     phases = {p.name: p for p in result.phases}
     held = lambda name: sum(t.bytes for t in phases[name].resident if t.name.startswith("actor "))  # noqa: E731
     transient = lambda name: sum(t.bytes for t in phases[name].transient)  # noqa: E731

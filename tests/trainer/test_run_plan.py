@@ -89,6 +89,28 @@ def test_a_reward_model_role_and_the_plan_as_logged():
     assert f"seeds: derived from actor_rollout_ref.rollout.seed={plan.seed}" in text
 
 
+def test_each_pass_reads_its_own_micro_batch_keys():
+    """The micro-batch plan of each pass comes from its own section's keys (the rollout's log_prob_use_dynamic_bsz,
+    the reward model's micro_batch_size_per_gpu), with rows per rank from the pass's batch: what the memory plan
+    counts and the start log shows."""
+    plan, _ = plan_of("algorithm.adv_estimator=gae", "trainer.n_cpu_workers_per_node=2",
+                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=300",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                      "critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=2",
+                      "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny",
+                      "reward_model.micro_batch_size_per_gpu=3")
+    micro = {m.phase: m for r in plan.roles for m in r.micro}
+    # 8 prompts x 4 samples over 2 ranks: 16 rows per rank; the actor's mini-batches 4 prompts, the critic's 2
+    assert micro["old_log_prob"].dynamic and micro["old_log_prob"].budget == 300 and micro["old_log_prob"].rows == 16
+    assert micro["old_log_prob"].knob == "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+    assert (micro["update_actor"].size, micro["update_actor"].rows, micro["update_actor"].trains) == (2, 8, True)
+    assert (micro["update_critic"].size, micro["update_critic"].rows) == (4, 4)
+    assert micro["reward_model"].size == 3 and micro["reward_model"].knob == "reward_model.micro_batch_size_per_gpu"
+    assert plan.role("critic").fsdp == "critic.fsdp" and plan.role("rollout").fsdp is None
+    assert "old_log_prob over 16 rows per rank, a token budget of 300 per micro-batch" in plan.describe()
+
+
 def test_asking_for_what_the_plan_lacks_names_it():
     plan, _ = plan_of()
     with pytest.raises(KeyError, match="no critic role"):
