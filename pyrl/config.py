@@ -455,6 +455,9 @@ class DataConfig:
     # the tools' schemas reach the chat template (tools=) when prompts are tokenized, as the agent loop sees them
     tool_config_path: Optional[str] = "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}"
     function_tool_path: Optional[str] = "${oc.select:actor_rollout_ref.rollout.multi_turn.function_tool_path,null}"
+    # batch generation's output parquet (python -m pyrl.trainer.main_generation_server; verl's command lines add it as
+    # +data.output_path); the PPO trainer refuses it
+    output_path: Optional[str] = None
 
 
 @dataclass

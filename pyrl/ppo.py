@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
 from pyrl.models import resolve_model_path
 from pyrl.plot import plot_run
-from pyrl.trainer.run_plan import RunPlan, resolve_run_plan, trainer_pool
+from pyrl.trainer.run_plan import ConfigValue, RunPlan, resolve_run_plan, trainer_pool
 from pyrl.trainer.workers import build_workers
 from pyrl.usercode import load_object
 from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
@@ -53,13 +53,15 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_s
 def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
     """Every model and tokenizer path the run's roles use -> its local directory (hub ids through the Hugging Face
     cache, pyrl:tiny... made on first use), once, in the driver: a missing model stops the run here, naming its key."""
-    models = [("actor_rollout_ref.model", config.actor_rollout_ref.model)]
-    models += [("critic.model", config.critic.model)] if plan.has("critic") else []
-    models += [("reward.reward_model.model_path", config.reward_model.model)] if plan.has("reward_model") else []
-    for key, model in models:
-        model.path = resolve_model_path(model.path, key if key.endswith("model_path") else f"{key}.path")
+    for role in plan.roles:
+        if (role.model_of or role.name) != role.name:  # it runs another role's model
+            continue
+        model = ConfigValue(role.model_section).read(config)
+        # the key the user set: the model's path, or (the reward model) verl's reward.reward_model.model_path
+        key = role.model_key if role.model_key.endswith("model_path") else f"{role.model_section}.path"
+        model.path = resolve_model_path(model.path, key)
         if model.tokenizer_path:
-            model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{key}.tokenizer_path")
+            model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
 
 
 def apply_rollout_correction_config(config: PPOConfig) -> None:
@@ -211,6 +213,19 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
         log.info("data.train_files is empty: training on pyrl's toy task (two-digit addition)")
         toy = toy_task_files()
         config.data.train_files, config.data.val_files = toy.train, config.data.val_files or toy.val
+    if config.data.output_path:
+        raise ValueError(f"data.output_path={config.data.output_path!r} is batch generation's output "
+                         f"(python -m pyrl.trainer.main_generation_server); the PPO trainer writes no such file")
+    resolve_rollout_engine(config)
+    apply_rollout_correction_config(config)
+    resolve_fast_paths(config)
+    plan = resolve_run_plan(config)
+    check_config(config, plan)  # names and batch sizes: before any model is downloaded or built
+    return plan
+
+
+def resolve_rollout_engine(config: PPOConfig) -> None:
+    """actor_rollout_ref.rollout.name: vllm (hf where vLLM is not installed, said once) or hf."""
     rollout = config.actor_rollout_ref.rollout
     if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         log.warning("vLLM is not installed: generating with the hf engine (transformers generate) instead")
@@ -219,11 +234,6 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
         raise NotImplementedFeature(ROLLOUT_FEATURES[rollout.name], f"actor_rollout_ref.rollout.name={rollout.name}")
     if rollout.name not in ("vllm", "hf"):
         raise ValueError(f"actor_rollout_ref.rollout.name: {rollout.name!r} is not supported; use vllm or hf")
-    apply_rollout_correction_config(config)
-    resolve_fast_paths(config)
-    plan = resolve_run_plan(config)
-    check_config(config, plan)  # names and batch sizes: before any model is downloaded or built
-    return plan
 
 
 def run_ppo(config: PPOConfig) -> dict:
@@ -302,9 +312,9 @@ def main(cfg: DictConfig) -> None:
     run_from_hydra(cfg)
 
 
-def run_from_hydra(cfg: DictConfig) -> None:
+def run_from_hydra(cfg: DictConfig, run=None) -> None:
     """An entry's Hydra config -> the run: logging, the preset's line, the typed config (every value's type
-    checked), run_ppo."""
+    checked), `run` (run_ppo; batch generation passes its own)."""
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
     if not sys.stderr.isatty():  # a log file (CI, nohup): no progress-bar redraws from transformers or the hub
         # lazy: transformers loads only when a run starts (not for --help or --cfg)
@@ -319,24 +329,28 @@ def run_from_hydra(cfg: DictConfig) -> None:
                  TOY_PRESET)
     check_known_keys(cfg)  # `+key=` / `++key=` bypass Hydra's own check of the key's name
     config: PPOConfig = OmegaConf.to_object(cfg)  # resolves interpolations, checks every value's type
-    run_ppo(config)
+    (run or run_ppo)(config)
 
 
-def cli(hydra_main=None) -> int | None:
+def cli(hydra_main=None, toy_preset: bool = True, ppo_command_line: bool = True) -> int | None:
     """hydra_main: the Hydra entry to run (main; pyrl.experimental.one_step_off_policy.main_ppo's names its own
-    config). An error found before any worker starts (a bad key or value, the data, a model, a batch that does not
-    split) is printed as one line, the last, without a traceback, and the exit code is 2; HYDRA_FULL_ERROR=1
-    shows the traceback, as Hydra's own switch does. Errors after the workers started keep theirs, except a worker's
-    failure and Ctrl-C: the trainer logs the whole account and the run ends with one line, the last, saying at which
-    step, why, and where a rerun resumes (exit code 1, or 130 for Ctrl-C)."""
+    config); toy_preset: a command line naming no data and no model runs the toy preset; ppo_command_line: the
+    command line is checked against the PPO config's keys and verl's features before Hydra (not for an entry with a
+    config of another schema: pyrl.trainer.main_eval). An error found before any
+    worker starts (a bad key or value, the data, a model, a batch that does not split) is printed as one line, the
+    last, without a traceback, and the exit code is 2; HYDRA_FULL_ERROR=1 shows the traceback, as Hydra's own switch
+    does. Errors after the workers started keep theirs, except a worker's failure and Ctrl-C: the trainer logs the
+    whole account and the run ends with one line, the last, saying at which step, why, and where a rerun resumes
+    (exit code 1, or 130 for Ctrl-C)."""
     global AUTO_PRESET
-    AUTO_PRESET = wants_toy_preset(sys.argv[1:])
+    AUTO_PRESET = toy_preset and wants_toy_preset(sys.argv[1:])
     if AUTO_PRESET:
         sys.argv.append(f"preset={TOY_PRESET}")
     show_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors here instead of printing them
     try:
-        check_command_line(sys.argv[1:])  # every override form, and verl's features pyrl lacks, named before Hydra
+        if ppo_command_line:  # every override form, and verl's features pyrl lacks, named before Hydra
+            check_command_line(sys.argv[1:])
         (hydra_main or main)()
     except SystemExit as e:
         if not hasattr(e, "line"):  # pyrl.trainer.ppo_trainer.RunStopped's line: the run's last word

@@ -129,6 +129,27 @@ def attempt_chunk(scorer: bytes, timeout_s: float, calls: list[dict]) -> list[tu
     return [attempt(fn, timeout_s, call) for call in calls]
 
 
+def pool_outcomes(fn: Callable, timeout_s: float, calls: list[dict], num_workers: int) -> list[tuple]:
+    """attempt(fn, timeout_s, call) for every call, in order, spread over the scoring pool's processes; a scorer
+    that kills its process makes its chunk's calls errors."""
+    # lazy: Ray loads only for a scoring pool
+    import ray.cloudpickle  # a custom scorer's module cannot be imported by name in the workers: sent by value
+
+    pool = scoring_pool(num_workers)
+    scorer = ray.cloudpickle.dumps(fn)
+    size = -(-len(calls) // pool._max_workers)
+    chunks = [calls[start:start + size] for start in range(0, len(calls), size)]
+    futures = [pool.submit(attempt_chunk, scorer, timeout_s, chunk) for chunk in chunks]
+    outcomes = []
+    for chunk, future in zip(chunks, futures):
+        try:
+            outcomes += future.result()
+        except concurrent.futures.process.BrokenProcessPool as e:  # a scorer killed its process: errors
+            close_scoring_pools()
+            outcomes += [(None, "errors", f"BrokenProcessPool: {e}", {})] * len(chunk)
+    return outcomes
+
+
 class RewardManager:
     """naive: one compute_score call per sample. Subclasses change how scores are computed or shaped."""
 
@@ -192,26 +213,9 @@ class RewardManager:
         if self.num_workers <= 1 or len(calls) < 2:
             outcomes = [attempt(self.compute_score, self.timeout_s, call) for call in calls]
         else:
-            outcomes = self.pool_outcomes(calls)
+            outcomes = pool_outcomes(self.compute_score, self.timeout_s, calls, self.num_workers)
         return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
 
-    def pool_outcomes(self, calls: list[dict]) -> list[tuple]:
-        # lazy: Ray loads only for a scoring pool
-        import ray.cloudpickle  # a custom scorer's module cannot be imported by name in the workers: sent by value
-
-        pool = scoring_pool(self.num_workers)
-        scorer = ray.cloudpickle.dumps(self.compute_score)
-        size = -(-len(calls) // pool._max_workers)
-        chunks = [calls[start:start + size] for start in range(0, len(calls), size)]
-        futures = [pool.submit(attempt_chunk, scorer, self.timeout_s, chunk) for chunk in chunks]
-        outcomes = []
-        for chunk, future in zip(chunks, futures):
-            try:
-                outcomes += future.result()
-            except concurrent.futures.process.BrokenProcessPool as e:  # a scorer killed its process: errors
-                close_scoring_pools()
-                outcomes += [(None, "errors", f"BrokenProcessPool: {e}", {})] * len(chunk)
-        return outcomes
 
     def scores(self, data: DataProto, responses, counts) -> list:
         calls = []

@@ -376,6 +376,21 @@ def resolve_run_plan(config) -> RunPlan:
                    config.data.train_batch_size * n, prompts, arr.rollout.seed)
 
 
+def resolve_generation_plan(config) -> RunPlan:
+    """Batch generation's plan (pyrl.trainer.main_generation_server): the rollout role alone, one engine per
+    trainer rank (or tensor-parallel group) of the trainer's pool, one pass."""
+    arr = config.actor_rollout_ref
+    trainer, n = trainer_pool(config.trainer), arr.rollout.n
+    role = Role("rollout", "actor_rollout_ref.rollout", "actor_rollout_ref.model", False, "rollout", "trainer",
+                model_of="actor", detail=f"engine {arr.rollout.name}, tensor parallel "
+                                         f"{arr.rollout.tensor_model_parallel_size}")
+    prompts = generation_batch_size(config.data)
+    why = (("generate", f"runs: the prompts of data.train_files in calls of {prompts}, {n} sample(s) each, to "
+                        f"data.output_path"),)
+    return RunPlan(trainer, None, (role,), groups_of([role], arr.rollout.tensor_model_parallel_size), ("generate",),
+                   why, prompts * n, prompts, arr.rollout.seed)
+
+
 GROUP_NAME = object()  # a worker's argument: the name of its group (ActorRolloutRefWorker's role: the roles it hosts)
 
 # the worker class of a group whose first role is the key, its config section, and the arguments that follow it

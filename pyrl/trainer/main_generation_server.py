@@ -1,0 +1,165 @@
+"""python -m pyrl.trainer.main_generation_server [key=value ...]: verl 0.9.1's batch generation with the module name
+changed. It reads the PPO trainer's config, as verl's does: the prompts of data.train_files (data.prompt_key: chat
+messages), actor_rollout_ref.rollout.n samples of each with the rollout's sampling (temperature, top_p, top_k,
+response_length; temperature 0 needs n = 1), written to data.output_path (verl: `+data.output_path=...`) as the
+input's rows, every column kept, plus `responses`: a list of n strings per row.
+
+    python -m pyrl.trainer.main_generation_server data.train_files=pyrl:toy:test \\
+        actor_rollout_ref.model.path=pyrl:tiny-toy-sft actor_rollout_ref.rollout.n=4 data.output_path=/tmp/gen.parquet
+
+The generation runs on pyrl's rollout workers (vllm or hf, tensor-parallel groups as in training) in the
+trainer's pool (trainer.nnodes x n_gpus_per_node, or n_cpu_workers_per_node CPU processes), data.gen_batch_size
+(else data.train_batch_size) prompts per call, with a progress line per call. Where verl differs, on purpose:
+- the chat template is applied as the PPO trainer applies it (data.apply_chat_template_kwargs,
+  model.custom_chat_template); a prompt over data.max_prompt_length follows data.truncation (error by default:
+  the row is named) and is never dropped (data.filter_overlong_prompts is refused here: the output keeps every row);
+- verl sends every request at once to its standalone servers and seeds each server with rollout.seed + its rank
+  (results change with the replica count); pyrl seeds each call from rollout.seed and the call's index (pyrl.seeding).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import hydra
+from omegaconf import DictConfig
+
+import pyrl.ppo as ppo
+from pyrl.config import PPOConfig, generation_batch_size
+
+log = logging.getLogger("pyrl")
+
+RESPONSES = "responses"  # the output column (verl's name; main_eval's data.response_key default)
+
+
+class PromptRows:
+    """The rows of data.train_files in file order, each with its prompt column as `raw_prompt` chat messages: the
+    dataset PromptBatches tokenizes (no reward column needed: nothing is scored here)."""
+
+    def __init__(self, files, prompt_key: str):
+        import pyarrow as pa  # lazy: pyarrow loads only when a run starts
+
+        from pyrl.data.dataset import _read_table  # lazy: pyrl.data loads torch
+
+        files = [files] if isinstance(files, str) else list(files)
+        tables = []
+        self.places = []
+        for path in map(str, files):
+            table = _read_table(path)
+            if prompt_key not in table.column_names:
+                raise ValueError(f"data file {path!r}: missing column {prompt_key!r} (has {table.column_names}); see "
+                                 f"data.prompt_key")
+            tables.append(table)
+            self.places += [f"data file {path!r} row {row}" for row in range(table.num_rows)]
+        self.table = pa.concat_tables(tables, promote_options="default")
+        if self.table.num_rows == 0:
+            raise ValueError(f"data.train_files: no rows in {files}")
+        if RESPONSES in self.table.column_names:
+            raise ValueError(f"data.train_files already has a {RESPONSES!r} column: the output would overwrite it")
+        self.prompts = self.table.column(prompt_key).to_pylist()
+        self.prompt_key = prompt_key
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def where(self, i: int) -> str:
+        return self.places[i]
+
+    def __getitem__(self, i: int) -> dict:
+        from pyrl.data.dataset import _check_messages  # lazy: pyrl.data loads torch
+
+        return {"raw_prompt": _check_messages(self.where(i), self.prompt_key, self.prompts[i])}
+
+
+def check_generation_config(config: PPOConfig) -> None:
+    """What batch generation needs of the PPO config, before anything loads."""
+    data, rollout = config.data, config.actor_rollout_ref.rollout
+    if not data.output_path:
+        raise ValueError("data.output_path: where to write the generations (a parquet file path; verl's command "
+                         "lines pass it as +data.output_path=...)")
+    if not data.train_files:
+        raise ValueError("data.train_files: the parquet file(s) of prompts to generate for (or pyrl:toy:test, a "
+                         "built-in task's split)")
+    if rollout.temperature == 0 and rollout.n != 1:  # verl 0.9.1 asserts the same
+        raise ValueError(f"actor_rollout_ref.rollout.n={rollout.n} with temperature=0: greedy samples are all the "
+                         f"same; set n=1 or a temperature above 0")
+    if data.filter_overlong_prompts:
+        raise ValueError("data.filter_overlong_prompts=true would drop rows from the output; generation keeps every "
+                         "row: set data.truncation (left, right, middle) or raise data.max_prompt_length instead")
+
+
+def run_generation(config: PPOConfig) -> str:
+    """Generate for every prompt of data.train_files; returns data.output_path."""
+    # lazy: torch, Ray and the models load only when a run starts
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pyrl.data import PromptBatches
+    from pyrl.protocol import pad_dataproto_to_divisor, response_lengths
+    from pyrl.seeding import derive_seed
+    from pyrl.trainer.run_plan import resolve_generation_plan
+    from pyrl.trainer.workers import build_workers
+    from pyrl.workers.models import load_tokenizer
+
+    check_generation_config(config)
+    ppo.resolve_builtin_files(config)
+    ppo.resolve_rollout_engine(config)
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.load_format == "dummy":  # verl's default: random weights until a trainer pushes its own; none here
+        log.info("actor_rollout_ref.rollout.load_format=dummy (random weights until a push): the model's own weights "
+                 "load instead (auto), as nothing pushes any here")
+        rollout.load_format = "auto"
+    plan = resolve_generation_plan(config)
+    ppo.resolve_model_paths(config, plan)
+    log.info("%s", plan.describe())
+    data = config.data
+    tokenizer = load_tokenizer(config.actor_rollout_ref.model)
+    rows = PromptRows(data.train_files, data.prompt_key)
+    prompts = PromptBatches(rows, tokenizer, data, config.actor_rollout_ref.model.custom_chat_template)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ppo.WORKERS_STARTED = True
+    workers = build_workers(config, plan)
+    per_call, n = generation_batch_size(data), rollout.n
+    texts: list[list[str]] = []
+    start = time.perf_counter()
+    for call, first in enumerate(range(0, len(rows), per_call)):
+        batch = prompts.batch(range(first, min(first + per_call, len(rows))), pad)
+        # padded to the ranks here (the dispatch's own padding counts prompts, not their n samples)
+        padded, _ = pad_dataproto_to_divisor(batch, workers.world_size)
+        padded.meta_info.update({"n": n, "temperature": rollout.temperature,
+                                 "seed": derive_seed(plan.seed, "rollout", step=call, refill=0),
+                                 "apply_chat_template_kwargs": dict(data.apply_chat_template_kwargs)})
+        out = workers.rollout.generate_sequences(padded)
+        responses, lengths = out.batch["responses"], response_lengths(out).tolist()
+        decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True)
+                   for i in range(len(batch) * n)]  # interleaved: prompt j's samples at j*n .. j*n+n-1
+        texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
+        log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
+                 time.perf_counter() - start)
+    table = rows.table.append_column(RESPONSES, pa.array(texts, type=pa.list_(pa.string())))
+    directory = os.path.dirname(os.path.abspath(data.output_path))
+    os.makedirs(directory, exist_ok=True)
+    partial = f"{data.output_path}.partial"
+    pq.write_table(table, partial)
+    os.replace(partial, data.output_path)  # whole or absent
+    log.info("saved %d rows x %d responses to %s", len(texts), n, data.output_path)
+    return data.output_path
+
+
+@hydra.main(config_path="pkg://pyrl.configs", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    ppo.run_from_hydra(cfg, run_generation)
+
+
+def cli() -> int | None:
+    # verl's command lines add the key (+data.output_path=...): pyrl's schema has it, and Hydra refuses to add a key
+    # that exists
+    sys.argv = [arg.removeprefix("+") if arg.startswith("+data.output_path=") else arg for arg in sys.argv]
+    return ppo.cli(main, toy_preset=False)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,228 @@
+"""Batch generation and evaluation (pyrl.trainer.main_generation_server, pyrl.trainer.main_eval), verl 0.9.1's entry
+points: the generations against transformers' own greedy generate, the output's layout, the refusals before any
+worker starts, pass@k against enumerating every draw, and the metrics by hand."""
+
+import itertools
+import math
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pyrl.trainer import main_eval
+
+N_ROWS = 5  # odd: the two ranks and the calls of 3 prompts are padded
+
+
+def run_module(module: str, args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    """The toy task's first held-out rows, with a column of pyrl's own (every column must come back)."""
+    from pyrl.data import toy_task_files
+
+    table = pq.read_table(toy_task_files().test).slice(0, N_ROWS)
+    table = table.append_column("row_note", pa.array([f"note {i}" for i in range(N_ROWS)]))
+    path = tmp_path_factory.mktemp("generation") / "prompts.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(prompts_file):
+    """transformers' greedy generate of each prompt, alone, in float32, with the chat template as the trainer
+    renders it: what a greedy engine must answer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pyrl.models import resolve_model_path
+
+    path = resolve_model_path("pyrl:tiny-toy-sft", "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    answers = []
+    for messages in pq.read_table(prompts_file).column("prompt").to_pylist():
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                                 pad_token_id=tokenizer.pad_token_id)
+        answers.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    return answers
+
+
+GENERATE = ["actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "trainer.n_gpus_per_node=0",
+            "trainer.n_cpu_workers_per_node=2", "data.train_batch_size=3", "data.max_prompt_length=32",
+            "actor_rollout_ref.rollout.response_length=8", "actor_rollout_ref.rollout.dtype=float32",
+            "actor_rollout_ref.rollout.enforce_eager=true"]
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_greedy_generations_are_transformers_own(prompts_file, greedy_reference, tmp_path, engine):
+    """Temperature 0, n = 1, two CPU ranks, calls of 3 prompts: each row's one response is what transformers'
+    greedy generate answers for that prompt alone, on both engines; the input's rows and columns come back in
+    order. verl's command-line spelling +data.output_path is taken."""
+    out = tmp_path / "greedy.parquet"
+    proc = run_module("pyrl.trainer.main_generation_server",
+                      [*GENERATE, f"data.train_files={prompts_file}", f"actor_rollout_ref.rollout.name={engine}",
+                       "actor_rollout_ref.rollout.temperature=0", f"+data.output_path={out}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table, source = pq.read_table(out), pq.read_table(prompts_file)
+    assert table.column_names == source.column_names + ["responses"]
+    assert table.drop_columns(["responses"]).equals(source)
+    assert table.column("responses").to_pylist() == [[answer] for answer in greedy_reference]
+    assert "generated for 5 / 5 prompts (1 samples each)" in proc.stderr + proc.stdout
+
+
+@pytest.fixture(scope="module")
+def sampled(prompts_file, tmp_path_factory):
+    """n = 4 samples at temperature 1 with the hf engine: the file main_eval reads."""
+    out = tmp_path_factory.mktemp("sampled") / "sampled.parquet"
+    proc = run_module("pyrl.trainer.main_generation_server",
+                      [*GENERATE, f"data.train_files={prompts_file}", "actor_rollout_ref.rollout.name=hf",
+                       "actor_rollout_ref.rollout.n=4", f"data.output_path={out}"], out.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_sampled_generations_and_their_evaluation(sampled, tmp_path):
+    """Four strings per row; main_eval's metrics equal the toy scorer's verdicts counted by hand (a response
+    scores 1 when its <answer> is the sum)."""
+    table = pq.read_table(sampled)
+    responses = table.column("responses").to_pylist()
+    truths = [r["ground_truth"] for r in table.column("reward_model").to_pylist()]
+    assert [len(r) for r in responses] == [4] * N_ROWS and all(isinstance(s, str) for r in responses for s in r)
+    correct = [[s.strip() == f"<answer>{t}</answer>" for s in r] for r, t in zip(responses, truths)]
+    proc = run_module("pyrl.trainer.main_eval", [f"data.path={sampled}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = eval(proc.stdout.strip().splitlines()[-1])  # the dict, printed as verl prints it
+    source = table.column("data_source")[0].as_py()
+    assert metrics[f"test_score/{source}"] == pytest.approx(sum(sum(c) / 4 for c in correct) / N_ROWS)
+    for k in (1, 2, 4):
+        by_hand = sum(1 - math.comb(4 - sum(c), k) / math.comb(4, k) for c in correct) / N_ROWS
+        assert metrics[f"pass@{k}/{source}"] == pytest.approx(by_hand)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["data.train_files=x.parquet"], "data.output_path: where to write the generations"),
+    (["data.output_path=o.parquet", "actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.n=2"],
+     "actor_rollout_ref.rollout.n=2 with temperature=0"),
+    (["data.output_path=o.parquet", "data.filter_overlong_prompts=true"], "would drop rows from the output"),
+])
+def test_generation_refusals_before_any_worker(prompts_file, tmp_path, args, message):
+    defaults = [f"data.train_files={prompts_file}"] if not any(a.startswith("data.train_files") for a in args) else []
+    proc = run_module("pyrl.trainer.main_generation_server", [*defaults, *args], tmp_path, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
+    proc = run_module("pyrl.trainer.main_generation_server",
+                      [*GENERATE, f"data.train_files={prompts_file}", "data.max_prompt_length=4",
+                       f"data.output_path={tmp_path / 'o.parquet'}"], tmp_path, timeout=120)
+    assert proc.returncode == 2 and "row 0: the prompt has" in proc.stderr and "data.max_prompt_length=4" in \
+        proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_the_ppo_trainer_refuses_the_generation_output_key(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pyrl.ppo", "data.output_path=o.parquet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is batch generation's output" in proc.stderr, proc.stderr[-2000:]
+
+
+# ---- evaluation ----
+
+def test_pass_at_k_is_the_chance_over_every_draw():
+    """Against enumerating every k-subset of n responses without replacement."""
+    for n in range(1, 7):
+        for c in range(n + 1):
+            passing = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                draws = list(itertools.combinations(range(n), k))
+                exact = sum(any(passing[i] for i in d) for d in draws) / len(draws)
+                assert main_eval.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
+    with pytest.raises(ValueError, match="k=0"):
+        main_eval.pass_at_k(3, 1, 0)
+    assert main_eval.ks_for(1) == [1] and main_eval.ks_for(4) == [1, 2, 4] and main_eval.ks_for(5) == [1, 2, 4, 5]
+
+
+SCORER = '''
+def judge(source, answer, truth, bonus=0.0):
+    # verl calls it positionally: these names are the user's own
+    if answer == "boom":
+        raise RuntimeError("cannot score")
+    if source == "dict_source":
+        return {"score": 0.5 if answer == truth else 0.0, "acc": answer == truth}
+    return (1.0 if answer == truth else 0.0) + bonus
+'''
+
+
+def generations(tmp_path, rows) -> str:
+    path = tmp_path / "gens.parquet"
+    pq.write_table(pa.Table.from_pylist([{"data_source": s, "responses": r, "reward_model": {"ground_truth": t}}
+                                         for s, r, t in rows]), path)
+    return str(path)
+
+
+def evaluate(**overrides):
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.merge(OmegaConf.structured(main_eval.EvalConfig), OmegaConf.from_dotlist(
+        [f"{k}={v}" for k, v in overrides.items()]))
+    return main_eval.evaluate(OmegaConf.to_object(config))
+
+
+def test_metrics_by_hand_with_a_users_scorer(tmp_path):
+    """Rows of different sizes per source; a dict score passes by its acc (0.5 is below the 1.0 threshold), a plain
+    score by reaching the threshold; reward_kwargs bound; test_score weighs rows alike; pass@k over the fewest
+    responses a source's rows have."""
+    scorer = tmp_path / "judge.py"
+    scorer.write_text(SCORER)
+    path = generations(tmp_path, [("a", ["1", "2", "1"], "1"), ("a", ["3", "3"], "4"),
+                                  ("dict_source", ["x", "y"], "x")])
+    metrics = evaluate(**{"data.path": path, "custom_reward_function.path": scorer,
+                          "custom_reward_function.name": "judge"})
+    assert metrics["test_score/a"] == pytest.approx((2 / 3 + 0) / 2)
+    assert metrics["pass@1/a"] == pytest.approx((2 / 3 + 0) / 2)
+    assert metrics["pass@2/a"] == pytest.approx((1 - math.comb(1, 2) / math.comb(3, 2) + 0) / 2)
+    assert "pass@3/a" not in metrics  # a row of a has only 2
+    assert metrics["test_score/dict_source"] == pytest.approx(0.25) and metrics["pass@2/dict_source"] == 1.0
+    kwargs = evaluate(**{"data.path": path, "reward.custom_reward_function.path": scorer,
+                         "reward.custom_reward_function.name": "judge",
+                         "reward.custom_reward_function.reward_kwargs.bonus": 1.0})
+    assert kwargs["test_score/a"] == pytest.approx(metrics["test_score/a"] + 1) and kwargs["pass@1/a"] == 1.0
+
+
+def test_evaluation_refusals_name_the_row_or_key(tmp_path):
+    scorer = tmp_path / "judge.py"
+    scorer.write_text(SCORER)
+    fn = {"custom_reward_function.path": scorer, "custom_reward_function.name": "judge"}
+    with pytest.raises(RuntimeError, match=r"row 1 response 0: the scorer failed \(RuntimeError: cannot score\)"):
+        evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1"), ("a", ["boom"], "1")]), **fn})
+    with pytest.raises(ValueError, match="row 0: column 'responses' must be a non-empty list of strings"):
+        evaluate(**{"data.path": generations(tmp_path, [("a", [], "1")]), **fn})
+    with pytest.raises(ValueError, match="set one"):
+        evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1")]), **fn,
+                    "reward.custom_reward_function.path": scorer})
+    with pytest.raises(ValueError, match="missing column 'answers'"):
+        evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1")]), "data.response_key": "answers"})
+    with pytest.raises(RuntimeError, match="no rule-based scorer for data_source 'a'"):
+        evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1")])})
+
+
+def test_the_eval_command_line_takes_verls_workaround_and_refuses_unknown_keys(tmp_path):
+    """verl 0.9.1's main_eval needs +reward.custom_reward_function.* (its code reads there): taken; a key the
+    schema lacks stops the run with exit code 2."""
+    scorer = tmp_path / "judge.py"
+    scorer.write_text(SCORER)
+    path = generations(tmp_path, [("a", ["1", "0"], "1")])
+    proc = run_module("pyrl.trainer.main_eval", [f"data.path={path}", f"+reward.custom_reward_function.path={scorer}",
+                                                 "+reward.custom_reward_function.name=judge"], tmp_path, timeout=120)
+    assert proc.returncode == 0 and "'test_score/a': 0.5" in proc.stdout, proc.stderr[-2000:]
+    proc = run_module("pyrl.trainer.main_eval", [f"data.path={path}", "+data.colour=blue"], tmp_path, timeout=120)
+    assert proc.returncode == 2 and "data.colour" in proc.stderr, proc.stderr[-2000:]
