@@ -9,6 +9,7 @@ import logging
 
 from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
+from pyrl.trainer.run_plan import ConfigValue
 from pyrl.trainer.tracking import check_backends
 from pyrl.verl_features import NotImplementedFeature
 
@@ -94,20 +95,17 @@ def check_registered_needs(config) -> None:
 
 
 def check_fsdp_sizes(config, plan) -> None:
-    """The fsdp_size of each model that runs: -1 (every rank) or a divisor of the trainer's ranks (hybrid
-    sharding). (A model that does not run ignores its section, as in verl.)"""
+    """The fsdp_size of each role's FSDP section (RunPlan roles) and the hybrid worker's reference section: -1
+    (every rank) or a divisor of the trainer's ranks (hybrid sharding). (A critic or reward model that does not run
+    ignores its section, as in verl.)"""
     from pyrl.workers.fsdp import shard_group_size  # lazy: the workers' modules (torch) load for the checks only
 
-    arr = config.actor_rollout_ref
-    sections = [("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
-                ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config)]
-    if plan.has("critic"):
-        sections.append(("critic.fsdp", config.critic.fsdp))
-    if plan.has("reward_model"):
-        sections.append(("reward_model.fsdp_config", config.reward_model.fsdp_config))
-    for key, section in sections:
+    # the hybrid worker's reference section is checked even when no KL term runs the reference: it is the
+    # actor_rollout_ref worker's own (a verl command line sets both alike)
+    keys = ["actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"]
+    for key in dict.fromkeys(keys + [role.fsdp for role in plan.roles if role.fsdp]):
         try:
-            shard_group_size(section.fsdp_size, plan.world_size)
+            shard_group_size(ConfigValue(key).read(config).fsdp_size, plan.world_size)
         except ValueError as e:
             raise ValueError(f"{key}.{e} (the trainer's worker processes)") from None
 
@@ -192,11 +190,9 @@ def check_models(config, plan, tokenizer) -> None:
 
     data = config.data
     length = data.max_prompt_length + data.max_response_length
-    models = [("actor_rollout_ref.model", config.actor_rollout_ref.model, True)]
-    if plan.has("critic"):
-        models.append(("critic.model", config.critic.model, True))
-    if plan.has("reward_model"):
-        models.append(("reward_model.model", config.reward_model.model, False))  # may re-tokenize with its own
+    # each model a role of the plan loads; a reward model (a score head) may re-tokenize with its own tokenizer
+    models = [(role.model_section, ConfigValue(role.model_section).read(config), role.kind != "sequence_classification")
+              for role in plan.roles if (role.model_of or role.name) == role.name]
     for key, model, reads_actor_ids in models:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))

@@ -447,7 +447,7 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     if not role.owns_weights:  # another role's weights, counted there
         return RoleState(precision, shards, [], [])
     state = sharded_state(shape, precision, shards, setting.world, role.trains, fsdp.param_offload and on_cuda,
-                          role.fsdp, LABELS[role.name])
+                          role.fsdp, LABELS.get(role.name, role.name.replace("_", " ")))
     offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not fsdp.param_offload
     return RoleState(precision, shards, state, [t for t in state if "moments" not in t.name] if offloaded else state)
 
@@ -469,7 +469,7 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     notes = []
     if capacity is None and rollout.name == "vllm" and on_cuda:
         notes.append("vLLM's gpu_memory_utilization x the device is not counted: the device's size is unknown")
-    if arr.hybrid_engine:
+    if run.rollout_pool is None:  # the hybrid engine: each rank's
         engine_resident, engine_rollout = engine_terms(config, shapes["actor"], setting, capacity,
                                                        run.prompts_per_rank)
     else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
