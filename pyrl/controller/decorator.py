@@ -52,18 +52,19 @@ def _split_lists(world_size, args, kwargs):
 
 def _split_protos(world_size, args, kwargs):
     """Every DataProto argument padded (with copies of its leading rows) to a multiple of world_size and
-    chunked; other arguments go to every rank as they are. The padding is stripped after collection."""
-    pad_size = None
+    chunked; other arguments go to every rank as they are. The padding is stripped after collection. Context:
+    (padding rows, padded rows) of the arguments."""
+    pad_size, padded_rows = None, 0
     per_rank_args, per_rank_kwargs = [[] for _ in range(world_size)], [{} for _ in range(world_size)]
 
     def split(name, value):
-        nonlocal pad_size
+        nonlocal pad_size, padded_rows
         if not isinstance(value, DataProto):
             return [value] * world_size
         padded, pad = pad_dataproto_to_divisor(value, world_size)
         if pad_size is not None and pad != pad_size:
             raise ValueError(f"{name}: DataProto arguments of one call must have the same length")
-        pad_size = pad
+        pad_size, padded_rows = pad, len(padded)
         return padded.chunk(world_size)
 
     for i, value in enumerate(args):
@@ -72,19 +73,28 @@ def _split_protos(world_size, args, kwargs):
     for key, value in kwargs.items():
         for r, piece in enumerate(split(key, value)):
             per_rank_kwargs[r][key] = piece
-    return [tuple(a) for a in per_rank_args], per_rank_kwargs, pad_size or 0
+    return [tuple(a) for a in per_rank_args], per_rank_kwargs, (pad_size or 0, padded_rows)
 
 
 def _as_list(outputs, context):
     return list(outputs)
 
 
-def _concat_protos(outputs, pad_size):
+def _concat_protos(outputs, padding):
+    """The ranks' outputs in order, less the padding's: a method that returns k rows per input row (generation's
+    n samples) returns k per padding row too."""
     for rank, out in enumerate(outputs):
         if not isinstance(out, DataProto):
             raise TypeError(f"rank {rank} returned {type(out).__name__}; DP_COMPUTE_PROTO methods must return a "
                             "DataProto")
-    return unpad_dataproto(DataProto.concat(outputs), pad_size)
+    out = DataProto.concat(outputs)
+    pad_size, padded_rows = padding
+    if not pad_size:
+        return out
+    if len(out) % padded_rows:
+        raise ValueError(f"the ranks returned {len(out)} rows for {padded_rows} padded input rows: not a whole number "
+                         f"per row, so the {pad_size} padding rows cannot be told apart")
+    return unpad_dataproto(out, pad_size * (len(out) // padded_rows))
 
 
 DISPATCH_MODES: dict[Any, DispatchMode] = {

@@ -98,7 +98,7 @@ def run_generation(config: PPOConfig) -> str:
     import pyarrow.parquet as pq
 
     from pyrl.data import PromptBatches
-    from pyrl.protocol import pad_dataproto_to_divisor, response_lengths
+    from pyrl.protocol import response_lengths
     from pyrl.seeding import derive_seed
     from pyrl.trainer.run_plan import resolve_generation_plan
     from pyrl.trainer.workers import build_workers
@@ -127,15 +127,13 @@ def run_generation(config: PPOConfig) -> str:
     start = time.perf_counter()
     for call, first in enumerate(range(0, len(rows), per_call)):
         batch = prompts.batch(range(first, min(first + per_call, len(rows))), pad)
-        # padded to the ranks here (the dispatch's own padding counts prompts, not their n samples)
-        padded, _ = pad_dataproto_to_divisor(batch, workers.world_size)
-        padded.meta_info.update({"n": n, "temperature": rollout.temperature,
+        batch.meta_info.update({"n": n, "temperature": rollout.temperature,
                                  "seed": derive_seed(plan.seed, "rollout", step=call, refill=0),
                                  "apply_chat_template_kwargs": dict(data.apply_chat_template_kwargs)})
-        out = workers.rollout.generate_sequences(padded)
+        out = workers.rollout.generate_sequences(batch)  # padded to the ranks and stripped by the dispatch
         responses, lengths = out.batch["responses"], response_lengths(out).tolist()
         decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True)
-                   for i in range(len(batch) * n)]  # interleaved: prompt j's samples at j*n .. j*n+n-1
+                   for i in range(len(out))]  # interleaved: prompt j's samples at j*n .. j*n+n-1
         texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
         log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
                  time.perf_counter() - start)

@@ -69,6 +69,11 @@ class EchoWorker(Worker):
                                   {"uid": data.non_tensor_batch["uid"]})
         return out
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def repeat_rows(self, data: DataProto, times: int) -> DataProto:
+        """`times` rows per input row, each input's together (as generation returns n samples per prompt)."""
+        return data.repeat(times, interleave=True)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def count(self, data: DataProto):
         return {"rows": len(data), "rank": self.rank}
@@ -154,6 +159,9 @@ def test_dp_compute_proto_pads_and_strips(group):
     assert out.batch["y"].tolist() == [0, 1, 2, 103, 104]
     assert out.non_tensor_batch["uid"].tolist() == list("abcde")
     assert group.count(data) == [{"rows": 3, "rank": 0}, {"rows": 3, "rank": 1}]
+    # three rows back per row: the padding row's three are stripped too (was: one, leaving two padding rows)
+    out = group.repeat_rows(data, 3)
+    assert out.batch["x"].tolist() == [i for i in range(5) for _ in range(3)]
 
 
 def test_rank_zero_non_blocking_and_custom_modes(group):
