@@ -9,7 +9,8 @@ input's rows, every column kept, plus `responses`: a list of n strings per row.
 
 The generation runs on pyrl's rollout workers (vllm or hf, tensor-parallel groups as in training) in the
 trainer's pool (trainer.nnodes x n_gpus_per_node, or n_cpu_workers_per_node CPU processes), data.gen_batch_size
-(else data.train_batch_size) prompts per call, with a progress line per call. Where verl differs, on purpose:
+(else data.train_batch_size) prompts per call, with a progress line per call. The PPO config's other sections
+(training, critic, reward) are not read here, as in verl. Where verl differs, on purpose:
 - the chat template is applied as the PPO trainer applies it (data.apply_chat_template_kwargs,
   model.custom_chat_template); a prompt over data.max_prompt_length follows data.truncation (error by default:
   the row is named) and is never dropped (data.filter_overlong_prompts is refused here: the output keeps every row);
