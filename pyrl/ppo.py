@@ -88,7 +88,9 @@ def apply_rollout_correction_config(config: PPOConfig) -> None:
                  "pass), policy loss bypass_mode with loss_type=%s", correction.loss_type)
 
 
-BUILTIN_TASKS = {"pyrl:toy_addition": "toy_task_files", "pyrl:tool_calc": "tool_calc_task_files"}  # pyrl.data's
+# pyrl.data's; toy_addition_sft: the toy task's conversations for pyrl.trainer.sft_trainer
+BUILTIN_TASKS = {"pyrl:toy_addition": "toy_task_files", "pyrl:tool_calc": "tool_calc_task_files",
+                 "pyrl:toy_addition_sft": "toy_sft_task_files"}
 
 
 def builtin_task_file(value: str, key: str, default_split: str) -> tuple[str, str | None]:

@@ -89,3 +89,20 @@ def toy_task_files(seed: int = 0, val_size: int = 256, test_size: int = 256, cac
             pq.write_table(pa.Table.from_pylist(toy_rows(pairs, split)), tmp / f"{name}.parquet")
 
     return task_files(f"toy_addition-v{TOY_VERSION}-seed{seed}-val{val_size}-test{test_size}", write, cache_dir)
+
+
+def toy_sft_task_files(seed: int = 0, val_size: int = 256, test_size: int = 256,
+                       cache_dir: str | None = None) -> TaskFiles:
+    """The toy task as supervised conversations (data.messages_key "messages"): each question and its right answer
+    (toy_answer), for pyrl.trainer.sft_trainer; the same pairs and splits as toy_task_files."""
+    # lazy: pyarrow loads only when the task files are written
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(tmp: Path) -> None:
+        for name, pairs in zip(TaskFiles._fields, toy_pairs(seed, val_size, test_size)):
+            rows = [{"messages": [{"role": "user", "content": toy_prompt(a, b)},
+                                  {"role": "assistant", "content": toy_answer(a, b)}]} for a, b in pairs]
+            pq.write_table(pa.Table.from_pylist(rows), tmp / f"{name}.parquet")
+
+    return task_files(f"toy_addition_sft-v{TOY_VERSION}-seed{seed}-val{val_size}-test{test_size}", write, cache_dir)

@@ -19,6 +19,8 @@ import shutil
 log = logging.getLogger("pyrl")
 
 MANIFEST = "manifest.json"
+LATEST = "latest_checkpointed_iteration.txt"  # verl's: the step a resume starts from, written once its row is logged
+TRAINER_STATE = "data.pt"  # the trainer's own state (step, sampler, ...), beside the workers' shards
 STEP_PREFIX = "global_step_"
 CHUNK = 1 << 20
 
@@ -174,3 +176,63 @@ def newest_intact(run_dir: str, latest: int, digests: bool = True) -> str | None
         raise RuntimeError(f"no intact checkpoint to resume from in {run_dir} ({'; '.join(problems)}); "
                            "trainer.resume_mode=disable starts over")
     return None
+
+
+# ---- a trainer's side of a checkpoint (the PPO and the SFT trainers) ----
+
+def save_trainer_state(directory: str, state: dict) -> None:
+    """The trainer's `state` as data.pt (through a temporary file), then the manifest, last: a step directory
+    without one is an unfinished save. The workers' shards are written before this."""
+    import torch  # lazy: torch loads with the checkpoints
+
+    from pyrl.workers.checkpoint import save_failed
+
+    tmp = os.path.join(directory, TRAINER_STATE + ".tmp")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, os.path.join(directory, TRAINER_STATE))
+        write_manifest(directory)
+    except Exception as e:  # noqa: BLE001 - a full disk, said plainly (torch says "unexpected pos")
+        raise save_failed(directory, e) from e
+
+
+def load_trainer_state(directory: str) -> dict:
+    import torch  # lazy: torch loads with the checkpoints
+
+    return torch.load(os.path.join(directory, TRAINER_STATE), weights_only=False)
+
+
+def commit(run_dir: str, step: int, keep: int | None, keep_critic: int | None) -> None:
+    """Make the saved `step` the one to resume from (latest_checkpointed_iteration.txt, replaced atomically), then
+    retention (apply_retention)."""
+    latest_tmp = os.path.join(run_dir, LATEST + ".tmp")
+    with open(latest_tmp, "w") as f:
+        f.write(str(step))
+    os.replace(latest_tmp, os.path.join(run_dir, LATEST))
+    apply_retention(run_dir, step, keep, keep_critic)
+
+
+def to_resume(run_dir: str, mode: str, resume_from_path: str | None, digests: bool = True) -> str | None:
+    """The checkpoint directory trainer.resume_mode picks: disable, none; resume_path, trainer.resume_from_path
+    (which must be intact); auto, the newest intact one up to the committed step (None: start over)."""
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        if not resume_from_path or not os.path.exists(os.path.join(resume_from_path, TRAINER_STATE)):
+            raise FileNotFoundError(f"trainer.resume_from_path: {resume_from_path!r} is not a global_step_<k> "
+                                    f"checkpoint directory (no {TRAINER_STATE})")
+        problem = damage(resume_from_path, digests)
+        if problem is not None:
+            raise ValueError(f"trainer.resume_from_path: {resume_from_path!r} is not intact: {problem}")
+        return resume_from_path
+    if mode != "auto":
+        raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {mode!r}")
+    latest = os.path.join(run_dir, LATEST)
+    if not os.path.exists(latest):
+        return None
+    with open(latest) as f:
+        committed = int(f.read().strip())
+    found = newest_intact(run_dir, committed, digests)  # logs each damaged one it skips
+    if found is None:
+        log.warning("%s names step %d, but %s holds no checkpoint: starting over", LATEST, committed, run_dir)
+    return found

@@ -27,12 +27,9 @@ from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
-from pyrl.workers.checkpoint import save_failed
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
 
 log = logging.getLogger("pyrl")
-
-LATEST = "latest_checkpointed_iteration.txt"
 
 
 def compute_advantage(batch: DataProto, algorithm) -> dict:
@@ -398,49 +395,19 @@ class PPOTrainer:
         if self.one_step_off is not None:  # the next step's batch, generated with older weights than these
             state.update(self.one_step_off.state_dict())  # waits for it: its collection draws from the sampler
         state.update(sampler=self.sampler.state_dict(), kl_ctrl=self.kl_ctrl.state_dict())
-        tmp = os.path.join(step_dir, "data.pt.tmp")
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, os.path.join(step_dir, "data.pt"))
-            checkpoints.write_manifest(step_dir)
-        except Exception as e:  # noqa: BLE001 - a full disk, said plainly (torch says "unexpected pos")
-            raise save_failed(step_dir, e) from e
+        checkpoints.save_trainer_state(step_dir, state)
 
     def commit_checkpoint(self) -> None:
         """Make the saved step the one to resume from, once its metrics are logged (a run killed between
         the two resumes from the checkpoint before and repeats the steps since, so no step's row is lost);
         then retention (checkpoints.apply_retention: max_actor_ckpt_to_keep, max_critic_ckpt_to_keep)."""
-        latest_tmp = os.path.join(self.run_dir, LATEST + ".tmp")
-        with open(latest_tmp, "w") as f:
-            f.write(str(self.global_steps))
-        os.replace(latest_tmp, os.path.join(self.run_dir, LATEST))
         trainer = self.config.trainer
-        checkpoints.apply_retention(self.run_dir, self.global_steps, trainer.max_actor_ckpt_to_keep,
-                                    trainer.max_critic_ckpt_to_keep)
+        checkpoints.commit(self.run_dir, self.global_steps, trainer.max_actor_ckpt_to_keep,
+                           trainer.max_critic_ckpt_to_keep)
 
     def checkpoint_to_resume(self, digests: bool = True) -> str | None:
         trainer = self.config.trainer
-        if trainer.resume_mode == "disable":
-            return None
-        if trainer.resume_mode == "resume_path":
-            if not trainer.resume_from_path or not os.path.exists(os.path.join(trainer.resume_from_path, "data.pt")):
-                raise FileNotFoundError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not a "
-                                        "global_step_<k> checkpoint directory (no data.pt)")
-            problem = checkpoints.damage(trainer.resume_from_path, digests)
-            if problem is not None:
-                raise ValueError(f"trainer.resume_from_path: {trainer.resume_from_path!r} is not intact: {problem}")
-            return trainer.resume_from_path
-        if trainer.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
-        latest = os.path.join(self.run_dir, LATEST)
-        if not os.path.exists(latest):
-            return None
-        with open(latest) as f:
-            committed = int(f.read().strip())
-        found = checkpoints.newest_intact(self.run_dir, committed, digests)  # logs each damaged one it skips
-        if found is None:
-            log.warning("%s names step %d, but %s holds no checkpoint: starting over", LATEST, committed, self.run_dir)
-        return found
+        return checkpoints.to_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path, digests)
 
     def resume_hint(self) -> str:
         """Where a rerun would resume, for the run's last line: sizes checked, not digests (a run stopping does not
@@ -459,7 +426,7 @@ class PPOTrainer:
         if path is None:
             truncate_metrics(self.run_dir, -1)
             return
-        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        state = checkpoints.load_trainer_state(path)
         self.workers.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
             self.workers.critic.load_checkpoint(os.path.join(path, "critic"))

@@ -391,6 +391,21 @@ def resolve_generation_plan(config) -> RunPlan:
                    why, prompts * n, prompts, arr.rollout.seed)
 
 
+def sft_run_plan(config) -> RunPlan:
+    """Supervised fine-tuning's plan (pyrl.trainer.sft_trainer, its keys as a PPO config: pyrl.trainer.sft_trainer.
+    ppo_config_of): the actor role alone on the trainer's pool, one update pass per step."""
+    arr, trainer = config.actor_rollout_ref, trainer_pool(config.trainer)
+    rows = config.data.train_batch_size
+    role = Role("actor", "actor_rollout_ref.actor", "model", True, "actor", "trainer", model_of="actor",
+                fsdp="actor_rollout_ref.actor.fsdp_config",
+                micro=(micro_plan(config, "update_actor", "update_actor", "actor_rollout_ref.actor",
+                                  rows // trainer.world_size, "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz",
+                                  "ppo_max_token_len_per_gpu", trains=True),),
+                detail=f"LoRA rank {arr.model.lora_rank}" if arr.model.lora_rank else "")
+    why = (("update_actor", f"runs: {rows} conversations per step, the loss on their assistant tokens"),)
+    return RunPlan(trainer, None, (role,), groups_of([role], 1), ("update_actor",), why, rows, 0, 0)
+
+
 GROUP_NAME = object()  # a worker's argument: the name of its group (ActorRolloutRefWorker's role: the roles it hosts)
 
 # the worker class of a group whose first role is the key, its config section, and the arguments that follow it

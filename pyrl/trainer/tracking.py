@@ -141,8 +141,10 @@ class _MlflowKeys:
 
 class Tracking:
     def __init__(self, backends, run_dir: str, project: str, experiment: str, config: dict, total_steps: int,
-                 initial_step: int = 0):
+                 initial_step: int = 0, columns=None):
+        """columns: the console table's (metric or prefix*, label) pairs (CONSOLE_COLUMNS: a PPO run's)."""
         backends = check_backends(backends)
+        self.columns = columns or CONSOLE_COLUMNS
         self.backends, self.run_dir, self.closed = backends, run_dir, False
         os.makedirs(run_dir, exist_ok=True)
         # the bar redraws its line with \r: on a log file, CI or nohup the table goes out as plain lines instead
@@ -256,8 +258,8 @@ class Tracking:
             return metrics.get(pattern)
 
         if self.lines % 20 == 0:
-            self._print(" ".join(f"{label:>9}" for label in ["step"] + [c[1] for c in CONSOLE_COLUMNS]))
-        cells = [f"{step:>9d}"] + [f"{'-':>9}" if (v := pick(p)) is None else f"{v:>9.4g}" for p, _ in CONSOLE_COLUMNS]
+            self._print(" ".join(f"{label:>9}" for label in ["step"] + [c[1] for c in self.columns]))
+        cells = [f"{step:>9d}"] + [f"{'-':>9}" if (v := pick(p)) is None else f"{v:>9.4g}" for p, _ in self.columns]
         self._print(" ".join(cells))
         self.lines += 1
 

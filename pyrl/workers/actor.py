@@ -26,7 +26,7 @@ from pyrl.seeding import derive_seed
 from pyrl.tools.tool_registry import load_all_tools
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
-from pyrl.workers.distributed import full_tensor, worker_device
+from pyrl.workers.distributed import all_reduce, full_tensor, worker_device
 from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
@@ -356,6 +356,56 @@ class ActorRolloutRefWorker(Worker):
             shares["kl_loss"] = kl_loss.item() / info["dp_size"]
         loss.backward()
         return shares
+
+    # ---- supervised fine-tuning (pyrl.trainer.sft_trainer) ----
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def train_sft(self, data: DataProto) -> DataProto:
+        """One optimizer step on this rank's rows of a global SFT batch (pyrl.data.sft_dataset.sft_batch's layout):
+        the loss is the negative log-likelihood's token mean over every rank's trained tokens (verl 0.9.1's
+        sft_loss), accumulated over micro-batches (actor.ppo_micro_batch_size_per_gpu, or a token budget), so any
+        rank count or micro-batching gives the same step. meta_info["metrics"]: train/loss, train/grad_norm,
+        train/lr (the step's), perf/mfu/train."""
+        cfg = self.config.actor
+        batching.require_tokens("train_sft", data, ["responses", "response_mask"])
+        plan = UpdatePlan("train", len(data), 1, False, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu,
+                          cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.grad_clip, 1.0,
+                          hint=" (data.train_batch_size / ranks)")
+        response_length = data.batch["responses"].shape[-1]
+
+        def micro_step(mini: DataProto, idx: list, info: dict) -> dict:
+            loss = self._sft_loss(mini, idx, response_length, info)
+            loss.backward()
+            return {"loss": loss.item() / info["dp_size"]}
+
+        metrics = run_update(self.policy, self.optimizer, self.lr_scheduler, data, plan, cfg.fsdp_config, self.device,
+                             self.world_size, self.lm.config, self.compute_dtype, micro_step)
+        metrics.update(perf.memory_metrics(self.device))
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def eval_sft(self, data: DataProto) -> DataProto:
+        """train_sft's loss on a batch, without gradients or a step: meta_info["metrics"]["val/loss"] (the token
+        mean over every rank's trained tokens)."""
+        cfg = self.config.actor
+        info = batching.global_batch_info(data.batch["response_mask"], self.device, self.world_size)
+        response_length = data.batch["responses"].shape[-1]
+        total = 0.0
+        self.policy.eval()
+        with torch.no_grad():
+            for idx in batching.micro_batch_indices(batching.row_lengths(data), cfg.ppo_micro_batch_size_per_gpu,
+                                                    cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, self.device):
+                total += self._sft_loss(data, idx, response_length, info).item() / info["dp_size"]
+        loss = all_reduce(torch.tensor([total], dtype=torch.float64, device=self.device)).item()
+        return DataProto(meta_info={"metrics": {"val/loss": loss}})
+
+    def _sft_loss(self, data: DataProto, idx: list, response_length: int, info: dict) -> torch.Tensor:
+        """One micro-batch's share of the batch's token-mean negative log-likelihood (agg_loss token-mean over the
+        global batch, scaled for gradient averaging over the ranks)."""
+        tensors, kept = batching.trimmed(data.select_idxs(idx or [0]), response_length)
+        inputs = ModelInputs.responses(tensors, kept, self.packed, self.device)
+        logp = self.policy(inputs, 1.0, False)
+        mask = tensors["response_mask"].to(self.device).float() * (1.0 if idx else 0.0)  # an empty one adds zero
+        return ops.agg_loss(-logp, mask, "token-mean", global_batch_info=info)
 
     # ---- checkpoints ----
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

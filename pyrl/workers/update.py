@@ -74,5 +74,5 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     lr_scheduler.step()
     metrics = {name: float(np.mean(values)) for name, values in history.items()}
     metrics[f"perf/mfu/{plan.prefix}"] = perf.mfu(hf_config, seqlens, elapsed, device, compute_dtype,
-                                                  lm_head=plan.prefix == "actor", tokens=tokens)
+                                                  lm_head=plan.prefix != "critic", tokens=tokens)
     return metrics

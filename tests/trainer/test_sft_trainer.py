@@ -1,0 +1,188 @@
+"""Supervised fine-tuning (pyrl.trainer.sft_trainer, verl 0.9.1's entry and keys): the conversations' tokens and
+loss masks by hand, the first step's loss against a float64 transcription of verl's sft_loss on the same batch
+(two ranks, micro-batched), a resumed run equal to an uninterrupted one, the hf_model output trained on by
+pyrl.ppo, and the refusals before any worker starts."""
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pyrl.data.sft_dataset import MultiTurnSFTDataset, sft_batch
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from pyrl.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("pyrl:tiny", "model"))
+
+
+def data_config(**overrides):
+    base = dict(messages_key="messages", tools_key="tools", enable_thinking_key="enable_thinking",
+                enable_thinking_default=None, max_length=1024, truncation="error", apply_chat_template_kwargs={},
+                ignore_input_ids_mismatch=False, shuffle=False, seed=0)
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def conversations_file(path, conversations, extra=None) -> str:
+    rows = [{"messages": c, **(extra[i] if extra else {})} for i, c in enumerate(conversations)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12+7="},
+        {"role": "assistant", "content": "<answer>19</answer>"}, {"role": "user", "content": "and 1+1="},
+        {"role": "assistant", "content": "<answer>2</answer>"}]
+
+
+def test_turns_and_loss_mask_by_hand(tokenizer, tmp_path):
+    """The tiny template renders `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` per message: the loss is on each
+    assistant message's content, <|im_end|> and newline, never on its header or another role's tokens."""
+    dataset = MultiTurnSFTDataset(conversations_file(tmp_path / "c.parquet", [CHAT]), tokenizer, data_config())
+    ids, mask = dataset[0]
+    expected_ids, expected_mask = [], []
+    for message in CHAT:
+        header = tokenizer(f"<|im_start|>{message['role']}\n", add_special_tokens=False)["input_ids"]
+        body = tokenizer(f"{message['content']}<|im_end|>\n", add_special_tokens=False)["input_ids"]
+        expected_ids += header + body
+        expected_mask += [0] * len(header) + [int(message["role"] == "assistant")] * len(body)
+    assert ids == expected_ids and mask == expected_mask
+    assert ids == tokenizer(tokenizer.apply_chat_template(CHAT, tokenize=False), add_special_tokens=False)["input_ids"]
+
+
+def test_a_template_that_renders_turns_differently_in_context(tokenizer, tmp_path):
+    """A template numbering its turns renders message 2 alone as turn 1: stop naming the row, or with
+    ignore_input_ids_mismatch keep the per-turn tokens."""
+    numbered = ("{% for m in messages %}<|im_start|>{{ loop.index }} {{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    path = conversations_file(tmp_path / "c.parquet", [CHAT[1:3], CHAT[1:3]])
+    dataset = MultiTurnSFTDataset(path, tokenizer, data_config(), chat_template=numbered)
+    with pytest.raises(ValueError, match=r"row 0: the conversation's turns tokenized one by one .* differ"):
+        dataset[0]
+    kept = MultiTurnSFTDataset(path, tokenizer, data_config(ignore_input_ids_mismatch=True), chat_template=numbered)
+    ids, mask = kept[1]
+    alone = [tokenizer(tokenizer.apply_chat_template([m], tokenize=False, chat_template=numbered),
+                       add_special_tokens=False)["input_ids"] for m in CHAT[1:3]]
+    assert ids == alone[0] + alone[1] and sum(mask) > 0
+
+
+def test_truncation_keeps_or_stops(tokenizer, tmp_path):
+    path = conversations_file(tmp_path / "c.parquet", [CHAT])
+    full, full_mask = MultiTurnSFTDataset(path, tokenizer, data_config())[0]
+    with pytest.raises(ValueError, match="row 0: the conversation has .* over data.max_length=10"):
+        MultiTurnSFTDataset(path, tokenizer, data_config(max_length=10))[0]
+    assert MultiTurnSFTDataset(path, tokenizer, data_config(max_length=10, truncation="right"))[0] == \
+        (full[:10], full_mask[:10])
+    assert MultiTurnSFTDataset(path, tokenizer, data_config(max_length=10, truncation="left"))[0] == \
+        (full[-10:], full_mask[-10:])
+
+
+def test_the_batch_layout_scores_each_token_after_the_first(tokenizer):
+    """The actor's batch: token 0 the prompt, the rest the response; response_mask = the loss mask shifted."""
+    batch = sft_batch([([5, 6, 7], [0, 1, 1]), ([8, 9], [0, 1])], pad_token_id=0)
+    assert batch.batch["prompts"].tolist() == [[5], [8]]
+    assert batch.batch["responses"].tolist() == [[6, 7], [9, 0]]
+    assert batch.batch["response_mask"].tolist() == [[1, 1], [1, 0]]
+    assert batch.batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+# ---- whole runs ----
+
+RUN = ["model.path=pyrl:tiny", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
+       "data.train_files=pyrl:toy_addition_sft", "data.train_batch_size=16", "data.shuffle=false",
+       "engine.dtype=float32", "model.enable_gradient_checkpointing=false", "optim.lr=3e-3",
+       "trainer.logger=[jsonl]", "data.use_dynamic_bsz=false", "data.micro_batch_size_per_gpu=3"]
+
+
+def run_sft(args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "pyrl.trainer.sft_trainer", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def metrics(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_the_first_steps_loss_is_verls_sft_loss_on_the_batch(tokenizer, tmp_path):
+    """Step 1 on two ranks in micro-batches of 3 (16 rows: 8 per rank) reports the token mean of -log p over the
+    assistant tokens of the first 16 conversations under the initial weights, computed here in float64."""
+    from transformers import AutoModelForCausalLM
+
+    from pyrl.data import toy_sft_task_files
+    from pyrl.models import resolve_model_path
+
+    proc = run_sft([*RUN, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}/run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dataset = MultiTurnSFTDataset(toy_sft_task_files().train, tokenizer, data_config())
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("pyrl:tiny", "model"),
+                                                 dtype=torch.float64).eval()
+    total, count = 0.0, 0
+    for i in range(16):
+        ids, mask = dataset[i]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1)
+        token_logp = logp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        weights = torch.tensor(mask[1:], dtype=torch.float64)
+        total += float(-(token_logp * weights).sum())
+        count += int(weights.sum())
+    assert metrics(f"{tmp_path}/run")[0]["train/loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    """4 steps at once, or 2 steps, then the same command for 4: the same losses at steps 3 and 4 (the weights,
+    the optimizer and the sampler come back); the checkpoint's huggingface/ is a whole model (hf_model)."""
+    whole = run_sft([*RUN, "trainer.total_training_steps=4", "data.shuffle=true",
+                     f"trainer.default_local_dir={tmp_path}/whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed = [*RUN, "data.shuffle=true", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}/resumed",
+               "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+    first = run_sft([*resumed, "trainer.total_training_steps=2"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_sft([*resumed, "trainer.total_training_steps=4"], tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stderr + second.stdout
+    got = metrics(f"{tmp_path}/resumed")
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    for a, b in zip(metrics(f"{tmp_path}/whole"), got):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-6), (a, b)
+    assert os.path.exists(f"{tmp_path}/resumed/global_step_4/huggingface/model.safetensors")
+
+
+def test_the_hf_model_output_trains_with_pyrl_ppo(tmp_path):
+    """SFT, then RL from its output directory as is."""
+    sft = run_sft([*RUN, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}/sft",
+                   "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    model = f"{tmp_path}/sft/global_step_2/huggingface"
+    ppo = subprocess.run([sys.executable, "-m", "pyrl.ppo", "preset=toy", f"actor_rollout_ref.model.path={model}",
+                          "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=0",
+                          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                          "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
+                          "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
+                          f"trainer.default_local_dir={tmp_path}/ppo"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert ppo.returncode == 0, ppo.stderr[-3000:]
+    assert metrics(f"{tmp_path}/ppo")[0]["step"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["engine.ulysses_sequence_parallel_size=2"], "engine.ulysses_sequence_parallel_size=2 is not supported"),
+    (["data.pad_mode=right"], "data.pad_mode='right' is not supported"),
+    (["trainer.test_freq=5"], "trainer.test_freq=5 validates, and data.val_files is empty"),
+    (["trainer.save_freq=0"], "trainer.save_freq=0: expected a positive step count"),
+    (["+data.colour=blue"], "data.colour"),
+    (["checkpoint.save_contents=[model]"], "checkpoints always hold model, optimizer and extra"),
+])
+def test_refusals_before_any_worker(tmp_path, args, message):
+    proc = run_sft(["model.path=pyrl:tiny", "data.train_files=pyrl:toy_addition_sft", *args], tmp_path, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
