@@ -33,6 +33,20 @@ def _render(tokenizer, messages, tools=None, add_generation_prompt=False, templa
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def conversation(place: str, key: str, messages) -> list[dict]:
+    """The row's messages with every field the chat template may read (tool_calls, reasoning_content, ...); the
+    fields parquet gives None for the messages that lack them (one struct type per column) are dropped."""
+    if isinstance(messages, np.ndarray):
+        messages = messages.tolist()
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, type(None)))
+        for m in messages)
+    if not ok:
+        raise ValueError(f"{place}: column {key!r} must be a non-empty list of {{'role': str, 'content': str, ...}} "
+                         f"messages, got {messages!r:.200}")
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
 class MultiTurnSFTDataset:
     """Rows of parquet files as (input_ids, loss_mask) token lists; where(i) names row i's file and row. The
     constructor is verl's (data.custom_cls classes are built the same way)."""
@@ -88,11 +102,9 @@ class MultiTurnSFTDataset:
         return kwargs
 
     def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        from pyrl.data.dataset import _check_messages  # lazy: pyrl.data.dataset loads torch
-
         cfg, place = self.config, self.where(i)
         row = self.rows[i][2]
-        messages = _check_messages(place, cfg.messages_key, row[cfg.messages_key])
+        messages = conversation(place, cfg.messages_key, row[cfg.messages_key])
         tools = row.get(cfg.tools_key) or None
         kwargs = self._kwargs(row)
         ids, mask = [], []

@@ -59,6 +59,34 @@ def test_turns_and_loss_mask_by_hand(tokenizer, tmp_path):
     assert ids == tokenizer(tokenizer.apply_chat_template(CHAT, tokenize=False), add_special_tokens=False)["input_ids"]
 
 
+def test_a_tool_conversation_trains_the_calls_and_answers_not_the_results(tmp_path):
+    """The tool task's demonstrations (the tools column in the chat template of message 0) with the tool-calling
+    tiny model's hermes-style template: the mask equals pyrl.models.warm_start.assistant_mask on the whole rendered
+    conversation (written apart: it finds each assistant header and trains through its <|im_end|>), plus the
+    newline after that <|im_end|>, which verl's per-turn mask trains."""
+    from transformers import AutoTokenizer
+
+    from pyrl.data.tool_calc import calculator_schema, tool_calc_demonstration
+    from pyrl.models import resolve_model_path
+    from pyrl.models.warm_start import assistant_mask
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("pyrl:tiny-tool", "model"))
+    chats = [tool_calc_demonstration(12, 34), tool_calc_demonstration(905, 3)]
+    path = conversations_file(tmp_path / "t.parquet", chats, [{"tools": [calculator_schema()]}] * 2)
+    dataset = MultiTurnSFTDataset(path, tokenizer, data_config())
+    for i, chat in enumerate(chats):
+        ids, mask = dataset[i]
+        whole = tokenizer(tokenizer.apply_chat_template(chat, tools=[calculator_schema()], tokenize=False),
+                          add_special_tokens=False)["input_ids"]
+        # verl trains the newline the template puts after an assistant's <|im_end|> too
+        expected = assistant_mask(tokenizer, whole)
+        for j in range(1, len(whole)):
+            if expected[j - 1] and not expected[j] and whole[j - 1] == tokenizer.eos_token_id:
+                expected[j] = 1
+        assert ids == whole and mask == expected
+        assert "<tool_call>" in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+
+
 def test_a_template_that_renders_turns_differently_in_context(tokenizer, tmp_path):
     """A template numbering its turns renders message 2 alone as turn 1: stop naming the row, or with
     ignore_input_ids_mismatch keep the per-turn tokens."""
@@ -173,6 +201,29 @@ def test_the_hf_model_output_trains_with_pyrl_ppo(tmp_path):
                          text=True, timeout=600)
     assert ppo.returncode == 0, ppo.stderr[-3000:]
     assert metrics(f"{tmp_path}/ppo")[0]["step"] == 1
+
+
+def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path):
+    """model.lora_rank: the loss falls over 4 steps, and huggingface/ is a plain model (no adapter keys) whose
+    weights differ from the start only in the adapted layers' merged products."""
+    from safetensors.torch import load_file
+
+    from pyrl.models import resolve_model_path
+
+    proc = run_sft([*RUN, "trainer.total_training_steps=4", "model.lora_rank=4", "model.lora_alpha=8",
+                    f"trainer.default_local_dir={tmp_path}/lora",
+                    "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [m["train/loss"] for m in metrics(f"{tmp_path}/lora")]
+    assert losses[-1] < losses[0]
+    merged = load_file(f"{tmp_path}/lora/global_step_4/huggingface/model.safetensors")
+    start = load_file(os.path.join(resolve_model_path("pyrl:tiny", "model"), "model.safetensors"))
+    assert not [k for k in merged if "lora" in k]
+    if "lm_head.weight" not in start:  # a tied head, written out by the export: the embedding itself
+        assert torch.equal(merged.pop("lm_head.weight"), merged["model.embed_tokens.weight"])
+    assert set(merged) == set(start)
+    changed = {k for k in merged if not torch.equal(merged[k], start[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed), sorted(changed)
 
 
 @pytest.mark.parametrize("args, message", [
