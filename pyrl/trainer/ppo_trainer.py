@@ -160,7 +160,7 @@ class PPOTrainer:
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
         self.run_dir = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
-        self.sampler = StatefulSampler(len(train_dataset), generation_batch_size(config.data), config.data.shuffle,
+        self.sampler = StatefulSampler(len(train_dataset), plan.prompts_per_step, config.data.shuffle,
                                        config.data.seed, key="data.gen_batch_size" if config.data.gen_batch_size
                                        else "data.train_batch_size")
         self.total_steps = training_steps(config, len(train_dataset))
@@ -282,7 +282,7 @@ class PPOTrainer:
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.workers.world_size,
                                          cfg.actor_rollout_ref.actor.use_prefix_grouper))
-        if self.correction.bypass_mode:  # verl's bypass mode: the rollout engine's log-probs are the old ones
+        if self.plan.old_log_probs_from == "rollout":  # verl's bypass mode: the rollout engine's are the old ones
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         elif self.plan.runs("old_log_prob"):  # else the update's own log-probs are the old ones (and give entropy)
             with M.timer("old_log_prob", timing):
@@ -309,7 +309,7 @@ class PPOTrainer:
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
             if ("rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch
-                    and not self.correction.bypass_mode):
+                    and self.plan.old_log_probs_from != "rollout"):
                 metrics.update(apply_rollout_correction(batch, self.correction))  # IS weights, rejections: before
             metrics.update(compute_advantage(batch, algorithm))
         if self.plan.runs("update_critic"):

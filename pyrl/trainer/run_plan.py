@@ -140,6 +140,9 @@ class RunPlan:
     rows_per_step: int  # samples trained on per step: data.train_batch_size x rollout.n
     prompts_per_step: int  # prompts generated for per step (more than trained on with dynamic sampling)
     seed: int  # actor_rollout_ref.rollout.seed: every sampling seed derives from it (pyrl.seeding)
+    # where the old log-probs come from (old_log_prob_source): "pass", "rollout" (bypass mode), "update" (on-policy:
+    # the update's own); "" for a run without them (generation, SFT)
+    old_log_probs_from: str = ""
 
     # ---- what the rest of the run asks ----
     def has(self, role: str) -> bool:
@@ -373,7 +376,7 @@ def resolve_run_plan(config) -> RunPlan:
               and (p not in ("values", "update_critic") or critic)]
     groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
-                   config.data.train_batch_size * n, prompts, arr.rollout.seed)
+                   config.data.train_batch_size * n, prompts, arr.rollout.seed, source)
 
 
 def resolve_generation_plan(config) -> RunPlan:

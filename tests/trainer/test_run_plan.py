@@ -25,7 +25,7 @@ def test_grpo_on_policy_skips_the_old_log_prob_and_ref_passes():
     assert plan.actor_group == "actor_rollout"
     assert (plan.rows_per_step, plan.world_size, plan.rows_per_rank) == (32, 1, 32)
     assert plan.rollout_pool is None and plan.trainer_pool.device == "cpu"
-    assert dict(plan.why)["old_log_prob"].startswith("skipped: on-policy")
+    assert dict(plan.why)["old_log_prob"].startswith("skipped: on-policy") and plan.old_log_probs_from == "update"
     assert plan.seed == config.actor_rollout_ref.rollout.seed
 
 
@@ -63,6 +63,7 @@ def test_bypass_mode_takes_the_rollouts_log_probs():
                       "actor_rollout_ref.rollout.calculate_log_probs=true")
     assert not plan.runs("old_log_prob")
     assert "bypass_mode" in dict(plan.why)["old_log_prob"]
+    assert plan.old_log_probs_from == "rollout"
 
 
 def test_the_one_step_off_rollout_has_a_pool_of_its_own():
