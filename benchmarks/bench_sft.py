@@ -211,8 +211,8 @@ def main(argv=None) -> None:
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump({"workload": asdict(workload), "data": shape, "results": results}, f, indent=1)
-    print(f"\n| workload | system | runs | epoch train s, median (min-max) | steps | tokens | us/token | wall s | "
-          f"loss first -> last | / TRL packed |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| workload | system | runs | epoch train s, median (min-max) | steps | tokens | us/token | wall s | "
+          "loss first -> last | / TRL packed |\n|---|---|---|---|---|---|---|---|---|---|")
     base = results.get("trl-packed")
     for system in systems:
         runs = results[system]

@@ -1,7 +1,8 @@
-"""Loading users' code, one way for every kind of it: reward functions, dataset classes, tools, interactions, agent
-loops. A location is a Python file's path (run once per process, under a module name derived from the path, so the
-file can import its siblings through it) or a dotted module path; the object is an attribute of it, named apart or
-as the dotted path's last part. Errors name the config key and what was looked for.
+"""Loading users' code, one way for every kind of it: reward functions (and main_eval's scorer), dataset classes,
+tools, interactions (users' agent loops, issue 27, will load here too). A location is a Python file's path (run
+once per process, under a module name derived from the path, so the file can import its siblings through it) or a
+dotted module path; the object is an attribute of it, named apart or as the dotted path's last part. Errors name
+the config key and what was looked for.
 
     load_object("my_reward.py", "reward.custom_reward_function.path", name="compute_score",
                 name_key="reward.custom_reward_function.name")

@@ -182,6 +182,18 @@ SFT_LIMITS = {
     "engine.pad_to_length": ((False,), "not implemented"),
     "engine.mixed_precision": ((None,), "engine.dtype sets the compute dtype"),
     "engine.qat": (({"enable": False},), "quantization-aware training is not implemented"),
+    "engine.wrap_policy": (({"min_num_params": 0},), "pyrl wraps each decoder layer"),
+    "engine.forward_prefetch": ((False,), "not implemented"),
+    "engine.use_orig_params": ((False,), "an FSDP1 option; pyrl runs FSDP2"),
+    "engine.seed": ((42,), "read with engine.full_determinism only, which is not implemented"),
+    "engine.entropy_from_logits_with_chunking": ((False,), "SFT computes no entropy"),
+    "engine.entropy_from_logits_chunk_size": ((2048,), "SFT computes no entropy"),
+    "engine.entropy_checkpointing": ((False,), "SFT computes no entropy"),
+    "engine.use_torch_compile": ((True,), "verl compiles its entropy function with it; SFT computes no entropy"),
+    "engine.use_no_sync_for_gradient_accumulation": ((False,), "not implemented"),
+    "engine.pad_to_length_bucket": ((1024,), "read with engine.pad_to_length only, which is not implemented"),
+    "model.fused_kernel_options": (({"impl_backend": "torch"},), "pyrl's fused log-probs are its own "
+                                                                 "(model.use_fused_kernels)"),
     "optim.optimizer": (("AdamW",), "pyrl's optimizer is AdamW"),
     "optim.optimizer_impl": (("torch.optim",), "pyrl's optimizer is torch's"),
     "optim.override_optimizer_config": ((None,), "not implemented"),
@@ -257,7 +269,8 @@ def freq_hit(freq, step: int, epoch_end: bool) -> bool:
 
 class SFTTrainer:
     """The loop: per step a batch of conversations, balanced over the ranks, one optimizer step; validation and
-    checkpoints on their schedules and at the last step; resume from the newest intact checkpoint."""
+    checkpoints on their schedules and at the last step; resume from the newest intact checkpoint. train, val: the
+    conversations' (input_ids, loss_mask) lists (tokenized)."""
 
     def __init__(self, config: SFTConfig, ppo, plan, workers, tokenizer, train, val):
         from pyrl.data.dataset import StatefulSampler  # lazy: torch
@@ -272,11 +285,11 @@ class SFTTrainer:
         self.run_dir = os.path.abspath(trainer.default_local_dir)
         self.global_step, self.total_tokens = 0, 0
 
-    def batch(self, dataset, indices):
+    def batch(self, samples, indices):
         from pyrl.data.sft_dataset import sft_batch  # lazy: torch
         from pyrl.trainer.ppo_trainer import balance_batch
 
-        batch = sft_batch([dataset[i] for i in indices], self.pad)
+        batch = sft_batch([samples[i] for i in indices], self.pad)
         if self.config.trainer.balance_batch:
             balance_batch(batch, self.workers.world_size)
         return batch
@@ -355,6 +368,19 @@ class SFTTrainer:
         return last
 
 
+def tokenized(dataset, num_workers: int) -> list:
+    """Every conversation's (input_ids, loss_mask), once, before any worker starts (a bad row stops the run here,
+    named), in data.num_workers processes (at most one per core and per 64 rows; 0: this process)."""
+    import torch  # lazy: torch loads with the data
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(num_workers, len(dataset) // 64, cores)
+    if workers:  # the tokenizer's own threads do not survive the fork
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=workers, collate_fn=list)
+    return [sample for chunk in loader for sample in chunk]
+
+
 def run_sft(config: SFTConfig) -> dict:
     """The whole SFT run; returns the last step's metrics."""
     # lazy: torch, Ray and the models load only when a run starts
@@ -382,13 +408,11 @@ def run_sft(config: SFTConfig) -> dict:
     data = config.data
     if data.seed is None:
         data.seed = config.trainer.seed
-    train = MultiTurnSFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples,
-                                chat_template=config.model.custom_chat_template)
-    val = MultiTurnSFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples,
-                              chat_template=config.model.custom_chat_template) if data.val_files else None
-    for dataset in [train] + ([val] if val else []):  # every row tokenized and checked before workers start
-        for i in range(len(dataset)):
-            dataset[i]
+    train = tokenized(MultiTurnSFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples,
+                                          chat_template=config.model.custom_chat_template), data.num_workers)
+    val = tokenized(MultiTurnSFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples,
+                                        chat_template=config.model.custom_chat_template),
+                    data.num_workers) if data.val_files else None
     if len(train) < data.train_batch_size:
         raise ValueError(f"data.train_batch_size={data.train_batch_size}: the training set has {len(train)} rows")
     if data.train_batch_size % plan.world_size:
