@@ -143,7 +143,8 @@ def sft_batch(samples: list[tuple[list[int], list[int]]], pad_token_id: int):
     """(input_ids, loss_mask) lists -> the actor's batch layout: each row's first token as its one-token prompt,
     the rest as its response (right-padded), response_mask = the loss mask of the response's tokens. The actor's
     log-prob of response token t is log p(ids[t] | ids[<t]): the SFT loss is their masked token mean."""
-    import torch  # lazy: torch loads with the batches
+    # lazy: torch loads with the batches
+    import torch
 
     from pyrl.protocol import DataProto
 

@@ -183,7 +183,8 @@ def newest_intact(run_dir: str, latest: int, digests: bool = True) -> str | None
 def save_trainer_state(directory: str, state: dict) -> None:
     """The trainer's `state` as data.pt (through a temporary file), then the manifest, last: a step directory
     without one is an unfinished save. The workers' shards are written before this."""
-    import torch  # lazy: torch loads with the checkpoints
+    # lazy: torch loads with the checkpoints
+    import torch
 
     from pyrl.workers.checkpoint import save_failed
 

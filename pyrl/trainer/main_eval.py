@@ -110,7 +110,8 @@ def _positional(fn, data_source, solution_str, ground_truth):
 
 def scorer_of(config: EvalConfig):
     """The configured function (reward_kwargs bound), or pyrl's rule-based scorers by data source."""
-    from pyrl.rewards.managers import load_custom_function  # lazy: the scorers load torch-free but heavy modules
+    # lazy: the scorers' modules load only for an evaluation
+    from pyrl.rewards.managers import load_custom_function
     from pyrl.rewards.scorers import default_compute_score
 
     top, nested = config.custom_reward_function, config.reward.custom_reward_function

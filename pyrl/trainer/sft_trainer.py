@@ -286,7 +286,8 @@ class SFTTrainer:
         self.global_step, self.total_tokens = 0, 0
 
     def batch(self, samples, indices):
-        from pyrl.data.sft_dataset import sft_batch  # lazy: torch
+        # lazy: the trainer's modules load torch
+        from pyrl.data.sft_dataset import sft_batch
         from pyrl.trainer.ppo_trainer import balance_batch
 
         batch = sft_batch([samples[i] for i in indices], self.pad)
@@ -323,7 +324,8 @@ class SFTTrainer:
     def resume(self) -> None:
         """From the checkpoint trainer.resume_mode picks; metrics.jsonl keeps the steps up to it (a fresh start in a
         used run directory starts it afresh)."""
-        from pyrl.trainer import checkpoints  # lazy: torch
+        # lazy: loaded with the run
+        from pyrl.trainer import checkpoints
         from pyrl.trainer.tracking import truncate_metrics
 
         trainer = self.config.trainer
