@@ -53,9 +53,7 @@ def prompt_batches(config: PPOConfig, tokenizer, files, max_samples: int, tool_s
 def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
     """Every model and tokenizer path the run's roles use -> its local directory (hub ids through the Hugging Face
     cache, pyrl:tiny... made on first use), once, in the driver: a missing model stops the run here, naming its key."""
-    for role in plan.roles:
-        if (role.model_of or role.name) != role.name:  # it runs another role's model
-            continue
+    for role in plan.model_roles():
         model = ConfigValue(role.model_section).read(config)
         # the key the user set: the model's path, or (the reward model) verl's reward.reward_model.model_path
         key = role.model_key if role.model_key.endswith("model_path") else f"{role.model_section}.path"

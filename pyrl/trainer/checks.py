@@ -192,7 +192,7 @@ def check_models(config, plan, tokenizer) -> None:
     length = data.max_prompt_length + data.max_response_length
     # each model a role of the plan loads; a reward model (a score head) may re-tokenize with its own tokenizer
     models = [(role.model_section, ConfigValue(role.model_section).read(config), role.kind != "sequence_classification")
-              for role in plan.roles if (role.model_of or role.name) == role.name]
+              for role in plan.model_roles()]
     for key, model, reads_actor_ids in models:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))

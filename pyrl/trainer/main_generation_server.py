@@ -101,6 +101,7 @@ def run_generation(config: PPOConfig) -> str:
     from pyrl.data import PromptBatches
     from pyrl.protocol import response_lengths
     from pyrl.seeding import derive_seed
+    from pyrl.trainer.checks import check_models
     from pyrl.trainer.run_plan import resolve_generation_plan
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.models import load_tokenizer
@@ -118,6 +119,7 @@ def run_generation(config: PPOConfig) -> str:
     log.info("%s", plan.describe())
     data = config.data
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
+    check_models(config, plan, tokenizer)  # lengths and vocabulary against the model, before workers start
     rows = PromptRows(data.train_files, data.prompt_key)
     prompts = PromptBatches(rows, tokenizer, data, config.actor_rollout_ref.model.custom_chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

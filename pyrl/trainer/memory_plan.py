@@ -595,14 +595,13 @@ def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
     from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     shapes = {}
-    for role in run.roles:
-        if (role.model_of or role.name) != role.name:  # it runs another role's model
-            continue
+    for role in run.model_roles():
         model = ConfigValue(role.model_section).read(config)
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
-        shapes[role.name] = ModelShape.from_hf_config(hf, role.kind, model.trust_remote_code,
-                                                      model if role.kind != "sequence_classification" else None)
+        lora_from = model if role.kind != "sequence_classification" else None
+        shapes[role.model_of or role.name] = ModelShape.from_hf_config(hf, role.kind, model.trust_remote_code,
+                                                                       lora_from)
     capacity = capacity or run_capacity(config, run)
     return plan(config, run, shapes, capacity.bytes, capacity.note)
 

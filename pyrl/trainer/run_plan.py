@@ -154,6 +154,14 @@ class RunPlan:
                 return r
         raise KeyError(f"the run has no {name} role; its roles are {[r.name for r in self.roles]}")
 
+    def model_roles(self) -> list[Role]:
+        """The first role of each model the run loads (roles sharing a model section share the model's settings:
+        the rollout and the reference run the actor's), in the plan's order."""
+        first: dict[str, Role] = {}
+        for r in self.roles:
+            first.setdefault(r.model_section, r)
+        return list(first.values())
+
     def group_of(self, role: str) -> Group | None:
         """The group hosting `role`, None when the run has no such role."""
         if role not in ROLE_NAMES:

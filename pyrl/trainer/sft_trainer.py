@@ -272,11 +272,10 @@ class SFTTrainer:
     checkpoints on their schedules and at the last step; resume from the newest intact checkpoint. train, val: the
     conversations' (input_ids, loss_mask) lists (tokenized)."""
 
-    def __init__(self, config: SFTConfig, ppo, plan, workers, tokenizer, train, val):
+    def __init__(self, config: SFTConfig, workers, tokenizer, train, val):
         from pyrl.data.dataset import StatefulSampler  # lazy: torch
 
-        self.config, self.ppo, self.plan, self.workers = config, ppo, plan, workers
-        self.tokenizer, self.train, self.val = tokenizer, train, val
+        self.config, self.workers, self.train, self.val = config, workers, train, val
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         data, trainer = config.data, config.trainer
         self.sampler = StatefulSampler(len(train), data.train_batch_size, data.shuffle, trainer.seed)
@@ -286,11 +285,15 @@ class SFTTrainer:
         self.global_step, self.total_tokens = 0, 0
 
     def batch(self, samples, indices):
+        """The conversations as the actor's batch, balanced over the ranks; a count that does not split over them
+        (validation's last batch) is made up with copies of the first conversation that carry no loss."""
         # lazy: the trainer's modules load torch
         from pyrl.data.sft_dataset import sft_batch
         from pyrl.trainer.ppo_trainer import balance_batch
 
-        batch = sft_batch([samples[i] for i in indices], self.pad)
+        chosen = [samples[i] for i in indices]
+        chosen += [(chosen[0][0], [0] * len(chosen[0][0]))] * (-len(chosen) % self.workers.world_size)
+        batch = sft_batch(chosen, self.pad)
         if self.config.trainer.balance_batch:
             balance_batch(batch, self.workers.world_size)
         return batch
@@ -424,7 +427,7 @@ def run_sft(config: SFTConfig) -> dict:
     ppo.actor_rollout_ref.actor.optim.total_training_steps = steps
     ppo_module.WORKERS_STARTED = True
     workers = build_workers(ppo, plan)
-    trainer = SFTTrainer(config, ppo, plan, workers, tokenizer, train, val)
+    trainer = SFTTrainer(config, workers, tokenizer, train, val)
     trainer.resume()
     tracker = Tracking(config.trainer.logger, trainer.run_dir, config.trainer.project_name,
                        config.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(config)),

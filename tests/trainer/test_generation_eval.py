@@ -113,6 +113,10 @@ def test_sampled_generations_and_their_evaluation(sampled, tmp_path):
     (["data.output_path=o.parquet", "actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.n=2"],
      "actor_rollout_ref.rollout.n=2 with temperature=0"),
     (["data.output_path=o.parquet", "data.filter_overlong_prompts=true"], "would drop rows from the output"),
+    (["data.output_path=o.parquet", "actor_rollout_ref.model.path=/nonexistent/model"],
+     "actor_rollout_ref.model.path='/nonexistent/model': no such directory"),
+    (["data.output_path=o.parquet", "actor_rollout_ref.model.path=pyrl:tiny", "data.max_prompt_length=500",
+      "data.max_response_length=100"], "exceeds actor_rollout_ref.model.path's max_position_embeddings=512"),
 ])
 def test_generation_refusals_before_any_worker(prompts_file, tmp_path, args, message):
     defaults = [f"data.train_files={prompts_file}"] if not any(a.startswith("data.train_files") for a in args) else []

@@ -141,29 +141,42 @@ def metrics(run_dir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_the_first_steps_loss_is_verls_sft_loss_on_the_batch(tokenizer, tmp_path):
-    """Step 1 on two ranks in micro-batches of 3 (16 rows: 8 per rank) reports the token mean of -log p over the
-    assistant tokens of the first 16 conversations under the initial weights, computed here in float64."""
+def nll_token_mean(model_dir: str, samples) -> float:
+    """verl's sft_loss, transcribed in float64: -sum(log p(token) x mask) / sum(mask) over the conversations."""
     from transformers import AutoModelForCausalLM
 
-    from pyrl.data import toy_sft_task_files
-    from pyrl.models import resolve_model_path
-
-    proc = run_sft([*RUN, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}/run"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    dataset = MultiTurnSFTDataset(toy_sft_task_files().train, tokenizer, data_config())
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("pyrl:tiny", "model"),
-                                                 dtype=torch.float64).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     total, count = 0.0, 0
-    for i in range(16):
-        ids, mask = dataset[i]
+    for ids, mask in samples:
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1)
         token_logp = logp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
         weights = torch.tensor(mask[1:], dtype=torch.float64)
         total += float(-(token_logp * weights).sum())
         count += int(weights.sum())
-    assert metrics(f"{tmp_path}/run")[0]["train/loss"] == pytest.approx(total / count, rel=1e-5)
+    return total / count
+
+
+def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path):
+    """Step 1 on two ranks in micro-batches of 3 (16 rows: 8 per rank) reports the token mean of -log p over the
+    assistant tokens of the first 16 conversations under the initial weights; its validation (5 conversations: a
+    count the two ranks do not split, made up with rows that carry no loss) the same under the weights after the
+    step (the step's hf_model export); both computed here in float64."""
+    from pyrl.data import toy_sft_task_files
+    from pyrl.models import resolve_model_path
+
+    val = tmp_path / "val.parquet"
+    pq.write_table(pq.read_table(toy_sft_task_files().val).slice(0, 5), val)
+    proc = run_sft([*RUN, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}/run",
+                    f"data.val_files={val}", "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = metrics(f"{tmp_path}/run")[0]
+    train = MultiTurnSFTDataset(toy_sft_task_files().train, tokenizer, data_config())
+    expected = nll_token_mean(resolve_model_path("pyrl:tiny", "model"), [train[i] for i in range(16)])
+    assert first["train/loss"] == pytest.approx(expected, rel=1e-5)
+    held = MultiTurnSFTDataset(str(val), tokenizer, data_config())
+    after = nll_token_mean(f"{tmp_path}/run/global_step_1/huggingface", [held[i] for i in range(5)])
+    assert first["val/loss"] == pytest.approx(after, rel=1e-5)
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
