@@ -183,13 +183,16 @@ def check_batch_sizes(config, plan) -> None:
                              f"samples do not split over the {workers} worker processes")
 
 
-def check_models(config, plan, tokenizer) -> None:
+def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None = None) -> None:
     """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
-    embeddings (they read the actor's token ids)."""
+    embeddings (they read the actor's token ids). lengths: (their keys, prompt, response) where not the data's
+    (batch generation: the data's prompt and the rollout's response lengths)."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     data = config.data
-    length = data.max_prompt_length + data.max_response_length
+    keys, prompt, response = lengths or ("data.max_prompt_length + data.max_response_length",
+                                         data.max_prompt_length, data.max_response_length)
+    length = prompt + response
     # each model a role of the plan loads; a reward model (a score head) may re-tokenize with its own tokenizer
     models = [(role.model_section, ConfigValue(role.model_section).read(config), role.kind != "sequence_classification")
               for role in plan.model_roles()]
@@ -198,8 +201,7 @@ def check_models(config, plan, tokenizer) -> None:
                                         **dict(model.override_config))
         limit = getattr(hf, "max_position_embeddings", None)
         if limit is not None and length > limit:
-            raise ValueError(f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
-                             f"{data.max_response_length} = {length} exceeds {key}.path's max_position_embeddings="
+            raise ValueError(f"{keys} = {prompt} + {response} = {length} exceeds {key}.path's max_position_embeddings="
                              f"{limit} ({model.path})")
         vocab = getattr(hf, "vocab_size", None)
         if reads_actor_ids and vocab is not None and len(tokenizer) > vocab:

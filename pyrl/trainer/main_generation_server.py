@@ -119,7 +119,10 @@ def run_generation(config: PPOConfig) -> str:
     log.info("%s", plan.describe())
     data = config.data
     tokenizer = load_tokenizer(config.actor_rollout_ref.model)
-    check_models(config, plan, tokenizer)  # lengths and vocabulary against the model, before workers start
+    # lengths and vocabulary against the model, before workers start: prompts of at most data.max_prompt_length
+    # (data.truncation), responses of actor_rollout_ref.rollout.response_length
+    check_models(config, plan, tokenizer, ("data.max_prompt_length + actor_rollout_ref.rollout.response_length",
+                                           data.max_prompt_length, config.actor_rollout_ref.rollout.response_length))
     rows = PromptRows(data.train_files, data.prompt_key)
     prompts = PromptBatches(rows, tokenizer, data, config.actor_rollout_ref.model.custom_chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
