@@ -697,6 +697,36 @@ def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]
     return found
 
 
+def known_leaves(schema, prefix: str = "") -> set[str]:
+    """The dotted keys of a config dataclass's fields (a nested dataclass's own, not those inside free-form dicts)."""
+    keys = set()
+    for name, kind in field_types(schema).items():
+        if dataclasses.is_dataclass(kind):
+            keys |= known_leaves(kind, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def plus_dropped_for_known(argv: list[str], schema=None) -> list[str]:
+    """verl's command lines add with `+key=value` keys its own YAML lacks; where pyrl's schema has the key, Hydra
+    would refuse to add it ("already at"), so the `+` goes (a known key's value is set either way)."""
+    known = known_leaves(schema or PPOConfig)
+    return [arg[1:] if arg.startswith("+") and not arg.startswith("++") and arg[1:].split("=", 1)[0] in known
+            else arg for arg in argv]
+
+
+def typed_config(cfg, schema):
+    """A composed config of another entry's schema (SFT, evaluation) -> its dataclass: every key known (`+key=`
+    too), every value's type checked."""
+    from omegaconf import OmegaConf  # lazy: as the entries load it
+
+    unknown = unknown_keys(cfg, schema)
+    if unknown:
+        raise ValueError(describe_unknown(unknown))
+    return OmegaConf.to_object(cfg)
+
+
 def unknown_node(key: str) -> tuple[str, list[str]] | None:
     """For one dotted key (as an override names it): (its first node the schema lacks, the field names beside it),
     or None when the schema has it or it lies in a free-form section (unknown_keys' rule)."""

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward
+from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward, plus_dropped_for_known
 from pyrl.models import resolve_model_path
 from pyrl.plot import plot_run
 from pyrl.trainer.run_plan import ConfigValue, RunPlan, resolve_run_plan, trainer_pool
@@ -367,6 +367,13 @@ def cli(hydra_main=None, toy_preset: bool = True, ppo_command_line: bool = True)
         print(f"pyrl: stopped before any worker started: {type(e).__name__}: {message}", file=sys.stderr, flush=True)
         return 2
     return None
+
+
+def schema_cli(hydra_main, schema) -> int | None:
+    """cli for an entry with a config schema of its own (SFT, evaluation): verl's `+key=` spellings of the keys the
+    schema has taken, no toy preset, the command line checked by Hydra and the schema (typed_config)."""
+    sys.argv = plus_dropped_for_known(sys.argv, schema)
+    return cli(hydra_main, toy_preset=False, ppo_command_line=False)
 
 
 AUTO_PRESET = False

@@ -29,12 +29,15 @@ import logging
 import math
 import os
 import sys
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+import pyrl.ppo as ppo
+from pyrl.config import typed_config
 
 log = logging.getLogger("pyrl")
 
@@ -205,37 +208,13 @@ def evaluate(config: EvalConfig) -> dict:
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="evaluation", version_base=None)
 def main(cfg: DictConfig) -> None:
-    from pyrl.config import describe_unknown, unknown_keys  # lazy: the PPO schema is not needed for --help
-
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
-    unknown = unknown_keys(cfg, EvalConfig)
-    if unknown:
-        raise ValueError(describe_unknown(unknown))
-    metrics = evaluate(OmegaConf.to_object(cfg))
-    print(metrics)  # as verl prints it
-
-
-def known_leaves(schema, prefix: str = "") -> set[str]:
-    """The dotted keys of a dataclass schema's fields (not inside its free-form dicts)."""
-    keys = set()
-    for f in fields(schema):
-        default = f.default_factory() if f.default_factory is not MISSING else None
-        if is_dataclass(default):
-            keys |= known_leaves(type(default), f"{prefix}{f.name}.")
-        else:
-            keys.add(f"{prefix}{f.name}")
-    return keys
+    print(evaluate(typed_config(cfg, EvalConfig)))  # the dict, as verl prints it
 
 
 def cli() -> int | None:
-    # verl's workaround for its own main_eval (+reward.custom_reward_function.path=...) adds keys this schema has:
-    # Hydra refuses to add a key that exists, so `+` before a known key is dropped
-    import pyrl.ppo as ppo  # lazy: the PPO entry's error handling (one line, exit code 2)
-
-    known = known_leaves(EvalConfig)
-    sys.argv = [arg[1:] if arg.startswith("+") and not arg.startswith("++") and arg[1:].split("=", 1)[0] in known
-                else arg for arg in sys.argv]
-    return ppo.cli(main, toy_preset=False, ppo_command_line=False)
+    # verl's workaround for its own main_eval, +reward.custom_reward_function.path=..., names keys this schema has
+    return ppo.schema_cli(main, EvalConfig)
 
 
 if __name__ == "__main__":

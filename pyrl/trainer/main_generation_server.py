@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig
 
 import pyrl.ppo as ppo
-from pyrl.config import PPOConfig, generation_batch_size
+from pyrl.config import PPOConfig, generation_batch_size, plus_dropped_for_known
 
 log = logging.getLogger("pyrl")
 
@@ -159,9 +159,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> int | None:
-    # verl's command lines add the key (+data.output_path=...): pyrl's schema has it, and Hydra refuses to add a key
-    # that exists
-    sys.argv = [arg.removeprefix("+") if arg.startswith("+data.output_path=") else arg for arg in sys.argv]
+    sys.argv = plus_dropped_for_known(sys.argv)  # verl's command lines add the output: +data.output_path=...
     return ppo.cli(main, toy_preset=False)
 
 

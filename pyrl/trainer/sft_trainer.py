@@ -38,7 +38,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig
+import pyrl.ppo as ppo_module
+from pyrl.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig, typed_config
 from pyrl.trainer.metrics import reduce_metrics
 
 log = logging.getLogger("pyrl")
@@ -389,7 +390,6 @@ def tokenized(dataset, num_workers: int) -> list:
 def run_sft(config: SFTConfig) -> dict:
     """The whole SFT run; returns the last step's metrics."""
     # lazy: torch, Ray and the models load only when a run starts
-    import pyrl.ppo as ppo_module
     from pyrl.data.sft_dataset import MultiTurnSFTDataset
     from pyrl.models import resolve_model_path
     from pyrl.trainer.run_plan import sft_run_plan
@@ -440,24 +440,12 @@ def run_sft(config: SFTConfig) -> dict:
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="sft_trainer_engine", version_base=None)
 def main(cfg: DictConfig) -> None:
-    from pyrl.config import describe_unknown, unknown_keys  # lazy: the PPO schema is not needed for --help
-
     logging.basicConfig(level=logging.INFO, format="[pyrl] %(message)s")
-    unknown = unknown_keys(cfg, SFTConfig)
-    if unknown:
-        raise ValueError(describe_unknown(unknown))
-    run_sft(OmegaConf.to_object(cfg))
+    run_sft(typed_config(cfg, SFTConfig))
 
 
 def cli() -> int | None:
-    # lazy: the PPO entry's error handling (one line, exit code 2)
-    import pyrl.ppo as ppo
-    from pyrl.trainer.main_eval import known_leaves
-
-    known = known_leaves(SFTConfig)  # verl's +key= spellings for keys this schema has (Hydra refuses to add them)
-    sys.argv = [arg[1:] if arg.startswith("+") and not arg.startswith("++") and arg[1:].split("=", 1)[0] in known
-                else arg for arg in sys.argv]
-    return ppo.cli(main, toy_preset=False, ppo_command_line=False)
+    return ppo_module.schema_cli(main, SFTConfig)  # verl's +key= spellings (+data.shuffle=...) name keys it has
 
 
 if __name__ == "__main__":
