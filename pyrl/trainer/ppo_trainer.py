@@ -407,7 +407,8 @@ class PPOTrainer:
 
     def checkpoint_to_resume(self, digests: bool = True) -> str | None:
         trainer = self.config.trainer
-        return checkpoints.to_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path, digests)
+        path = trainer.resume_from_path if trainer.resume_mode == "resume_path" else None  # read where it counts
+        return checkpoints.to_resume(self.run_dir, trainer.resume_mode, path, digests)
 
     def resume_hint(self) -> str:
         """Where a rerun would resume, for the run's last line: sizes checked, not digests (a run stopping does not

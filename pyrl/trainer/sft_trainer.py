@@ -333,7 +333,10 @@ class SFTTrainer:
         from pyrl.trainer.tracking import truncate_metrics
 
         trainer = self.config.trainer
-        path = checkpoints.to_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path)
+        # verl 0.9.1's SFT trainer: auto with a resume_from_path resumes from that path (its PPO trainer's auto
+        # ignores it)
+        mode = "resume_path" if trainer.resume_mode == "auto" and trainer.resume_from_path else trainer.resume_mode
+        path = checkpoints.to_resume(self.run_dir, mode, trainer.resume_from_path if mode == "resume_path" else None)
         if path is None:
             truncate_metrics(self.run_dir, -1)
             return
