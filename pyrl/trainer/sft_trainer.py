@@ -198,6 +198,7 @@ SFT_LIMITS = {
     "optim.optimizer": (("AdamW",), "pyrl's optimizer is AdamW"),
     "optim.optimizer_impl": (("torch.optim",), "pyrl's optimizer is torch's"),
     "optim.override_optimizer_config": ((None,), "not implemented"),
+    "optim.zero_indexed_step": ((True,), "pyrl's schedules count steps from zero, verl's default"),
     "trainer.default_hdfs_dir": ((None,), "HDFS copies are not implemented"),
     "trainer.profile_interval": (([-1, -1],), "the profiler is not implemented"),
     "profiler": (({"enable": False},), "the profiler is not implemented"),
@@ -230,10 +231,11 @@ def check_sft_config(config: SFTConfig) -> None:
     if data.train_batch_size < 1 or data.max_length < 2:
         raise ValueError(f"data.train_batch_size={data.train_batch_size}, data.max_length={data.max_length}: "
                          f"expected at least 1 and 2")
-    contents = set(config.checkpoint.save_contents)
-    if not {"model", "optimizer", "extra"} <= contents <= {"model", "optimizer", "extra", "hf_model"}:
-        raise ValueError(f"checkpoint.save_contents={sorted(contents)}: checkpoints always hold model, optimizer and "
-                         f"extra (and hf_model if asked)")
+    for key in ("save_contents", "load_contents"):  # a resume always loads what a save always writes
+        contents = set(getattr(config.checkpoint, key))
+        if not {"model", "optimizer", "extra"} <= contents <= {"model", "optimizer", "extra", "hf_model"}:
+            raise ValueError(f"checkpoint.{key}={sorted(contents)}: checkpoints always hold model, optimizer and "
+                             f"extra (and hf_model if asked)")
 
 
 def ppo_config_of(config: SFTConfig):
