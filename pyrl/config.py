@@ -525,6 +525,83 @@ class LegacySandboxFusionConfig:
 
 
 @dataclass
+class DistillationLossConfig:
+    """verl 0.9.1's distillation.distillation_loss (its YAML's defaults; pyrl.algos.distillation has the formulas)."""
+
+    loss_mode: str = "k3"  # forward_kl_topk, or a single-sample estimator: kl | k1 | abs | mse | k2 | low_var_kl | k3
+    topk: Optional[int] = 32  # forward_kl_topk's k: the teacher's top-k tokens at each position
+    use_task_rewards: bool = True  # the policy loss on the task's advantages + distillation_loss_coef x this loss
+    distillation_loss_coef: float = 1.0
+    loss_max_clamp: Optional[float] = None  # per-token losses clamped to [-c, c]
+    log_prob_min_clamp: Optional[float] = None  # forward_kl_topk: both top-k log-probs clamped below at it
+    use_policy_gradient: bool = False  # the negative per-token loss as the advantage of a PPO-clip loss
+    policy_loss_mode: str = "vanilla"
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    # verl's dataclass fields its YAML lacks (set with +key=): forward_kl_topk's student log-probs a chunk of
+    # chunked_topk_chunk_size tokens at a time (the same numbers)
+    use_chunked_topk: bool = False
+    chunked_topk_chunk_size: int = 4096
+
+
+@dataclass
+class TeacherInferenceConfig:
+    """verl 0.9.1's distillation.teacher_models.<name>.inference: how verl serves the teacher (a vLLM server of its
+    own). pyrl scores the student's tokens with the teacher in the actor's workers (pyrl.algos.distillation), so
+    the server's keys keep their defaults (others stop the run at start); max_num_batched_tokens is the teacher
+    pass's token budget per micro-batch; max_model_len, prompt_length and response_length are checked as verl."""
+
+    name: Optional[str] = "${oc.select:actor_rollout_ref.rollout.name}"
+    dtype: Optional[str] = "${oc.select:actor_rollout_ref.rollout.dtype}"
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    cudagraph_capture_sizes: Optional[list] = None
+    free_cache_engine: bool = True
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    tensor_model_parallel_size: int = 2
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 1024
+    load_format: str = "auto"
+    engine_kwargs: dict = field(default_factory=dict)
+    limit_images: Optional[int] = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    skip_tokenizer_init: bool = True
+    prompt_length: Optional[int] = "${oc.select:actor_rollout_ref.rollout.prompt_length}"  # type: ignore
+    response_length: Optional[int] = "${oc.select:actor_rollout_ref.rollout.response_length}"  # type: ignore
+    temperature: Optional[float] = "${oc.select:actor_rollout_ref.rollout.temperature}"  # type: ignore
+
+
+@dataclass
+class TeacherModelConfig:
+    """verl 0.9.1's distillation.teacher_models.<name>: the teacher's model (an HF causal LM sharing the student's
+    vocabulary) and how it is served."""
+
+    key: Optional[str] = None  # the routing value of distillation.teacher_key (several teachers)
+    model_path: Optional[str] = None
+    num_replicas: Optional[int] = 0
+    inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
+
+
+@dataclass
+class DistillationConfig:
+    """verl 0.9.1's on-policy distillation (distillation.*): the student generates, the teacher scores the
+    student's tokens, and the actor's loss takes the distillation loss (pyrl.algos.distillation)."""
+
+    enabled: bool = False
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    n_gpus_per_node: int = 8  # the teacher's own pool (verl); pyrl: nnodes=0, the teacher in the actor's workers
+    nnodes: int = 0
+    teacher_models: dict[str, TeacherModelConfig] = field(
+        default_factory=lambda: {"teacher_model": TeacherModelConfig()})
+    teacher_key: str = "data_source"
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -539,6 +616,7 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     sandbox_fusion: LegacySandboxFusionConfig = field(default_factory=LegacySandboxFusionConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
 
 FSDP2_STRATEGIES = ("fsdp", "fsdp2")  # verl's FSDP1 and FSDP2 both run FSDP2 here: the same numbers

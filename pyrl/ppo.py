@@ -60,6 +60,11 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
         model.path = resolve_model_path(model.path, key)
         if model.tokenizer_path:
             model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
+    if plan.runs("teacher"):  # on-policy distillation's teacher, loaded in the actor's workers
+        from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load torch
+
+        name, teacher = teacher_of(config.distillation)
+        teacher.model_path = resolve_model_path(teacher.model_path, f"distillation.teacher_models.{name}.model_path")
 
 
 def apply_rollout_correction_config(config: PPOConfig) -> None:

@@ -56,7 +56,6 @@ FEATURES: list[tuple[str, str]] = [
                                                       "precision debugger)"),
     (r"(^|\.)qat(\.|$)", "quantization-aware training (qat)"),
     (r"(^|\.)turbo_config(\.|$)", "verl's FSDP turbo plans (turbo_config: tensor and expert parallel FSDP)"),
-    (r"^distillation(\.|$)", "on-policy distillation (distillation.*)"),
     (r"^transfer_queue(\.|$)", "verl's transfer queue"),
     (r"^trainer\.(v1(\.|$)|use_v1$)", "verl's v1 trainer (trainer.v1, trainer.use_v1)"),
     (r"^skip(\.|$)", "rollout dumps and replays (skip.*)"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
+from pyrl.algos import distillation
 from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
 from pyrl.trainer.run_plan import ConfigValue
@@ -24,6 +25,7 @@ def check_config(config, plan) -> None:
     check_rollout_tensor_parallel(config, plan)
     check_engine_kwargs(config.actor_rollout_ref.rollout)
     check_fsdp_sizes(config, plan)
+    distillation.check_config(config)
 
 
 def _check_name(key: str, value, known) -> None:
@@ -216,6 +218,8 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} and {key}.path's {heads[1]} "
                              f"key/value heads ({model.path}): one must divide the other (vLLM splits or replicates "
                              "them)")
+    if plan.runs("teacher"):
+        distillation.check_teacher_model(config, length, keys)
     max_model_len = config.actor_rollout_ref.rollout.max_model_len
     if max_model_len is not None and max_model_len < length:
         raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than "

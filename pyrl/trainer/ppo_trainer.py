@@ -300,6 +300,11 @@ class PPOTrainer:
                 ref = actor.compute_ref_log_prob(packed_tokens(batch))
                 metrics.update(M.reduce_metrics(ref.meta_info.pop("metrics")))
                 batch.union(ref)
+        if self.plan.runs("teacher"):  # on-policy distillation: the teacher's scores of the student's tokens
+            with M.timer("teacher", timing):
+                scores = actor.compute_teacher_log_probs(packed_tokens(batch))
+                metrics.update(M.reduce_metrics(scores.meta_info.pop("metrics")))
+                batch.union(scores)
         if self.plan.runs("values"):
             with M.timer("values", timing):
                 batch.union(self.workers.critic.compute_values(packed_tokens(batch)))

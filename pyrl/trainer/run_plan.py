@@ -7,7 +7,8 @@ memory plan, the start checks and the trainer read it; none of them decides thes
     log.info("%s", plan.describe())      # one block at start
 
 A step makes the plan's passes in this order (pyrl.trainer.ppo_trainer.PPOTrainer.train_step):
-generate -> reward -> old_log_prob -> ref -> values -> advantage -> update_critic -> update_actor -> push_weights
+generate -> reward -> old_log_prob -> ref -> teacher -> values -> advantage -> update_critic -> update_actor ->
+push_weights
 (a pass absent from the plan is skipped; `why` says why each ran or not).
 """
 
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 
 from pyrl.config import generation_batch_size, is_on_policy
 
-PASSES = ("generate", "reward", "old_log_prob", "ref", "values", "advantage", "update_critic", "update_actor",
-          "push_weights")
+PASSES = ("generate", "reward", "old_log_prob", "ref", "teacher", "values", "advantage", "update_critic",
+          "update_actor", "push_weights")
 ROLE_NAMES = ("actor", "rollout", "ref", "critic", "reward_model")  # the roles a plan may hold
 
 
@@ -379,8 +380,18 @@ def resolve_run_plan(config) -> RunPlan:
                               f"{config.algorithm.adv_estimator})"))
     if rm:
         why.append(("reward", "reward model scores, then the reward function (reward.reward_model.enable)"))
+    teacher = config.distillation.enabled
+    if teacher:
+        from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load torch
+
+        name, model = teacher_of(config.distillation)
+        loss = config.distillation.distillation_loss
+        why.append(("teacher", f"runs: distillation.enabled, the teacher ({model.model_path}, distillation."
+                               f"teacher_models.{name}) scores the responses in the actor's workers for loss_mode="
+                               f"{loss.loss_mode}" + (f" (top {loss.topk})" if loss.loss_mode == "forward_kl_topk"
+                                                      else "")))
     passes = [p for p in PASSES
-              if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref)
+              if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref) and (p != "teacher" or teacher)
               and (p not in ("values", "update_critic") or critic)]
     groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
@@ -421,7 +432,8 @@ GROUP_NAME = object()  # a worker's argument: the name of its group (ActorRollou
 
 # the worker class of a group whose first role is the key, its config section, and the arguments that follow it
 WORKERS = {
-    "actor": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref", GROUP_NAME),
+    "actor": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref", GROUP_NAME,
+              ConfigValue("distillation")),
     "rollout": ("pyrl.workers.actor.ActorRolloutRefWorker", "actor_rollout_ref", GROUP_NAME),
     "critic": ("pyrl.workers.critic.CriticWorker", "critic", ConfigValue("actor_rollout_ref.rollout.n")),
     "reward_model": ("pyrl.workers.reward_model.RewardModelWorker", "reward_model",

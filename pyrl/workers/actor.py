@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pyrl import ops
-from pyrl.algos import get_policy_loss_fn
+from pyrl.algos import distillation, get_policy_loss_fn
 from pyrl.config import is_on_policy
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.interactions.registry import initialize_interactions_from_config
@@ -41,11 +41,14 @@ ROW = "_update_row"  # update_actor's own column: each row's place in its batch
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config, role: str = "actor_rollout_ref"):
+    def __init__(self, config, role: str = "actor_rollout_ref", distillation=None):
+        """distillation: the run's distillation section (pyrl.config.DistillationConfig) when it is enabled: the
+        actor then also holds the frozen teacher (colocated, as the reference) and trains on its scores."""
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
         self.config, self.role = config, role
+        self.distillation = distillation if distillation is not None and distillation.enabled else None
         self.has_actor = "actor" in role
         self.has_rollout = "rollout" in role
         self.has_ref = role.endswith("ref")
@@ -80,6 +83,16 @@ class ActorRolloutRefWorker(Worker):
                                                     self.device)
             self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
+        if self.has_actor and self.distillation is not None:
+            _, teacher = distillation.teacher_of(self.distillation)
+            model = dataclasses.replace(self.config.model, path=teacher.model_path, tokenizer_path=None,
+                                        override_config={}, lora_rank=0, lora_adapter_path=None,
+                                        enable_gradient_checkpointing=False)
+            teacher_lm, self.teacher_policy = load_policy(model)
+            self.teacher_compute_dtype = fsdp.fsdp_wrap(self.teacher_policy, teacher_lm.model.layers,
+                                                        self.config.ref.fsdp_config, self.device)
+            self.teacher_hf_config = teacher_lm.config
+            self.teacher_policy.requires_grad_(False)
         if self.has_rollout:
             from transformers import AutoConfig  # lazy: transformers loads with the first model
 
@@ -259,6 +272,35 @@ class ActorRolloutRefWorker(Worker):
                                            ref.log_prob_max_token_len_per_gpu)
         return DataProto.from_dict({"ref_log_prob": logp}, meta_info={"metrics": {"perf/mfu/ref": mfu}})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_probs(self, data: DataProto) -> DataProto:
+        """The teacher's scores of the responses (pyrl.algos.distillation), at temperature 1, in micro-batches of
+        the teacher's inference.max_num_batched_tokens tokens: teacher_log_probs [B, R] (estimator modes), or
+        teacher_topk_log_probs and teacher_topk_ids [B, R, k] (forward_kl_topk)."""
+        batching.require_tokens("compute_teacher_log_probs", data, ["responses"])
+        loss = self.distillation.distillation_loss
+        _, teacher = distillation.teacher_of(self.distillation)
+        topk = loss.topk if distillation.uses_topk(loss) else 0
+        chunk = loss.chunked_topk_chunk_size if loss.use_chunked_topk else None
+        start = time.perf_counter()
+        lengths = batching.row_lengths(data)
+        micro = batching.micro_batch_indices(lengths, None, True, teacher.inference.max_num_batched_tokens,
+                                             self.device)
+        self.teacher_policy.eval()
+
+        def forward(tensors, kept):
+            with torch.no_grad():
+                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device)
+                if topk:
+                    return self.teacher_policy(inputs, 1.0, topk=topk, chunk_rows=chunk)
+                return (self.teacher_policy(inputs, 1.0),)
+
+        outputs = batching.response_forward(data, micro, forward)
+        mfu = perf.mfu(self.teacher_hf_config, lengths.tolist(), time.perf_counter() - start, self.device,
+                       self.teacher_compute_dtype, backward=False)
+        names = ("teacher_topk_log_probs", "teacher_topk_ids") if topk else ("teacher_log_probs",)
+        return DataProto.from_dict(dict(zip(names, outputs)), meta_info={"metrics": {"perf/mfu/teacher": mfu}})
+
     # ---- training ----
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -276,7 +318,7 @@ class ActorRolloutRefWorker(Worker):
                                f"{self.config.rollout.n} / {self.world_size} ranks)",
                           share_prompts=cfg.use_prefix_grouper)
         batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
-                                + (["ref_log_prob"] if cfg.use_kl_loss else []))
+                                + (["ref_log_prob"] if cfg.use_kl_loss else []) + self._teacher_keys())
         # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that
         # generated are the ones being updated), and this forward's own detached log-probs stand in for them
         bypass = cfg.policy_loss.loss_mode == "bypass_mode"  # verl's: the rollout's log-probs are the old ones
@@ -310,6 +352,8 @@ class ActorRolloutRefWorker(Worker):
                 data.pop([ROW])
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        if self.distillation is not None:
+            distillation.finish_metrics(metrics)
         metrics.update(perf.memory_metrics(self.device))
         if own_log_probs is None:
             return DataProto(meta_info={"metrics": metrics})
@@ -327,7 +371,15 @@ class ActorRolloutRefWorker(Worker):
         tensors, kept = batching.trimmed(mini.select_idxs(idx or [0]), response_length)
         to = lambda key: tensors[key].to(self.device)  # noqa: E731
         inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=cfg.use_prefix_grouper)
-        out = self.policy(inputs, temperature, need_entropy)
+        teacher = self._teacher_scores(tensors)
+        if "teacher_topk_ids" in teacher:  # forward_kl_topk: the student's log-probs at the teacher's top-k too
+            loss_cfg = self.distillation.distillation_loss
+            out = self.policy(inputs, temperature, need_entropy, at_ids=teacher["teacher_topk_ids"],
+                              chunk_rows=loss_cfg.chunked_topk_chunk_size if loss_cfg.use_chunked_topk else None)
+            out, (teacher["student_topk_log_probs"], teacher["student_topk_ids"]) = out[:-2], out[-2:]
+            out = out if need_entropy else out[0]
+        else:
+            out = self.policy(inputs, temperature, need_entropy)
         logp, entropy = out if need_entropy else (out, None)
         if own_log_probs is not None and idx:
             own_log_probs[tensors[ROW], :logp.shape[1]] = logp.detach().float().cpu()
@@ -342,6 +394,16 @@ class ActorRolloutRefWorker(Worker):
                                              **weights)
         loss = pg_loss
         token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+        distill = {}
+        if self.distillation is not None:  # pyrl.algos.distillation: its formula sheet says how the two combine
+            loss_cfg = self.distillation.distillation_loss
+            distill_loss, distill = distillation.distillation_loss(loss_cfg, cfg, mask, info, logp, old, teacher,
+                                                                   weights.get("rollout_is_weights"))
+            distill["distillation/loss"] = distill_loss.item() / info["dp_size"]
+            if not loss_cfg.use_task_rewards:  # the distillation loss alone: no policy, entropy or KL term
+                distill_loss.backward()
+                return distill
+            loss = loss + loss_cfg.distillation_loss_coef * distill_loss
         shares = {"pg_loss": pg_loss.item() / info["dp_size"]}
         for key, value in pg_metrics.items():  # token means: pg_clipfrac, pg_clipfrac_lower, ppo_kl and the loss's own
             shares[key] = float(value) * token_share
@@ -355,7 +417,20 @@ class ActorRolloutRefWorker(Worker):
             loss = loss + cfg.kl_loss_coef * kl_loss
             shares["kl_loss"] = kl_loss.item() / info["dp_size"]
         loss.backward()
-        return shares
+        return {**shares, **distill}
+
+    def _teacher_keys(self) -> list[str]:
+        """The teacher pass's fields the update reads (none without distillation)."""
+        if self.distillation is None:
+            return []
+        if distillation.uses_topk(self.distillation.distillation_loss):
+            return ["teacher_topk_log_probs", "teacher_topk_ids"]
+        return ["teacher_log_probs"]
+
+    def _teacher_scores(self, tensors: dict) -> dict:
+        """A micro-batch's teacher fields, on the device (float32 log-probs, int64 ids)."""
+        return {key: tensors[key].to(self.device).float() if "log_probs" in key else tensors[key].to(self.device).long()
+                for key in self._teacher_keys()}
 
     # ---- supervised fine-tuning (pyrl.trainer.sft_trainer) ----
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

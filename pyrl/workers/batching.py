@@ -280,7 +280,7 @@ def trimmed(data: DataProto, response_length: int) -> tuple[dict, int]:
     for key, value in data.batch.items():
         if value.dim() == 2 and value.shape[1] == mask.shape[1]:
             out[key] = value[:, prompt_pad:end]
-        elif value.dim() == 2 and value.shape[1] == response_length:
+        elif value.dim() >= 2 and value.shape[1] == response_length:  # [B, R] and [B, R, k] (top-k fields)
             out[key] = value[:, :kept_response]
         else:
             out[key] = value
@@ -300,7 +300,7 @@ def _trimmed_packed(data: DataProto, response_length: int) -> tuple[dict, int]:
             if not value.layout.same_as(layout):
                 raise ValueError(f"batch[{key!r}]: packed token fields must share input_ids' layout")
             out[key] = PackedTensor(value.values, new_layout)
-        elif value.dim() == 2 and value.shape[1] == response_length:
+        elif value.dim() >= 2 and value.shape[1] == response_length:  # [B, R] and [B, R, k] (top-k fields)
             out[key] = value[:, :kept_response]
         else:
             out[key] = value
@@ -308,8 +308,8 @@ def _trimmed_packed(data: DataProto, response_length: int) -> tuple[dict, int]:
 
 
 def pad_response(values: torch.Tensor, response_length: int) -> torch.Tensor:
-    """[b, r] -> [b, response_length], zeros on the right."""
-    return torch.nn.functional.pad(values, (0, response_length - values.shape[1]))
+    """[b, r, ...] -> [b, response_length, ...], zeros on the right."""
+    return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, response_length - values.shape[1]))
 
 
 def response_forward(data: DataProto, micro_batches, forward) -> tuple:

@@ -36,6 +36,33 @@ def sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperature: floa
     return out
 
 
+def topk_log_probs(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, k: int = 0,
+                   ids: torch.Tensor | None = None, chunk_rows: int | None = None) -> tuple:
+    """Log-probs log softmax(hidden @ weight.T / temperature) [N, K] at the top k tokens (-> (log-probs, ids),
+    not differentiable: the teacher's), or at given `ids` [N, K] (-> (log-probs, the top-K ids), the log-probs
+    differentiable: the student's); float32 logsumexp, `chunk_rows` rows at a time (None: all at once; the same
+    numbers, less memory at once)."""
+    n = hidden.shape[0]
+    chunk_rows = chunk_rows or max(n, 1)
+    values, top = [], []
+    for start in range(0, n, chunk_rows):
+        logits = (hidden[start:start + chunk_rows] @ weight.t()).float() / temperature
+        log_z = logits.logsumexp(-1, keepdim=True)
+        if ids is None:
+            with torch.no_grad():
+                best, index = logits.topk(k, dim=-1)
+            values.append(best - log_z)
+            top.append(index)
+        else:
+            values.append(logits.gather(-1, ids[start:start + chunk_rows]) - log_z)
+            top.append(logits.detach().topk(ids.shape[-1], dim=-1).indices)
+    if not values:
+        width = k if ids is None else ids.shape[-1]
+        return hidden.new_zeros((0, width), dtype=torch.float32), torch.zeros((0, width), dtype=torch.long,
+                                                                              device=hidden.device)
+    return torch.cat(values), torch.cat(top)
+
+
 class ResponseLogProbs(nn.Module):
     def __init__(self, causal_lm: nn.Module, use_fused_kernels: bool = True):
         super().__init__()
@@ -43,11 +70,28 @@ class ResponseLogProbs(nn.Module):
         self.use_fused_kernels = use_fused_kernels
 
     def forward(self, inputs: ModelInputs, temperature: float = 1.0, return_entropy: bool = False,
-                return_sum_pi_squared: bool = False):
+                return_sum_pi_squared: bool = False, topk: int = 0, at_ids: torch.Tensor | None = None,
+                chunk_rows: int | None = None):
         """Log-probs [rows, width] of the tokens `inputs` scores (the responses: see ModelInputs.responses),
         and their entropy [rows, width] with return_entropy; zeros where nothing was scored. With
-        return_sum_pi_squared, sum_pi_squared (above) [rows, width] too, last in the tuple."""
+        return_sum_pi_squared, sum_pi_squared (above) [rows, width] too, last in the tuple.
+
+        Distillation (topk_log_probs above): with `topk` only the top-k log-probs and ids [rows, width, k] (the
+        teacher's pass); with `at_ids` [rows, width, K] the log-probs at those ids and the top-K ids
+        [rows, width, K] follow the other outputs (the student's update)."""
         hidden = inputs.scored_states(inputs.hidden_states(self.lm.model))
+        if topk:
+            return tuple(inputs.scatter(v) for v in topk_log_probs(hidden, self.lm.lm_head.weight, temperature, topk,
+                                                                   chunk_rows=chunk_rows))
+        if at_ids is not None:
+            ids = at_ids.reshape(-1, at_ids.shape[-1]).index_select(0, inputs.out_index)
+            extra = tuple(inputs.scatter(v) for v in topk_log_probs(hidden, self.lm.lm_head.weight, temperature,
+                                                                    ids=ids, chunk_rows=chunk_rows))
+            out = self._log_probs(hidden, inputs, temperature, return_entropy, return_sum_pi_squared)
+            return (*(out if isinstance(out, tuple) else (out,)), *extra)
+        return self._log_probs(hidden, inputs, temperature, return_entropy, return_sum_pi_squared)
+
+    def _log_probs(self, hidden, inputs: ModelInputs, temperature, return_entropy, return_sum_pi_squared):
         if self.use_fused_kernels:
             out = fused_linear_logprobs(hidden, self.lm.lm_head.weight, inputs.labels, temperature=temperature,
                                         return_entropy=return_entropy)

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from pyrl.protocol import DataProto
@@ -38,12 +39,35 @@ class UpdatePlan:
     share_prompts: bool = False  # micro-batches keep the samples of a prompt together (actor.use_prefix_grouper)
 
 
+REDUCE = {"sum": (lambda a, b: a + b, dist.ReduceOp.SUM), "min": (min, dist.ReduceOp.MIN),
+          "max": (max, dist.ReduceOp.MAX)}
+
+
+def _reduction(name: str) -> str:
+    return "min" if name.endswith("_min") else "max" if name.endswith("_max") else "sum"
+
+
+def _reduced_over_ranks(shares: dict, device) -> dict:
+    """The micro-batches' shares of every rank, reduced by name: sums, minima, maxima. A minimum or maximum over no
+    token (+inf / -inf, the neutral values) is left out."""
+    out = {}
+    for how, (_, op) in REDUCE.items():
+        names = sorted(n for n in shares if _reduction(n) == how)
+        if names:
+            values = torch.tensor([shares[n] for n in names], dtype=torch.float64, device=device)
+            out.update((name, value) for name, value in zip(names, all_reduce(values, op).tolist())
+                       if abs(value) != float("inf"))
+    return out
+
+
 def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan: UpdatePlan, fsdp_config,
                device: torch.device, world_size: int, hf_config, compute_dtype: torch.dtype,
                micro_step: Callable[[DataProto, list, dict], dict]) -> dict:
     """micro_step(mini_batch, row indices, global_batch_info) runs one micro-batch's forward and backward and
     returns {metric name: this micro-batch's share}, shares that sum over the micro-batches of every rank to
-    the mini-batch's value (the same names on every rank and every micro-batch, an empty one included)."""
+    the mini-batch's value (the same names on every rank and every micro-batch, an empty one included); a name
+    ending in _min or _max is the micro-batch's own minimum or maximum instead (+inf / -inf over no token),
+    reduced by min or max."""
     history: dict[str, list] = {}
     seqlens, tokens = [], 0  # the rows' lengths; the tokens run (fewer when prompts are shared)
     start = time.perf_counter()
@@ -62,11 +86,9 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             for idx in batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
                                                     plan.max_token_len, device, groups):
                 for name, value in micro_step(mini, idx, info).items():
-                    shares[name] = shares.get(name, 0.0) + value
+                    shares[name] = REDUCE[_reduction(name)][0](shares[name], value) if name in shares else value
             grad_norm = optimizer_step(model, optimizer, plan.grad_clip)
-            names = sorted(shares)
-            totals = all_reduce(torch.tensor([shares[n] for n in names], dtype=torch.float64, device=device)).tolist()
-            for name, value in zip(names, totals):
+            for name, value in _reduced_over_ranks(shares, device).items():
                 history.setdefault(f"{plan.prefix}/{name}", []).append(value)
             history.setdefault(f"{plan.prefix}/grad_norm", []).append(grad_norm)
     elapsed = time.perf_counter() - start

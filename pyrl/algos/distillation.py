@@ -1,0 +1,247 @@
+"""On-policy distillation (verl 0.9.1's trainer/distillation/losses.py and fsdp/losses.py), one formula sheet.
+
+The student generates; the teacher scores the student's tokens (teacher pass, pyrl.workers.actor); for a response
+token y_t after the context c_t:
+
+  estimator modes (kl | k1 | abs | mse | k2 | low_var_kl | k3), the teacher's log-prob of the sampled token:
+      d_t = kl_penalty(log pi_s(y_t | c_t), log pi_T(y_t | c_t), mode)          (pyrl.ops.kl_penalty, verl's)
+  forward_kl_topk, the teacher's top-k tokens V_t at each position with their log-probs:
+      d_t = max(0, sum_{v in V_t} pi_T(v) (log pi_T(v) - log pi_s(v)))
+      with both log-probs first clamped below at log_prob_min_clamp when it is set; the top-k masses do not
+      sum to 1, so the sum can be negative: clamped at 0, as verl does
+  then d_t is clamped to [-loss_max_clamp, loss_max_clamp] when that is set, and the distillation loss L_d is
+      supervised (use_policy_gradient=false):   agg_loss(d, response_mask, actor.loss_agg_mode)
+      policy gradient (use_policy_gradient=true): the vanilla PPO-clip loss with advantages -d (detached) and the
+                                                  clip ratios of distillation_loss
+  and the actor's loss is
+      use_task_rewards=true:   the policy loss on the task's advantages (with its entropy and KL terms)
+                               + distillation_loss_coef x L_d
+      use_task_rewards=false:  L_d alone (the task's rewards are still computed and logged)
+
+The student's log-probs are at the rollout temperature (verl scales the student's logits by it), the teacher's at
+temperature 1 (verl's teacher ignores its temperature key). Metrics (actor/distillation/...): loss, loss_min,
+loss_max, abs_loss (estimators), student_mass / teacher_mass (+ _min, _max), overlap_ratio and
+overlap_token_advantage (top-k), and with use_policy_gradient the PPO metrics (pg_clipfrac, ppo_kl, ...). Means are
+token means over the mini-batch (verl averages per-micro-batch means, which depend on the micro-batching).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from pyrl import ops
+from pyrl.algos.policy_loss import get_policy_loss_fn
+from pyrl.config import TeacherInferenceConfig
+
+log = logging.getLogger("pyrl")
+
+ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+TOPK_MODES = ("forward_kl_topk",)
+LOSS_MODES = TOPK_MODES + ESTIMATOR_MODES
+SECTION = "distillation.distillation_loss"
+
+
+def uses_topk(loss_config) -> bool:
+    """True for loss modes that read the teacher's top-k distribution, False for single-sample estimators."""
+    if loss_config.loss_mode not in LOSS_MODES:
+        raise ValueError(f"{SECTION}.loss_mode={loss_config.loss_mode!r}: expected one of {', '.join(LOSS_MODES)}")
+    return loss_config.loss_mode in TOPK_MODES
+
+
+# ---- the per-token losses ----
+
+def estimator_losses(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, mode: str) -> torch.Tensor:
+    """d [B, T] of an estimator mode: kl_penalty(student, teacher) (pyrl.ops.kl_penalty: k3 / low_var_kl clamped
+    to [-10, 10] as verl's)."""
+    return ops.kl_penalty(student_log_probs, teacher_log_probs, mode)
+
+
+def forward_kl_topk_losses(student_topk_log_probs: torch.Tensor, teacher_topk_log_probs: torch.Tensor,
+                           log_prob_min_clamp: float | None = None) -> dict:
+    """[..., K] log-probs of the teacher's top-k tokens under the student and the teacher -> float32 [...]:
+    distillation_losses (clamped at 0), student_mass and teacher_mass (the probability each puts on those k
+    tokens, before any clamp)."""
+    student, teacher = student_topk_log_probs.float(), teacher_topk_log_probs.float()
+    out = {"student_mass": student.exp().sum(-1), "teacher_mass": teacher.exp().sum(-1)}
+    if log_prob_min_clamp is not None:
+        student, teacher = student.clamp_min(log_prob_min_clamp), teacher.clamp_min(log_prob_min_clamp)
+    out["distillation_losses"] = (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0)
+    out["token_kl"] = teacher.exp() * (teacher - student)  # [..., K], for the overlap diagnostics
+    return out
+
+
+def topk_overlap(teacher_topk_ids: torch.Tensor, student_topk_ids: torch.Tensor, token_kl: torch.Tensor) -> tuple:
+    """verl's overlap diagnostics (arXiv:2604.13016): how many of the teacher's top-k tokens are among the
+    student's top-k [...], and the mean of -token_kl over those tokens (0 where there is none) [...]."""
+    overlap = (teacher_topk_ids.unsqueeze(-1) == student_topk_ids.unsqueeze(-2)).any(-1)
+    count = overlap.sum(-1)
+    advantage = (-token_kl * overlap).sum(-1) / count.clamp_min(1)
+    return count, torch.where(count > 0, advantage, torch.zeros_like(advantage))
+
+
+# ---- the actor's loss ----
+
+def _token_share(values: torch.Tensor, mask: torch.Tensor, info: dict) -> float:
+    """This micro-batch's share of the mini-batch's token mean of `values` (shares sum to the mean)."""
+    return float((values.detach().double() * mask).sum()) / max(info["batch_num_tokens"], 1)
+
+
+def _range(values: torch.Tensor, mask: torch.Tensor, name: str) -> dict:
+    """name_min / name_max over the masked tokens (run_update reduces them by min and max; +inf / -inf over no
+    token, the neutral values, so every micro-batch reports the same names)."""
+    picked = values.detach()[mask.bool()]
+    if picked.numel() == 0:
+        return {f"{name}_min": float("inf"), f"{name}_max": float("-inf")}
+    return {f"{name}_min": float(picked.min()), f"{name}_max": float(picked.max())}
+
+
+def distillation_loss(loss_config, actor_config, mask: torch.Tensor, info: dict, student_log_probs: torch.Tensor,
+                      old_log_probs: torch.Tensor, teacher: dict, rollout_is_weights: torch.Tensor | None = None):
+    """(L_d, metric shares without the actor/ prefix) of one micro-batch. teacher: the estimator's
+    {"teacher_log_probs": [B, T]}, or the top-k mode's {"student_topk_log_probs", "teacher_topk_log_probs",
+    "teacher_topk_ids", "student_topk_ids"} ([B, T, K] each). info: the mini-batch's global_batch_info (agg_loss)."""
+    metrics: dict = {}
+    if uses_topk(loss_config):
+        out = forward_kl_topk_losses(teacher["student_topk_log_probs"], teacher["teacher_topk_log_probs"],
+                                     loss_config.log_prob_min_clamp)
+        losses = out["distillation_losses"]
+        count, advantage = topk_overlap(teacher["teacher_topk_ids"], teacher["student_topk_ids"],
+                                        out["token_kl"].detach())
+        for name in ("student_mass", "teacher_mass"):
+            metrics[f"distillation/{name}"] = _token_share(out[name], mask, info)
+            metrics.update(_range(out[name], mask, f"distillation/{name}"))
+        metrics["distillation/overlap_ratio"] = _token_share(count.double() / loss_config.topk, mask, info)
+        overlapping = mask * (count > 0)
+        metrics["distillation/_overlap_tokens"] = float(overlapping.sum())
+        metrics["distillation/_overlap_advantage_sum"] = float((advantage.double() * overlapping).sum())
+    else:
+        losses = estimator_losses(student_log_probs, teacher["teacher_log_probs"], loss_config.loss_mode)
+        metrics["distillation/abs_loss"] = _token_share(losses.abs(), mask, info)
+    metrics.update(_range(losses, mask, "distillation/loss"))
+    if loss_config.loss_max_clamp is not None:
+        losses = losses.clamp(-loss_config.loss_max_clamp, loss_config.loss_max_clamp)
+    if loss_config.use_policy_gradient:
+        weights = {"rollout_is_weights": rollout_is_weights} if rollout_is_weights is not None else {}
+        loss, pg_metrics = get_policy_loss_fn(loss_config.policy_loss_mode)(
+            old_log_probs, student_log_probs, -losses.detach(), mask, actor_config.loss_agg_mode, loss_config, info,
+            **weights)
+        token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+        metrics.update({f"distillation/{key}": float(value) * token_share for key, value in pg_metrics.items()})
+    else:
+        loss = ops.agg_loss(losses, mask, actor_config.loss_agg_mode, global_batch_info=info)
+    return loss, metrics
+
+
+def finish_metrics(metrics: dict) -> dict:
+    """The mini-batch's overlap_token_advantage from the sums distillation_loss left (a mean over the tokens whose
+    top-k overlap, not a token share)."""
+    tokens = metrics.pop("actor/distillation/_overlap_tokens", None)
+    total = metrics.pop("actor/distillation/_overlap_advantage_sum", None)
+    if tokens is not None:
+        metrics["actor/distillation/overlap_token_advantage"] = total / tokens if tokens else 0.0
+    return metrics
+
+
+# ---- the config ----
+
+def teacher_of(distillation) -> tuple[str, object]:
+    """(entry name, TeacherModelConfig) of the run's one teacher: teacher_models.teacher_model, or the one entry
+    added beside it (verl drops teacher_model once others are added)."""
+    entries = dict(distillation.teacher_models)
+    if len(entries) > 1:
+        entries.pop("teacher_model", None)
+    if len(entries) != 1:
+        raise NotImplementedError(
+            f"distillation.teacher_models: {sorted(entries)}: several teachers routed by distillation.teacher_key "
+            f"are not implemented; give one teacher (distillation.teacher_models.teacher_model.model_path)")
+    return next(iter(entries.items()))
+
+
+INFERENCE_READ = ("name", "dtype", "max_num_batched_tokens", "max_model_len", "prompt_length", "response_length",
+                  "temperature")
+
+
+def check_config(config) -> None:
+    """Stop at start on distillation settings pyrl cannot honour or verl refuses, naming the key."""
+    distillation = config.distillation
+    if not distillation.enabled:
+        return
+    loss = distillation.distillation_loss
+    topk = uses_topk(loss)
+    if loss.policy_loss_mode != "vanilla":
+        raise NotImplementedError(f"{SECTION}.policy_loss_mode={loss.policy_loss_mode!r}: only vanilla (as verl "
+                                  "0.9.1)")
+    if not loss.use_policy_gradient and loss.loss_mode == "k1":
+        raise ValueError(f"{SECTION}.loss_mode=k1 with use_policy_gradient=false: k1's gradient does not depend on "
+                         "the teacher (verl 0.9.1 refuses it too); use k3 or forward_kl_topk, or use_policy_gradient")
+    if topk and (loss.topk is None or loss.topk < 1):
+        raise ValueError(f"{SECTION}.topk={loss.topk!r}: forward_kl_topk needs k >= 1")
+    if loss.log_prob_min_clamp is not None and not topk:
+        raise ValueError(f"{SECTION}.log_prob_min_clamp={loss.log_prob_min_clamp}: only forward_kl_topk reads it "
+                         f"(loss_mode={loss.loss_mode} would ignore it, as verl 0.9.1 does)")
+    if loss.loss_max_clamp is not None and loss.loss_max_clamp <= 0:
+        raise ValueError(f"{SECTION}.loss_max_clamp={loss.loss_max_clamp}: must be > 0 (or null)")
+    if not loss.use_task_rewards and loss.distillation_loss_coef != 1.0:
+        raise ValueError(f"{SECTION}.distillation_loss_coef={loss.distillation_loss_coef} with use_task_rewards=false"
+                         ": the coefficient weighs the distillation loss against the task's only (verl 0.9.1 ignores "
+                         "it here); leave it at 1.0")
+    if loss.chunked_topk_chunk_size < 1:
+        raise ValueError(f"{SECTION}.chunked_topk_chunk_size={loss.chunked_topk_chunk_size}: must be >= 1")
+    if distillation.nnodes != 0:
+        raise NotImplementedError(
+            f"distillation.nnodes={distillation.nnodes}: a teacher pool of its own is not implemented; with "
+            "distillation.nnodes=0 the teacher scores in the actor's workers (colocated, as the reference model)")
+    name, teacher = teacher_of(distillation)
+    entry = f"distillation.teacher_models.{name}"
+    if not teacher.model_path:
+        raise ValueError(f"{entry}.model_path: distillation.enabled=true needs the teacher's model")
+    if teacher.num_replicas not in (0, None):
+        raise NotImplementedError(f"{entry}.num_replicas={teacher.num_replicas}: teacher replicas serve from a pool "
+                                  "of their own, which is not implemented (the teacher runs in the actor's workers)")
+    inference = teacher.inference
+    defaults = TeacherInferenceConfig()
+    for field in dataclasses.fields(inference):
+        if field.name in INFERENCE_READ:
+            continue
+        value, default = getattr(inference, field.name), getattr(defaults, field.name)
+        if value != default:
+            raise NotImplementedError(
+                f"{entry}.inference.{field.name}={value!r}: verl's teacher server option; pyrl's teacher scores in "
+                f"the actor's workers, where it means nothing (leave it at {default!r})")
+    if inference.name not in ("vllm", "hf"):
+        raise NotImplementedError(f"{entry}.inference.name={inference.name!r}: vllm or hf (the teacher scores with "
+                                  "the trainer's forward either way)")
+    if inference.max_num_batched_tokens < 1:
+        raise ValueError(f"{entry}.inference.max_num_batched_tokens={inference.max_num_batched_tokens}: must be >= 1")
+    needed = (inference.prompt_length or 0) + (inference.response_length or 0) + 1
+    if inference.max_model_len is not None and needed > inference.max_model_len:
+        raise ValueError(f"{entry}.inference.max_model_len={inference.max_model_len}: the teacher needs room for the "
+                         f"student's prompt ({inference.prompt_length}), its whole response "
+                         f"({inference.response_length}) and one token: {needed}")
+    if inference.temperature not in (None, 1.0):
+        log.warning("%s.inference.temperature=%s: the teacher scores at temperature 1 (as verl 0.9.1: temperature "
+                    "does not apply to scoring given tokens)", entry, inference.temperature)
+
+
+def check_teacher_model(config, length: int, length_keys: str) -> None:
+    """The teacher reads the student's token ids and its top-k ids index the student's vocabulary: the same
+    vocabulary size, and prompt + response within its context."""
+    from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
+
+    name, teacher = teacher_of(config.distillation)
+    key = f"distillation.teacher_models.{name}.model_path"
+    student = config.actor_rollout_ref.model
+    trust = student.trust_remote_code
+    teacher_hf = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=trust)
+    student_hf = AutoConfig.from_pretrained(student.path, trust_remote_code=trust, **dict(student.override_config))
+    if getattr(teacher_hf, "vocab_size", None) != getattr(student_hf, "vocab_size", None):
+        raise ValueError(f"{key}: the teacher's vocab_size {getattr(teacher_hf, 'vocab_size', None)} differs from the "
+                         f"student's {getattr(student_hf, 'vocab_size', None)} (actor_rollout_ref.model.path): it "
+                         f"scores the student's token ids, so the two share one tokenizer")
+    limit = getattr(teacher_hf, "max_position_embeddings", None)
+    if limit is not None and length > limit:
+        raise ValueError(f"{length_keys} = {length} exceeds {key}'s max_position_embeddings={limit} "
+                         f"({teacher.model_path})")
