@@ -49,7 +49,13 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
             "trainer.log_val_generations=1", f"trainer.validation_data_dir={tmp / 'validation'}", "trainer.save_freq=1",
             "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1", scorer,
             "+reward.custom_reward_function.reward_kwargs.scale=2", "trainer.total_training_steps=null",
-            "trainer.total_epochs=1", "data.train_max_samples=8"],
+            "trainer.total_epochs=1", "data.train_max_samples=8",
+            # on-policy distillation beside the task's rewards, top-k as PPO advantages, in chunks
+            "distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
+            "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=4",
+            "distillation.distillation_loss.use_policy_gradient=true",
+            "distillation.distillation_loss.use_chunked_topk=true",
+            "distillation.distillation_loss.chunked_topk_chunk_size=8"],
         # the tool agent loop, dynamic sampling, the actor's LoRA, rollout correction's IS weights and rejection
         "tools": [
             "preset=tool_calc", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
@@ -112,6 +118,8 @@ NOT_READ_HERE = {
                                     "(tests/data/test_dataset.py filters and truncates)",
     "trainer.resume_from_path": "read with trainer.resume_mode=resume_path, as verl "
                                 "(tests/trainer/test_checkpoints.py)",
+    "distillation.teacher_key": "routes rows among several teachers, which pyrl refuses naming it (tests/algos/"
+                                "test_distillation_verl091.py); one teacher takes every row, as in verl 0.9.1",
 }
 if not VLLM:  # the one-step-off run generates with the hf engine
     NOT_READ_HERE.update({

@@ -149,15 +149,29 @@ def finish_metrics(metrics: dict) -> dict:
 
 def teacher_of(distillation) -> tuple[str, object]:
     """(entry name, TeacherModelConfig) of the run's one teacher: teacher_models.teacher_model, or the one entry
-    added beside it (verl drops teacher_model once others are added)."""
+    added beside it (verl drops teacher_model once others are added). With one teacher every row goes to it, as in
+    verl 0.9.1, whatever distillation.teacher_key says."""
     entries = dict(distillation.teacher_models)
     if len(entries) > 1:
         entries.pop("teacher_model", None)
     if len(entries) != 1:
         raise NotImplementedError(
-            f"distillation.teacher_models: {sorted(entries)}: several teachers routed by distillation.teacher_key "
-            f"are not implemented; give one teacher (distillation.teacher_models.teacher_model.model_path)")
+            f"distillation.teacher_models: {sorted(entries)}: several teachers routed by distillation.teacher_key="
+            f"{distillation.teacher_key} are not implemented; give one teacher "
+            f"(distillation.teacher_models.teacher_model.model_path)")
     return next(iter(entries.items()))
+
+
+def teacher_placement(distillation) -> str:
+    """Where the teacher runs: in the actor's workers, as the reference model; verl's teacher pool of its own
+    (n_gpus_per_node x nnodes GPUs serving it, 8 x 0 = none by default) is not implemented."""
+    pool = distillation.n_gpus_per_node * distillation.nnodes
+    if pool:
+        raise NotImplementedError(
+            f"distillation.n_gpus_per_node x nnodes = {distillation.n_gpus_per_node} x {distillation.nnodes}: a "
+            "teacher pool of its own is not implemented; with distillation.nnodes=0 the teacher scores in the "
+            "actor's workers (colocated, as the reference model)")
+    return "in the actor's workers (distillation.nnodes=0: no pool of its own)"
 
 
 INFERENCE_READ = ("name", "dtype", "max_num_batched_tokens", "max_model_len", "prompt_length", "response_length",
@@ -190,10 +204,6 @@ def check_config(config) -> None:
                          "it here); leave it at 1.0")
     if loss.chunked_topk_chunk_size < 1:
         raise ValueError(f"{SECTION}.chunked_topk_chunk_size={loss.chunked_topk_chunk_size}: must be >= 1")
-    if distillation.nnodes != 0:
-        raise NotImplementedError(
-            f"distillation.nnodes={distillation.nnodes}: a teacher pool of its own is not implemented; with "
-            "distillation.nnodes=0 the teacher scores in the actor's workers (colocated, as the reference model)")
     name, teacher = teacher_of(distillation)
     entry = f"distillation.teacher_models.{name}"
     if not teacher.model_path:

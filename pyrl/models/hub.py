@@ -34,6 +34,9 @@ def _warm_start(name: str, **kwargs):
 BUILTIN_MODELS = {  # pyrl's own models by name -> a function making it on first use (cached) and giving its directory
     "pyrl:tiny": _tiny,
     "pyrl:tiny-toy-sft": lambda: _warm_start("toy_warm_start_path"),  # the toy task's (pyrl.data.toy)
+    # a wider, deeper model over the same tokenizer (the tokenizer depends on the seed and vocabulary size only):
+    # the toy distillation demo's teacher (README, On-policy distillation)
+    "pyrl:tiny-wide": lambda: _tiny(hidden_size=192, num_layers=3, num_heads=3, intermediate_size=512),
     "pyrl:tiny-tool": lambda: _tiny(tools=True),  # the tool-calling variant (tokenizer and chat template know calls)
     "pyrl:tiny-tool-sft": lambda: _warm_start("tool_warm_start_path"),  # the tool task's (pyrl.data.tool_calc)
     # the tool task's transfer variant (preset=tool_calc_transfer): the calculator shown on sums and differences

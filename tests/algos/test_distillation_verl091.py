@@ -257,7 +257,6 @@ def test_defaults_pass_and_disabled_checks_nothing():
     (lambda c: setattr(c.distillation.distillation_loss, "log_prob_min_clamp", -5.0), r"only forward_kl_topk"),
     (lambda c: (setattr(c.distillation.distillation_loss, "use_task_rewards", False),
                 setattr(c.distillation.distillation_loss, "distillation_loss_coef", 0.5)), r"distillation_loss_coef"),
-    (lambda c: setattr(c.distillation, "nnodes", 1), r"distillation.nnodes=1: a teacher pool of its own"),
     (lambda c: setattr(c.distillation.teacher_models["teacher_model"], "model_path", None), r"model_path: "),
     (lambda c: setattr(c.distillation.teacher_models["teacher_model"].inference, "gpu_memory_utilization", 0.9),
      r"inference.gpu_memory_utilization=0.9: verl's teacher server option"),
@@ -271,6 +270,14 @@ def test_refusals_name_the_key(change, match):
     change(config)
     with pytest.raises((ValueError, NotImplementedError), match=match):
         D.check_config(config)
+
+
+def test_teacher_pool_of_its_own_is_refused():
+    config = config_with()
+    assert "actor's workers" in D.teacher_placement(config.distillation)  # verl's default: 8 x 0
+    config.distillation.nnodes = 1
+    with pytest.raises(NotImplementedError, match=r"n_gpus_per_node x nnodes = 8 x 1: a teacher pool of its own"):
+        D.teacher_placement(config.distillation)
 
 
 def test_one_added_teacher_replaces_the_default_entry():
