@@ -452,6 +452,39 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     return RoleState(precision, shards, state, [t for t in state if "moments" not in t.name] if offloaded else state)
 
 
+@dataclass
+class TeacherState:
+    """On-policy distillation's teacher (pyrl.algos.distillation) in the actor's workers: frozen weights sharded
+    under ref.fsdp_config, and its scoring pass (logits whole: their top-k, or the sampled token's log-prob)."""
+    idle: list
+    shape: ModelShape | None = None
+    precision: Precision | None = None
+    budget: int = 0
+    knob: str = ""
+    topk: bool = False
+
+    def phase(self, idle: list, setting: Setting, length: int, rollout, rows: int) -> Phase:
+        mb = micro_batch(rows, None, True, self.budget, rollout.prompt_length, rollout.response_length)
+        return Phase("teacher", idle, forward_pass(self.shape, self.precision, setting, mb, length, "logits", False,
+                                                   self.knob))
+
+
+def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
+    if not run.runs("teacher"):
+        return TeacherState([])
+    from pyrl.algos.distillation import teacher_of, uses_topk  # lazy: the algorithms load the ops
+
+    name, model = teacher_of(config.distillation)
+    fsdp = config.actor_rollout_ref.ref.fsdp_config
+    precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
+    state = sharded_state(shapes["teacher"], precision, shard_group_size(fsdp.fsdp_size, setting.world),
+                          setting.world, False, fsdp.param_offload and setting.device == "cuda",
+                          "actor_rollout_ref.ref.fsdp_config", "teacher")
+    return TeacherState(state, shapes["teacher"], precision, model.inference.max_num_batched_tokens,
+                        f"distillation.teacher_models.{name}.inference.max_num_batched_tokens",
+                        uses_topk(config.distillation.distillation_loss))
+
+
 def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "",
          distributed: bool = True) -> MemoryPlan:
     """The phases of a PPO step on one rank of the run `run` (its RunPlan): a phase per micro-batched pass of its
@@ -474,7 +507,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
                                                        run.prompts_per_rank)
     else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
         engine_resident, engine_rollout = [], []
-    idle = [t for s in states.values() for t in s.idle] + engine_resident
+    teacher = teacher_state(config, run, shapes, setting)
+    idle = [t for s in states.values() for t in s.idle] + teacher.idle + engine_resident
     # loading: each model is built whole in float32 (from_pretrained), moved to the device, then sharded
     load = shapes["actor"].params * max(4, states["actor"].precision.master)
     phases = [Phase("load (whole model before sharding)", [], [Term("one whole model in float32", load,
@@ -482,11 +516,16 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
               Phase("rollout", idle, engine_rollout)]
     why = dict(run.why)
     passes = sorted(((r, m) for r in roles for m in r.micro), key=lambda rm: PASSES.index(rm[1].step_pass))
+    teacher_pending = run.runs("teacher")  # its phase in the step's order (the update pass always follows it)
     for role, micro in passes:
+        if teacher_pending and PASSES.index(micro.step_pass) > PASSES.index("teacher"):
+            phases.append(teacher.phase(idle, setting, length, rollout, run.rows_per_rank))
+            teacher_pending = False
         shape, state = shapes[role.model_of or role.name], states[role.name]
         head = "logits" if role.kind == "causal_lm" else "value"
         role_model = ConfigValue(role.model_section).read(config)
-        fused = head == "logits" and role_model.use_fused_kernels
+        # forward_kl_topk distillation: the student's update takes the logits whole (their top-k log-probs)
+        fused = head == "logits" and role_model.use_fused_kernels and not (role.name == "actor" and teacher.topk)
         mb = micro_batch(micro.rows, micro.size, micro.dynamic, micro.budget, rollout.prompt_length,
                          rollout.response_length)
         if not micro.trains:
@@ -498,7 +537,7 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         # idle
         during = [t for name, s in states.items() for t in
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
-        phases.append(Phase(micro.phase, during + engine_resident, update_pass(
+        phases.append(Phase(micro.phase, during + teacher.idle + engine_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
             role.model_section, state.shards)))
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
@@ -602,6 +641,12 @@ def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
         lora_from = model if role.kind != "sequence_classification" else None
         shapes[role.model_of or role.name] = ModelShape.from_hf_config(hf, role.kind, model.trust_remote_code,
                                                                        lora_from)
+    if run.runs("teacher"):  # on-policy distillation's teacher, in the actor's workers
+        from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load the ops
+
+        trust = config.actor_rollout_ref.model.trust_remote_code
+        hf = AutoConfig.from_pretrained(teacher_of(config.distillation)[1].model_path, trust_remote_code=trust)
+        shapes["teacher"] = ModelShape.from_hf_config(hf, "causal_lm", trust)
     capacity = capacity or run_capacity(config, run)
     return plan(config, run, shapes, capacity.bytes, capacity.note)
 

@@ -42,8 +42,19 @@ def test_ppo_with_a_critic_and_a_kl_loss():
     critic = plan.group_of("critic")
     assert critic.section == "critic" and [a.key for a in critic.args] == ["actor_rollout_ref.rollout.n"]
     # two epochs (the toy preset's), mini-batches of 4 of 8 prompts: the old log-probs need their own pass
-    assert plan.passes == PASSES
+    assert plan.passes == tuple(p for p in PASSES if p != "teacher")
     assert "actor.ppo_epochs=2, ppo_mini_batch_size=4" in dict(plan.why)["old_log_prob"]
+
+
+def test_distillation_adds_the_teacher_pass_in_the_actor_group():
+    plan, _ = plan_of("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny")
+    assert plan.passes.index("teacher") == plan.passes.index("update_actor") - 2  # after ref's place, before adv
+    assert "in the actor's workers" in dict(plan.why)["teacher"]
+    actor = plan.group_of("actor")
+    assert [a.key for a in actor.args[1:]] == ["distillation"]  # the worker gets the section, loads the teacher
+    with pytest.raises(NotImplementedError, match=r"n_gpus_per_node x nnodes = 8 x 1"):
+        plan_of("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
+                "distillation.nnodes=1")
 
 
 @pytest.mark.parametrize("overrides, needs", [
