@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 TASKS = {"toy": "pyrl:toy_addition", "tool_calc": "pyrl:tool_calc", "tool_calc_transfer": "pyrl:tool_calc"}
-TRAINING = ["critic/score/mean", "tool_calls/sample_ratio"]  # training curves kept beside the held-out one
+TRAINING = ["critic/score/mean", "tool_calls/sample_ratio", "actor/distillation/loss"]  # kept beside the held-out one
 
 
 def run(preset: str, seed: int, args, out: str) -> dict:

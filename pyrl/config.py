@@ -549,8 +549,9 @@ class DistillationLossConfig:
 class TeacherInferenceConfig:
     """verl 0.9.1's distillation.teacher_models.<name>.inference: how verl serves the teacher (a vLLM server of its
     own). pyrl scores the student's tokens with the teacher in the actor's workers (pyrl.algos.distillation), so
-    the server's keys keep their defaults (others stop the run at start); max_num_batched_tokens is the teacher
-    pass's token budget per micro-batch; max_model_len, prompt_length and response_length are checked as verl."""
+    the server's keys keep their defaults (others stop the run at start); dtype is the teacher's compute dtype,
+    max_num_batched_tokens its pass's token budget per micro-batch; max_model_len, prompt_length and
+    response_length are checked as verl; name vllm or hf (the same scores either way)."""
 
     name: Optional[str] = "${oc.select:actor_rollout_ref.rollout.name}"
     dtype: Optional[str] = "${oc.select:actor_rollout_ref.rollout.dtype}"

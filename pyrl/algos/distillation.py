@@ -162,6 +162,12 @@ def teacher_of(distillation) -> tuple[str, object]:
     return next(iter(entries.items()))
 
 
+def teacher_fsdp_config(ref_fsdp_config, teacher):
+    """The teacher's FSDP settings: the reference model's (frozen, in the same workers), computing in the teacher's
+    inference.dtype (verl's teacher server dtype)."""
+    return dataclasses.replace(ref_fsdp_config, dtype=teacher.inference.dtype)
+
+
 def teacher_placement(distillation) -> str:
     """Where the teacher runs: in the actor's workers, as the reference model; verl's teacher pool of its own
     (n_gpus_per_node x nnodes GPUs serving it, 8 x 0 = none by default) is not implemented."""

@@ -455,7 +455,8 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
 @dataclass
 class TeacherState:
     """On-policy distillation's teacher (pyrl.algos.distillation) in the actor's workers: frozen weights sharded
-    under ref.fsdp_config, and its scoring pass (logits whole: their top-k, or the sampled token's log-prob)."""
+    under ref.fsdp_config (computing in the teacher's inference.dtype), and its scoring pass (logits whole: their
+    top-k, or the sampled token's log-prob)."""
     idle: list
     shape: ModelShape | None = None
     precision: Precision | None = None
@@ -472,10 +473,10 @@ class TeacherState:
 def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
     if not run.runs("teacher"):
         return TeacherState([])
-    from pyrl.algos.distillation import teacher_of, uses_topk  # lazy: the algorithms load the ops
+    from pyrl.algos.distillation import teacher_fsdp_config, teacher_of, uses_topk  # lazy: they load the ops
 
     name, model = teacher_of(config.distillation)
-    fsdp = config.actor_rollout_ref.ref.fsdp_config
+    fsdp = teacher_fsdp_config(config.actor_rollout_ref.ref.fsdp_config, model)
     precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
     state = sharded_state(shapes["teacher"], precision, shard_group_size(fsdp.fsdp_size, setting.world),
                           setting.world, False, fsdp.param_offload and setting.device == "cuda",

@@ -90,7 +90,8 @@ class ActorRolloutRefWorker(Worker):
                                         enable_gradient_checkpointing=False)
             teacher_lm, self.teacher_policy = load_policy(model)
             self.teacher_compute_dtype = fsdp.fsdp_wrap(self.teacher_policy, teacher_lm.model.layers,
-                                                        self.config.ref.fsdp_config, self.device)
+                                                        distillation.teacher_fsdp_config(self.config.ref.fsdp_config,
+                                                                                         teacher), self.device)
             self.teacher_hf_config = teacher_lm.config
             self.teacher_policy.requires_grad_(False)
         if self.has_rollout:
