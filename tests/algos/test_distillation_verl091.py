@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_policy_losses_verl091 import verl_vanilla  # core_algos.compute_policy_loss_vanilla, transcribed
 
 from pyrl.algos import distillation as D
 from pyrl.config import DistillationConfig, DistillationLossConfig, PPOConfig, TeacherModelConfig
@@ -51,19 +52,6 @@ def verl_forward_kl_topk(student_logits, teacher_topk_log_probs, teacher_topk_id
 
 def token_mean(values, mask):
     return (values * mask).sum() / mask.sum()
-
-
-def verl_vanilla_ppo(old_log_prob, log_prob, advantages, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0):
-    """core_algos.compute_policy_loss_vanilla, token-mean."""
-    negative_approx_kl = (log_prob - old_log_prob).clamp(-20.0, 20.0)
-    ratio = torch.exp(negative_approx_kl)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_losses3 = -advantages * clip_c
-    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    return token_mean(pg_losses, mask)
 
 
 # ---- shared inputs ----
@@ -223,7 +211,7 @@ def test_policy_gradient_loss_is_ppo_on_negative_distillation_loss():
     logits64 = student_logits.clone().requires_grad_(True)
     s64 = logits64.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
     advantages = -verl_kl_penalty(s64, teacher, "k1").detach()
-    reference = verl_vanilla_ppo(old.double(), s64, advantages, mask, 0.1, 0.3)
+    reference = token_mean(verl_vanilla(old.double(), s64, advantages, mask, 0.1, 0.3)[0], mask)
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
     assert 0 < metrics["distillation/pg_clipfrac"] < 1
     loss.backward()

@@ -40,8 +40,11 @@ def verl_transcriptions():
     """tests/algos/test_distillation_verl091.py, whose float64 transcriptions of verl 0.9.1 these tests reuse."""
     import importlib.util
     import pathlib
+    import sys
 
     path = pathlib.Path(__file__).parents[1] / "algos" / "test_distillation_verl091.py"
+    if str(path.parent) not in sys.path:  # it imports its neighbour's transcriptions, as pytest lets it there
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location("verl091_distillation", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
