@@ -3,13 +3,13 @@ tiny student, which gains on held-out prompts; GRPO from the same student, same 
 
     python benchmarks/distillation_toy.py [--seeds 0 1 2] [--steps N] [--out DIR]
 
-1. SFT (python -m pyrl.trainer.sft_trainer, 1600 steps on pyrl:toy_addition_sft): the teacher from pyrl:tiny-wide
-   (1.2M parameters), the student from pyrl:tiny (0.34M), each exported as a Hugging Face model (kept in DIR and
-   reused by a rerun).
-2. Each seed, from the SFT student, `python -m pyrl.ppo preset=toy` (benchmarks/heldout_eval.py's runs: validation
-   on the held-out test split, greedy): with distillation (forward_kl_topk over the teacher's top 32, no task
-   rewards), and plain GRPO on the task's rewards.
-3. The teacher's and the student's greedy held-out reward (main_generation_server + main_eval, temperature 0).
+1. The teacher: SFT of pyrl:tiny-wide (1.2M parameters) on pyrl:toy_addition_sft, 1600 steps
+   (python -m pyrl.trainer.sft_trainer), exported as a Hugging Face model (kept in DIR and reused by a rerun).
+2. The student: the toy preset's own, pyrl:tiny-toy-sft (0.34M parameters, pyrl's warm-start).
+3. Each seed, `python -m pyrl.ppo preset=toy` (benchmarks/heldout_eval.py's runs: validation on the held-out test
+   split, greedy, every 25 steps), the preset's recipe unchanged but for the loss: with distillation
+   (forward_kl_topk over the teacher's top 32, no task rewards), and as is (GRPO on the task's rewards).
+4. The teacher's and the student's greedy held-out reward (main_generation_server + main_eval, temperature 0).
 
 Writes DIR/distillation_toy.json and DIR/distillation_toy.png (every seed's held-out curve, both methods, the
 teacher's level). Runs one after another (2 cores); --quick (the smoke run of benchmarks/test_results_scripts.py):
@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import heldout_eval  # noqa: E402
 
+STUDENT = "pyrl:tiny-toy-sft"  # the toy preset's model
 DISTILL = ["distillation.enabled=true", "distillation.distillation_loss.loss_mode=forward_kl_topk",
            "distillation.distillation_loss.use_task_rewards=false"]
 
@@ -89,7 +90,7 @@ def plot(result: dict, path: str) -> None:
     ax.axhline(result["teacher_greedy"], color="k", lw=0.8, label="teacher (SFT, 1.2M)")
     ax.set_xlabel("step")
     ax.set_ylabel("held-out reward (greedy)")
-    ax.set_title("tiny student (0.34M, SFT): on-policy distillation vs GRPO", fontsize=9)
+    ax.set_title("tiny student (0.34M, the toy preset's): on-policy distillation vs GRPO", fontsize=9)
     ax.legend(fontsize=7)
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("actor/distillation/loss")
@@ -114,10 +115,10 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     sft_steps = 5 if args.quick else 1600
     teacher, teacher_s = sft("teacher", "pyrl:tiny-wide", 2e-3, sft_steps, args.out)
-    student, student_s = sft("student", "pyrl:tiny", 3e-3, sft_steps, args.out)
+    student = STUDENT
     samples = 16 if args.quick else None
     result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "sft_seconds": {"teacher": round(teacher_s, 1), "student": round(student_s, 1)},
+              "teacher_sft_seconds": round(teacher_s, 1), "student": student,
               "teacher_greedy": greedy_heldout(teacher, args.out, "teacher", samples),
               "student_greedy": greedy_heldout(student, args.out, "student", samples)}
     print(f"greedy held-out reward: teacher {result['teacher_greedy']:.3f}, student {result['student_greedy']:.3f}",
@@ -129,7 +130,7 @@ def main() -> None:
     for method, extra in methods.items():
         runs = []
         for seed in args.seeds if not args.quick else args.seeds[:1]:
-            run_args = argparse.Namespace(name=method, overrides=[f"actor_rollout_ref.model.path={student}", *extra],
+            run_args = argparse.Namespace(name=method, overrides=extra,
                                           steps=args.steps or (2 if args.quick else 0), quick=args.quick)
             runs.append(heldout_eval.run("toy", seed, run_args, args.out))
             r = runs[-1]
@@ -139,7 +140,7 @@ def main() -> None:
     with open(os.path.join(args.out, "distillation_toy.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot(result, os.path.join(args.out, "distillation_toy.png"))
-    print("\n| from the SFT student | seeds | held-out greedy reward at step 0 | at the last step | gain | seconds |")
+    print("\n| from the toy preset's student | seeds | held-out reward at step 0 | at the last step | gain | seconds |")
     print("|---|---|---|---|---|---|")
     for method in methods:
         runs = result[method]
