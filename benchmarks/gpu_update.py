@@ -195,6 +195,7 @@ def main():
     from transformers import AutoConfig
 
     from pyrl.workers.perf import model_flops
+    from pyrl.workers.precision import cpu_has_bf16
 
     hf_config = AutoConfig.from_pretrained(model_path)
     print(f"model made in {time.time() - t0:.0f} s: {model_path}", flush=True)
@@ -232,7 +233,10 @@ def main():
         seqlens = [p + r for p, r in zip(prompt_lens, response_lens)]
         flops = model_flops(hf_config, seqlens, backward=True)
         seconds = [r["seconds"] for r in runs]
-        peak = peaks["bfloat16" if worker.startswith("bf16") else "float32"]
+        # the dtype the worker computes in: a CPU without native bf16 runs a bf16 worker in float32
+        # (pyrl.workers.precision), and its MFU against the emulated bf16 peak could exceed 1
+        computes_bf16 = worker.startswith("bf16") and (device.type == "cuda" or cpu_has_bf16())
+        peak = peaks["bfloat16" if computes_bf16 else "float32"]
         rows.append({"worker": worker, "workload": load, "micro_rows": micro, "real_tokens": sum(seqlens),
                      "padded_tokens": len(seqlens) * (pw + rw), "seconds": seconds,
                      "tokens_per_s": sum(seqlens) / spread(seconds)[0],
