@@ -313,11 +313,15 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
     mask = train_batch.batch["response_mask"].bool()
     assert own.shape == extra_pass.shape and not own[~mask].any()
     torch.testing.assert_close(own[mask], extra_pass[mask], atol=1e-6, rtol=0)
-    # the extra pass's forward and the update's own agree to float32 rounding, not bit for bit; Adam's first step
-    # moves a weight by ~lr x sign(gradient), so where a gradient is ~0 that rounding shows as ~1e-3 of the lr=1e-3
-    # step (1.14e-6 measured on an AMD EPYC box, 2026-11-27)
+    # the extra pass's forward and the update's own agree to float32 rounding, not bit for bit: the gradients
+    # (Adam's first moment after one step) agree to that rounding; Adam's first step moves a weight by
+    # ~lr x sign(gradient), so where a gradient is ~0 the rounding can flip the step's sign (up to 6.7e-5 of the
+    # lr=1e-3 step measured on an AMD EPYC box, 2026-11-27)
+    for name, value in digests[0]["optimizer"].items():
+        if name.endswith("exp_avg"):
+            torch.testing.assert_close(digests[1]["optimizer"][name], value, atol=1e-9, rtol=1e-4, msg=name)
     for name, value in digests[0]["params"].items():
-        torch.testing.assert_close(digests[1]["params"][name], value, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(digests[1]["params"][name], value, atol=2e-4, rtol=0, msg=name)
     assert metrics[1]["actor/pg_clipfrac"] == 0 and metrics[1]["actor/ppo_kl"] == pytest.approx(0, abs=1e-7)
     assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)
     off_policy = ActorRolloutRefWorker(make_config(*TRAIN).actor_rollout_ref, "actor")  # 2 mini-batches
