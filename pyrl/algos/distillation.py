@@ -44,6 +44,11 @@ LOSS_MODES = TOPK_MODES + ESTIMATOR_MODES
 SECTION = "distillation.distillation_loss"
 
 
+def topk_chunk_rows(loss_config) -> int | None:
+    """Rows of logits at a time for the top-k log-probs (use_chunked_topk's chunked_topk_chunk_size; None: all)."""
+    return loss_config.chunked_topk_chunk_size if loss_config.use_chunked_topk else None
+
+
 def uses_topk(loss_config) -> bool:
     """True for loss modes that read the teacher's top-k distribution, False for single-sample estimators."""
     if loss_config.loss_mode not in LOSS_MODES:

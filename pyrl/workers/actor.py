@@ -282,7 +282,7 @@ class ActorRolloutRefWorker(Worker):
         loss = self.distillation.distillation_loss
         _, teacher = distillation.teacher_of(self.distillation)
         topk = loss.topk if distillation.uses_topk(loss) else 0
-        chunk = loss.chunked_topk_chunk_size if loss.use_chunked_topk else None
+        chunk = distillation.topk_chunk_rows(loss)
         start = time.perf_counter()
         lengths = batching.row_lengths(data)
         micro = batching.micro_batch_indices(lengths, None, True, teacher.inference.max_num_batched_tokens,
@@ -374,9 +374,8 @@ class ActorRolloutRefWorker(Worker):
         inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=cfg.use_prefix_grouper)
         teacher = self._teacher_scores(tensors)
         if "teacher_topk_ids" in teacher:  # forward_kl_topk: the student's log-probs at the teacher's top-k too
-            loss_cfg = self.distillation.distillation_loss
             out = self.policy(inputs, temperature, need_entropy, at_ids=teacher["teacher_topk_ids"],
-                              chunk_rows=loss_cfg.chunked_topk_chunk_size if loss_cfg.use_chunked_topk else None)
+                              chunk_rows=distillation.topk_chunk_rows(self.distillation.distillation_loss))
             out, (teacher["student_topk_log_probs"], teacher["student_topk_ids"]) = out[:-2], out[-2:]
             out = out if need_entropy else out[0]
         else:
