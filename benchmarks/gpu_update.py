@@ -18,7 +18,11 @@ Workers (each loaded once and kept, so the rounds can interleave them):
 - `bf16 packed fused`: pyrl's default path (packed sequences, fused linear log-probs: no [tokens, vocab] logits);
 - `bf16 padded fused`: model.use_remove_padding=false;
 - `bf16 packed logits`: model.use_fused_kernels=false (verl's default: the logits materialised);
-- `fp32 packed fused`, `fp32 padded fused`: fsdp_config.dtype=float32 (no TF32: torch's default).
+- `fp32 packed fused`, `fp32 padded fused`: fsdp_config.dtype=float32 (no TF32: torch's default);
+- `bf16 packed buckets` (only when named in --workers): the default path with packed attention run as one SDPA
+  call per length bucket and layer, as before torch's varlen kernel was used (float32 always runs that way);
+- `bf16 packed budget`, `bf16 padded budget` (only when named): use_dynamic_bsz with TOKEN_BUDGET tokens per
+  micro-batch instead of 16 rows.
 
 Workloads (one mini-batch of 128 rows, one epoch; gradient checkpointing off; micro-batches of 16 rows unless
 swept): `uniform`, every row a 256-token prompt and a 256-token response; `long-tailed`, prompt and response
@@ -57,12 +61,20 @@ from spread import show, spread  # noqa: E402
 MODEL = dict(hidden=896, layers=24, intermediate=4864, vocab=151936, heads=14, kv_heads=2)  # Qwen2.5-0.5B's shape
 SMOKE_MODEL = dict(hidden=64, layers=2, intermediate=128, vocab=1000, heads=2, kv_heads=1)
 WORKERS = {
-    "bf16 packed fused": ("bfloat16", True, True),
-    "bf16 padded fused": ("bfloat16", False, True),
-    "bf16 packed logits": ("bfloat16", True, False),
-    "fp32 packed fused": ("float32", True, True),
-    "fp32 padded fused": ("float32", False, True),
+    # name: (dtype, packed, fused, packed attention: one varlen call per layer or per-bucket SDPA calls)
+    "bf16 packed fused": ("bfloat16", True, True, "varlen"),
+    "bf16 padded fused": ("bfloat16", False, True, "varlen"),
+    "bf16 packed logits": ("bfloat16", True, False, "varlen"),
+    "fp32 packed fused": ("float32", True, True, "varlen"),
+    "fp32 padded fused": ("float32", False, True, "varlen"),
+    "bf16 packed buckets": ("bfloat16", True, True, "buckets"),
+    "bf16 packed budget": ("bfloat16", True, True, "varlen"),
+    "bf16 padded budget": ("bfloat16", False, True, "varlen"),
 }
+DEFAULT_WORKERS = list(WORKERS)[:5]
+# the `budget` workers: use_dynamic_bsz with this many tokens per micro-batch (padded: counting the padding), where
+# run 3's sweep of 2026-11-26 found the time per token levels off on an H200 for this model
+TOKEN_BUDGET = 32768
 ROWS, MICRO = 128, 16
 
 
@@ -135,7 +147,7 @@ def start_process_group(device) -> None:
     Worker().setup_distributed("127.0.0.1", port, "nccl" if device.type == "cuda" else "gloo")
 
 
-def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows):
+def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows, budget=0):
     from pyrl.workers.actor import ActorRolloutRefWorker
 
     overrides = memory_measure.config_overrides({"model": model_path, "prompt": max_prompt, "response": max_response,
@@ -144,13 +156,19 @@ def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows
     overrides = [o for o in overrides if not o.startswith("actor_rollout_ref.actor.fsdp_config.dtype")] + [
         f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}", f"actor_rollout_ref.model.use_remove_padding={packed}",
         "actor_rollout_ref.actor.use_prefix_grouper=false", "actor_rollout_ref.actor.optim.lr=1e-6"]
+    if budget:
+        overrides += ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                      f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}"]
     config = memory_measure.resolved_config(overrides)
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, "actor")
     worker.init_model()
     return worker
 
 
-def timed_update(worker, batch, micro, device) -> dict:
+def timed_update(worker, batch, micro, device, attention="varlen") -> dict:
+    from pyrl.models import varlen_attention
+
+    varlen_attention.USE_TORCH_VARLEN = attention == "varlen"
     worker.config.actor.ppo_micro_batch_size_per_gpu = micro
     sync(device)
     gc.collect()
@@ -177,6 +195,10 @@ def main():
     parser.add_argument("--micro-sweep", default="",
                         help="instead: only the default worker on the uniform workload at these rows per micro-batch "
                              "(comma-separated), e.g. 32,64,128")
+    parser.add_argument("--workers", default="",
+                        help=f"instead: only these workers (comma-separated, of {list(WORKERS)}), micro-batches of "
+                             f"{MICRO} rows")
+    parser.add_argument("--workloads", default="uniform,long-tailed", help="comma-separated, of uniform,long-tailed")
     args = parser.parse_args()
     if not args.smoke_cpu and not torch.cuda.is_available():
         sys.exit("gpu_update.py: needs a CUDA GPU (--smoke-cpu checks the script without one)")
@@ -202,28 +224,36 @@ def main():
     start_process_group(device)
     if args.profile:
         return profile_update(model_path, device, args)
-    loads = workloads(args.smoke_cpu)
+    loads = {name: w for name, w in workloads(args.smoke_cpu).items() if name in args.workloads.split(",")}
+    if not loads:
+        sys.exit(f"gpu_update.py: --workloads {args.workloads!r} names none of uniform, long-tailed")
     max_prompt = max(w[2] for w in loads.values())
     max_response = max(w[3] for w in loads.values())
     batches = {name: make_batch(*w, vocab=shape["vocab"], seed=i) for i, (name, w) in enumerate(loads.items())}
     workers = {}
-    chosen = {"bf16 packed fused": WORKERS["bf16 packed fused"]} if args.micro_sweep else WORKERS
-    for name, (dtype, packed, fused) in chosen.items():
+    names = args.workers.split(",") if args.workers else DEFAULT_WORKERS
+    unknown = [name for name in names if name not in WORKERS]
+    if unknown:
+        sys.exit(f"gpu_update.py: unknown --workers {unknown}; known: {list(WORKERS)}")
+    chosen = {name: WORKERS[name] for name in (["bf16 packed fused"] if args.micro_sweep else names)}
+    for name, (dtype, packed, fused, _) in chosen.items():
         t0 = time.time()
         workers[name] = make_worker(model_path, dtype, packed, fused, max_prompt, max_response,
-                                    len(loads["uniform"][0]))
+                                    len(next(iter(loads.values()))[0]),
+                                    (64 if args.smoke_cpu else TOKEN_BUDGET) if name.endswith("budget") else 0)
         print(f"worker {name!r} ready in {time.time() - t0:.0f} s", flush=True)
-    params = sum(p.numel() for p in workers["bf16 packed fused"].policy.parameters())
+    params = sum(p.numel() for p in next(iter(workers.values())).policy.parameters())
     micros = [2, 4] if args.smoke_cpu else [4, 8, 16, 32]
-    cells = [(w, load, MICRO if not args.smoke_cpu else 4) for w in WORKERS for load in loads]
-    cells += [("bf16 packed fused", "uniform", m) for m in micros if m != (4 if args.smoke_cpu else MICRO)]
+    cells = [(w, load, MICRO if not args.smoke_cpu else 4) for w in workers for load in loads]
+    if not args.workers and "uniform" in loads:
+        cells += [("bf16 packed fused", "uniform", m) for m in micros if m != (4 if args.smoke_cpu else MICRO)]
     if args.micro_sweep:
         cells = [("bf16 packed fused", "uniform", int(m)) for m in args.micro_sweep.split(",")]
     results: dict = {cell: [] for cell in cells}
     for rnd in range(args.rounds + 1):  # round 0 warms up (kernels compiled, AdamW's moments allocated)
         for cell in (cells if rnd % 2 else cells[::-1]):
             worker, load, micro = cell
-            out = timed_update(workers[worker], batches[load], micro, device)
+            out = timed_update(workers[worker], batches[load], micro, device, WORKERS[worker][3])
             if rnd:
                 results[cell].append(out)
         print(f"round {rnd} done at {time.time() - started:.0f} s", flush=True)
@@ -237,7 +267,8 @@ def main():
         # (pyrl.workers.precision), and its MFU against the emulated bf16 peak could exceed 1
         computes_bf16 = worker.startswith("bf16") and (device.type == "cuda" or cpu_has_bf16())
         peak = peaks["bfloat16" if computes_bf16 else "float32"]
-        rows.append({"worker": worker, "workload": load, "micro_rows": micro, "real_tokens": sum(seqlens),
+        budget = (64 if args.smoke_cpu else TOKEN_BUDGET) if worker.endswith("budget") else 0
+        rows.append({"worker": worker, "workload": load, "micro_rows": f"<= {budget} tokens" if budget else micro, "real_tokens": sum(seqlens),
                      "padded_tokens": len(seqlens) * (pw + rw), "seconds": seconds,
                      "tokens_per_s": sum(seqlens) / spread(seconds)[0],
                      "mfu_measured_peak": [flops / s / peak for s in seconds],
@@ -245,7 +276,7 @@ def main():
                      "transient_gib": max(r["transient_gib"] for r in runs), "held_gib": runs[-1]["held_gib"]})
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
             "torch": torch.__version__, "model": {**shape, "parameters": params},
-            "rows": len(loads["uniform"][0]), "rounds": args.rounds,
+            "rows": len(next(iter(loads.values()))[0]), "rounds": args.rounds,
             "matmul_peak_flops": peaks, "seconds": time.time() - started}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,10 @@ transformers hands through every decoder layer to the attention function, and po
 for each sequence. Without it (a padded batch with a [B, L] mask) the model behaves exactly as with ``sdpa``.
 
 The cost is the sum of the sequences' costs, not the square of the total:
-- CUDA with flash-attn installed: ``flash_attn_varlen_func`` on the packed tokens.
-- Otherwise (CPU, or CUDA without flash-attn): the sequences are grouped into buckets of similar length
+- CUDA, bf16/fp16: one flash-attention varlen call per layer on the packed tokens: flash-attn's
+  ``flash_attn_varlen_func`` where it is installed (verl's path), else torch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10: no extra package).
+- Otherwise (CPU, float32, or a torch without either): the sequences are grouped into buckets of similar length
   (shortest >= ``BUCKET_RATIO`` x longest), each bucket gathered into a right-padded [b, L] batch (a plain
   reshape when the bucket is the whole row) and run as one causal attention call. Right padding needs no
   mask: a real query at position i sees keys 0..i, all real; rows past a sequence's end are computed and
@@ -25,6 +27,7 @@ sample also the prompt's. The gather's backward sums what every sample sends the
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +38,8 @@ BUCKET_RATIO = 0.75  # a bucket's shortest sequence is at least this fraction of
 # on CPU, bf16/fp16 buckets of sequences up to this length attend by plain matmuls, longer ones by SDPA: the
 # crossover measured for 8 heads of 64 (2 KV heads), fwd + bwd (benchmarks/RESULTS.md)
 CPU_MATMUL_ATTENTION_MAX_LEN = 128
+# benchmarks/gpu_update.py sets this False to time the bucket path against torch's varlen kernel on one GPU
+USE_TORCH_VARLEN = True
 
 
 @dataclass
@@ -132,12 +137,14 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if query.shape[0] != 1:
         raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
-    if (attention_mask.cu_seqlens is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and _flash_varlen() is not None):
+    if attention_mask.cu_seqlens is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         cu = attention_mask.cu_seqlens.to(torch.int32)
-        out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,
-                              dropout_p=dropout, softmax_scale=scaling, causal=True)
-        return out.unsqueeze(0), None
+        if _flash_varlen() is not None:
+            out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,
+                                  dropout_p=dropout, softmax_scale=scaling, causal=True)
+            return out.unsqueeze(0), None
+        if USE_TORCH_VARLEN and not dropout and _torch_varlen()[0] is not None:
+            return torch_varlen_attention(q, k, v, cu, attention_mask.max_seqlen, scaling).unsqueeze(0), None
     if scaling is None:
         scaling = q.shape[-1] ** -0.5
     if attention_mask.inverse is None:  # equal lengths: [T, H, D] is [B, L, H, D] as it stands
@@ -190,6 +197,45 @@ def _flash_varlen():
             flash_attn_varlen_func = None
         _FLASH.append(flash_attn_varlen_func)
     return _FLASH[0]
+
+
+_TORCH_VARLEN = []
+
+
+def _torch_varlen():
+    """(torch.nn.attention.varlen.varlen_attn, its parameters) or (None, {}) where this torch lacks it."""
+    if not _TORCH_VARLEN:
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+        except ImportError:
+            _TORCH_VARLEN.append((None, {}))
+        else:
+            _TORCH_VARLEN.append((varlen_attn, inspect.signature(varlen_attn).parameters))
+    return _TORCH_VARLEN[0]
+
+
+def torch_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           max_seqlen: int, scaling: float | None) -> torch.Tensor:
+    """Causal attention of each run [cu_seqlens[i], cu_seqlens[i+1]) of q [T, H, D] over k, v [T, H_kv, D] by
+    torch's flash-attention varlen kernel (CUDA, bf16/fp16). Its keywords moved between torch releases: causal
+    is ``window_size=(-1, 0)`` (2.11+) or ``is_causal=True`` (2.10); GQA is ``enable_gqa`` where it exists, else
+    the KV heads are repeated; without ``scale`` q is scaled to match."""
+    varlen_attn, params = _torch_varlen()
+    kwargs = {}
+    if scaling is not None and "scale" in params:
+        kwargs["scale"] = scaling
+    elif scaling is not None:  # a release without `scale` scales by D^-1/2
+        q = q * (scaling * q.shape[-1] ** 0.5)
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
 
 
 def register() -> str:

@@ -10,7 +10,8 @@ from pyrl.models import varlen_attention
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN, VarlenAttention
 
 CPU = torch.device("cpu")
-# the CUDA rows run SDPA's CUDA kernels on the buckets (or flash-attn's varlen call for bf16, where it is installed)
+# the CUDA rows run SDPA's CUDA kernels on the buckets in fp32, one flash-attention varlen call in bf16 (flash-attn's
+# where installed, else torch's varlen_attn)
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                                    reason="needs CUDA")])]
 LONG = CPU_MATMUL_ATTENTION_MAX_LEN + 9  # a bucket past the matmul path's limit
@@ -105,3 +106,30 @@ def test_no_tokens():
     q = torch.zeros(1, 2, 0, 8)
     out, _ = varlen_attention.varlen_attention_forward(_Module, q, q, q, None, **attention.as_kwargs())
     assert out.shape == (1, 0, 2, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+def test_cuda_bf16_runs_one_varlen_call_equal_to_the_buckets(heads, kv_heads, monkeypatch):
+    """bf16 on CUDA takes a flash-attention varlen kernel (torch's where flash-attn is absent), not the per-bucket
+    SDPA calls, and gives what the bucket path gives (values and gradients, within bf16's rounding)."""
+    cuda = torch.device("cuda")
+    lengths = torch.tensor([LONG, 5, 1, 0, 40, 39, 3])
+    calls = []
+    real = varlen_attention.torch_varlen_attention
+    monkeypatch.setattr(varlen_attention, "torch_varlen_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    attention = VarlenAttention.from_lengths(lengths, cuda)
+    outs = {}
+    for use in (True, False):
+        monkeypatch.setattr(varlen_attention, "USE_TORCH_VARLEN", use)
+        q, k, v = packed_inputs(lengths, heads, kv_heads, torch.bfloat16, dim=64, seed=3, device=cuda)
+        out, _ = varlen_attention.varlen_attention_forward(
+            _Module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=0.2,
+            **attention.as_kwargs())
+        weight = torch.randn(out[0].shape, generator=torch.Generator().manual_seed(4)).to(cuda)
+        outs[use] = (out[0].float(), *torch.autograd.grad((out[0].float() * weight).sum(), (q, k, v)))
+    assert varlen_attention._flash_varlen() is not None or calls == [(int(lengths.sum()), heads, 64)]
+    for name, got, want in zip(["out", "dq", "dk", "dv"], outs[True], outs[False]):
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2 * float(want.abs().max()), rtol=3e-2,
+                                   msg=lambda m: f"{name}: {m}")
