@@ -268,7 +268,8 @@ def main():
         computes_bf16 = worker.startswith("bf16") and (device.type == "cuda" or cpu_has_bf16())
         peak = peaks["bfloat16" if computes_bf16 else "float32"]
         budget = (64 if args.smoke_cpu else TOKEN_BUDGET) if worker.endswith("budget") else 0
-        rows.append({"worker": worker, "workload": load, "micro_rows": f"<= {budget} tokens" if budget else micro, "real_tokens": sum(seqlens),
+        rows.append({"worker": worker, "workload": load, "micro_rows": f"<= {budget} tokens" if budget else micro,
+                     "real_tokens": sum(seqlens),
                      "padded_tokens": len(seqlens) * (pw + rw), "seconds": seconds,
                      "tokens_per_s": sum(seqlens) / spread(seconds)[0],
                      "mfu_measured_peak": [flops / s / peak for s in seconds],

@@ -258,9 +258,10 @@ class AgentLoop:
                              for tool in self.tools.values()] or None
         self.interactions = dict(interactions or {})
         self.parser = ToolParser.get_tool_parser(self.config.format, tokenizer)
-        if self.parser.stop_token_ids:
-            raise NotImplementedError(f"tool parser {self.config.format!r} needs generation to stop at tokens "
-                                      f"{self.parser.stop_token_ids}: pyrl's engines stop at EOS only")
+        # the tokens the format's model ends a calling turn with instead of EOS (gemma4's <tool_call|>, glm's
+        # <|observation|>, kimi's <|im_end|>): the tool agent's turns stop there (every engine honours
+        # SamplingSpec.stop_token_ids), as verl 0.9.1's ToolAgentLoop adds them to its requests
+        self.stop_token_ids = tuple(sorted(set(self.parser.stop_token_ids)))
         self.chat = ChatTokens(tokenizer, chat_template, template_kwargs)
         self.runner = ToolRunner()
 
@@ -274,10 +275,7 @@ class AgentLoop:
         turn_spec = dataclasses.replace(spec, n=1)
         round_index = 0
         while live := [t for t in trajectories if not t.done]:
-            seed = None if spec.seed is None else derive_seed(spec.seed, "turn", round=round_index)
-            budgets = [self.response_length - len(t.response_ids) for t in live]
-            tokens, logprobs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
-                                                    dataclasses.replace(turn_spec, seed=seed), max_tokens=budgets)
+            tokens, logprobs = self._generate_turns(live, turn_spec, round_index)
             round_index += 1
             for i, t in enumerate(live):
                 self._assistant_turn(t, tokens[i], None if logprobs is None else logprobs[i])
@@ -293,6 +291,33 @@ class AgentLoop:
                                response_masks=[t.response_mask for t in trajectories],
                                logprobs=[t.response_logprobs for t in trajectories] if spec.logprobs else None,
                                trajectories=trajectories)
+
+    def _generate_turns(self, live: list[Trajectory], turn_spec: SamplingSpec,
+                        round_index: int) -> tuple[list[list[int]], list[list[float]] | None]:
+        """The next turn of each live trajectory, in one engine call; in two when the parser has stop tokens and
+        single-turn rows are live too: verl 0.9.1 stops only its tool agent's turns at them (its single_turn_agent
+        ends at EOS), and a call's stop tokens are the same for all its prompts."""
+        groups = [(live, ())]
+        if self.stop_token_ids:
+            tool_rows = [t for t in live if t.agent_name == TOOL_AGENT]
+            groups = [(rows, stop) for rows, stop in ((tool_rows, self.stop_token_ids),
+                                                      ([t for t in live if t.agent_name != TOOL_AGENT], ()))
+                      if rows]
+        tokens_of, logprobs_of = {}, {}
+        for group_index, (rows, stop_token_ids) in enumerate(groups):
+            # a second call gets its own seed: vLLM seeds a call's prompts by their places in it, which the first
+            # call's prompts share
+            coordinates = {"round": round_index, **({"call": group_index} if group_index else {})}
+            seed = None if turn_spec.seed is None else derive_seed(turn_spec.seed, "turn", **coordinates)
+            tokens, logprobs = self.engine.generate(
+                [t.prompt_ids + t.response_ids for t in rows],
+                dataclasses.replace(turn_spec, seed=seed, stop_token_ids=stop_token_ids),
+                max_tokens=[self.response_length - len(t.response_ids) for t in rows])
+            for i, t in enumerate(rows):
+                tokens_of[id(t)] = tokens[i]
+                if logprobs is not None:
+                    logprobs_of[id(t)] = logprobs[i]
+        return [tokens_of[id(t)] for t in live], [logprobs_of[id(t)] for t in live] if logprobs_of else None
 
     def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
         loop_name = row.get("agent_name") or SINGLE_TURN

@@ -24,6 +24,9 @@ class SamplingSpec:
     ignore_eos: bool = False
     logprobs: bool = False
     seed: int | None = None  # set: the call's samples are drawn from this seed, whatever ran before (resumable)
+    # tokens that end a sample as EOS does, kept in the response as vLLM keeps a stop token id, and stopping it even
+    # with ignore_eos (vLLM's stop_token_ids); the agent loop's tool parser sets them (multi_turn.format)
+    stop_token_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -56,7 +59,8 @@ class SamplingSpec:
 
 class RolloutEngine:
     """generate(prompt_ids, spec) -> (response token lists, their log-prob lists or None), n per prompt,
-    interleaved (prompt 0's n samples first); load_weights pushes the actor's weights in place."""
+    interleaved (prompt 0's n samples first); load_weights pushes the actor's weights in place. Every engine honours
+    all of the spec, spec.stop_token_ids included (the agent loop relies on it for the formats that need it)."""
 
     dtype: torch.dtype  # what the engine computes in (and the weights it is pushed)
 

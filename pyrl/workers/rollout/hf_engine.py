@@ -39,10 +39,11 @@ class HFEngine(RolloutEngine):
         else:
             config.update(temperature=spec.temperature, top_k=spec.top_k if spec.top_k > 0 else 0, top_p=spec.top_p)
         eos = config.eos_token_id
-        eos_ids = set([] if eos is None else [eos] if isinstance(eos, int) else eos)
-        if spec.ignore_eos:
-            config.update(eos_token_id=None)
-            eos_ids = set()
+        eos_ids = [] if eos is None or spec.ignore_eos else [eos] if isinstance(eos, int) else list(eos)
+        # stop tokens end a row as EOS does, and are kept in it (vLLM's stop_token_ids: ignore_eos leaves them on)
+        eos_ids += [token for token in spec.stop_token_ids if token not in eos_ids]
+        if spec.ignore_eos or spec.stop_token_ids:
+            config.update(eos_token_id=eos_ids or None)
         if spec.seed is not None:  # the samples do not depend on the engine's history
             self.generator.manual_seed(spec.seed)
         with _forked_rng(self.device, self.generator):

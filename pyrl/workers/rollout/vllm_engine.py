@@ -101,6 +101,9 @@ class VLLMEngine(RolloutEngine):
             ignore_eos=spec.ignore_eos,
             logprobs=0 if spec.logprobs else None,
             detokenize=False,
+            # vLLM ends a request at any of these (ignore_eos or not) and keeps the token in its token_ids (only the
+            # text, which pyrl does not ask for, leaves a special one out)
+            stop_token_ids=list(spec.stop_token_ids) or None,
         )
         budgets = max_tokens or [spec.max_tokens] * len(prompt_ids)
         if spec.seed is None and max_tokens is None:
