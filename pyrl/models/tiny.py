@@ -7,6 +7,7 @@ attention rejects smaller heads.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -174,8 +175,21 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None
 
 def _write_once(root: str, path: str, write) -> None:
     """write(tmp) into a temporary directory under `root`, then rename it to `path`, so that a crash never
-    leaves a half-written model behind; a concurrent maker that renamed first wins."""
+    leaves a half-written model behind. Concurrent makers (parallel test workers, two runs started at once) take
+    turns under a file lock, and a later one finds the model made: a warm start is trained once, not per process.
+    Without the lock (a file system that refuses it), the maker that renamed first wins."""
     os.makedirs(root, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return
+        _write_renamed(root, path, write)
+
+
+def _write_renamed(root: str, path: str, write) -> None:
     tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-tiny-")
     try:
         write(tmp)

@@ -206,7 +206,7 @@ def _torch_varlen():
     """(torch.nn.attention.varlen.varlen_attn, its parameters) or (None, {}) where this torch lacks it."""
     if not _TORCH_VARLEN:
         try:
-            from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+            from torch.nn.attention.varlen import varlen_attn  # lazy: torch >= 2.10 only, and only CUDA runs it
         except ImportError:
             _TORCH_VARLEN.append((None, {}))
         else:

@@ -66,7 +66,7 @@ def oracle_gae(rewards, values, mask, gamma, lam, whiten=True, cu_seqlens=None):
 
 
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
-@pytest.mark.parametrize("b, t", [(5, 17), (33, 3), (2, 1)])
+@pytest.mark.parametrize("b, t", [(5, 17), (7, 3), (2, 1)])
 def test_padded_matches_verl_loop(backend, device, gamma, lam, b, t):
     rewards, values = torch.randn(b, t), torch.randn(b, t)
     mask = _random_mask(b, t)
