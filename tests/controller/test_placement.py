@@ -9,6 +9,9 @@ import pytest
 
 from pyrl.controller.worker_group import Node, PlacementError, alive_nodes, choose_nodes
 
+# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
+pytestmark = pytest.mark.serial
+
 HEAD = Node("aa" * 28, "10.0.0.1", "head", cpus=8, gpus=0, free_cpus=8, free_gpus=0)
 GPU_A = Node("bb" * 28, "10.0.0.2", "gpu-a", cpus=32, gpus=8, free_cpus=32, free_gpus=8)
 GPU_B = Node("cc" * 28, "10.0.0.3", "gpu-b", cpus=32, gpus=8, free_cpus=32, free_gpus=8)

@@ -23,6 +23,9 @@ from pyrl.controller import (
 from pyrl.controller.worker_group import process_state
 from pyrl.protocol import DataProto
 
+# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
+pytestmark = pytest.mark.serial
+
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests package
 

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from trainer_helpers import SMALL, marked_processes
+
+# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
+pytestmark = pytest.mark.serial
 
 
 def test_ctrl_c_ends_with_one_line_and_leaves_nothing_behind(tmp_path):

@@ -12,6 +12,9 @@ import sys
 import pytest
 from trainer_helpers import SMALL, compose, kill_after_checkpoint, read_metrics, run_cli
 
+# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
+pytestmark = pytest.mark.serial
+
 # hosts the cluster until its stdin closes; prints its address and node ids (head first). The head is big enough
 # for both ranks: Ray alone packs two 1-CPU STRICT_PACK placement groups onto it (every time, as measured with
 # Ray 2.60), so a rank on each node shows the pool's pinning at work.

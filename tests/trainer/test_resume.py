@@ -12,6 +12,9 @@ import time
 import pytest
 from trainer_helpers import SMALL, kill_after_checkpoint, marked_processes, read_metrics, run_cli
 
+# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
+pytestmark = pytest.mark.serial
+
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max"]
 TOLERANCE = 1e-6  # relative; in practice the runs agree exactly (same seeds, same float operations)
