@@ -292,8 +292,9 @@ def test_lengths_and_vocabulary_checked_against_the_models():
 
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.rollout.agent.default_agent_loop=react_agent", "default_agent_loop='react_agent' is unknown"),
-    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss",
-     "multi_turn.format='gpt-oss' is unknown; expected one of hermes"),
+    ("actor_rollout_ref.rollout.multi_turn.format=llama3_json",  # vLLM has it, verl 0.9.1 does not
+     "multi_turn.format='llama3_json' is unknown; expected one of deepseek_v4, gemma4, glm, gpt-oss, hermes, kimi, "
+     "minimax, qwen3_coder, seed"),
     ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=both", "tool_response_truncate_side='both'"),
     ("actor_rollout_ref.rollout.multi_turn.max_user_turns=-1", "max_user_turns=-1: expected null or 0"),
     ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0", "max_parallel_calls=0: expected > 0"),
