@@ -22,7 +22,11 @@ def test_ctrl_c_ends_with_one_line_and_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pyrl.ppo", *SMALL, "actor_rollout_ref.rollout.name=hf",
                              "trainer.total_training_steps=50", "trainer.save_freq=1", "trainer.logger=[console]",
                              f"trainer.default_local_dir={run_dir}"], cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=open(tmp_path / "out.txt", "w"), stderr=open(tmp_path / "err.txt", "w"))
+                            stdout=open(tmp_path / "out.txt", "w"), stderr=open(tmp_path / "err.txt", "w"),
+                            # as a terminal's foreground command has it: a test run started in the background by a
+                            # non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then installs no
+                            # KeyboardInterrupt handler, so the run would rightly go on to its last step
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         latest = run_dir / "latest_checkpointed_iteration.txt"
         deadline = time.monotonic() + 300
