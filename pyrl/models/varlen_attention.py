@@ -137,7 +137,9 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if query.shape[0] != 1:
         raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
-    if attention_mask.cu_seqlens is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    # (a rank's empty micro-batch, which FSDP still runs, has no tokens: the bucket path returns its empty output)
+    if (attention_mask.cu_seqlens is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[0] > 0):
         cu = attention_mask.cu_seqlens.to(torch.int32)
         if _flash_varlen() is not None:
             out = _flash_varlen()(q, k, v, cu, cu, attention_mask.max_seqlen, attention_mask.max_seqlen,

@@ -101,11 +101,14 @@ def test_buckets_cover_every_token_once():
     assert VarlenAttention.from_lengths(torch.tensor([6, 6]), CPU).inverse is None  # equal lengths: no gather
 
 
-def test_no_tokens():
-    attention = VarlenAttention.from_lengths(torch.tensor([0, 0]), CPU)
-    q = torch.zeros(1, 2, 0, 8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_tokens(device, dtype):
+    """A rank's empty micro-batch (FSDP runs one where another rank has more): an empty output, on every path."""
+    attention = VarlenAttention.from_lengths(torch.tensor([0, 0]), torch.device(device))
+    q = torch.zeros(1, 2, 0, 8, device=device, dtype=dtype)
     out, _ = varlen_attention.varlen_attention_forward(_Module, q, q, q, None, **attention.as_kwargs())
-    assert out.shape == (1, 0, 2, 8)
+    assert out.shape == (1, 0, 2, 8) and out.dtype == dtype
 
 
 @pytest.mark.gpu
