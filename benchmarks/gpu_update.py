@@ -61,15 +61,16 @@ from spread import show, spread  # noqa: E402
 MODEL = dict(hidden=896, layers=24, intermediate=4864, vocab=151936, heads=14, kv_heads=2)  # Qwen2.5-0.5B's shape
 SMOKE_MODEL = dict(hidden=64, layers=2, intermediate=128, vocab=1000, heads=2, kv_heads=1)
 WORKERS = {
-    # name: (dtype, packed, fused, packed attention: one varlen call per layer or per-bucket SDPA calls)
-    "bf16 packed fused": ("bfloat16", True, True, "varlen"),
-    "bf16 padded fused": ("bfloat16", False, True, "varlen"),
-    "bf16 packed logits": ("bfloat16", True, False, "varlen"),
-    "fp32 packed fused": ("float32", True, True, "varlen"),
-    "fp32 padded fused": ("float32", False, True, "varlen"),
-    "bf16 packed buckets": ("bfloat16", True, True, "buckets"),
-    "bf16 packed budget": ("bfloat16", True, True, "varlen"),
-    "bf16 padded budget": ("bfloat16", False, True, "varlen"),
+    # name: (dtype, packed, fused, packed attention: one varlen call per layer or per-bucket SDPA calls,
+    #        micro-batches by a token budget instead of rows)
+    "bf16 packed fused": ("bfloat16", True, True, "varlen", False),
+    "bf16 padded fused": ("bfloat16", False, True, "varlen", False),
+    "bf16 packed logits": ("bfloat16", True, False, "varlen", False),
+    "fp32 packed fused": ("float32", True, True, "varlen", False),
+    "fp32 padded fused": ("float32", False, True, "varlen", False),
+    "bf16 packed buckets": ("bfloat16", True, True, "buckets", False),
+    "bf16 packed budget": ("bfloat16", True, True, "varlen", True),
+    "bf16 padded budget": ("bfloat16", False, True, "varlen", True),
 }
 DEFAULT_WORKERS = list(WORKERS)[:5]
 # the `budget` workers: use_dynamic_bsz with this many tokens per micro-batch (padded: counting the padding), where
@@ -236,11 +237,11 @@ def main():
     if unknown:
         sys.exit(f"gpu_update.py: unknown --workers {unknown}; known: {list(WORKERS)}")
     chosen = {name: WORKERS[name] for name in (["bf16 packed fused"] if args.micro_sweep else names)}
-    for name, (dtype, packed, fused, _) in chosen.items():
+    token_budget = 64 if args.smoke_cpu else TOKEN_BUDGET
+    for name, (dtype, packed, fused, _, budgeted) in chosen.items():
         t0 = time.time()
         workers[name] = make_worker(model_path, dtype, packed, fused, max_prompt, max_response,
-                                    len(next(iter(loads.values()))[0]),
-                                    (64 if args.smoke_cpu else TOKEN_BUDGET) if name.endswith("budget") else 0)
+                                    len(next(iter(loads.values()))[0]), token_budget if budgeted else 0)
         print(f"worker {name!r} ready in {time.time() - t0:.0f} s", flush=True)
     params = sum(p.numel() for p in next(iter(workers.values())).policy.parameters())
     micros = [2, 4] if args.smoke_cpu else [4, 8, 16, 32]
@@ -267,8 +268,8 @@ def main():
         # (pyrl.workers.precision), and its MFU against the emulated bf16 peak could exceed 1
         computes_bf16 = worker.startswith("bf16") and (device.type == "cuda" or cpu_has_bf16())
         peak = peaks["bfloat16" if computes_bf16 else "float32"]
-        budget = (64 if args.smoke_cpu else TOKEN_BUDGET) if worker.endswith("budget") else 0
-        rows.append({"worker": worker, "workload": load, "micro_rows": f"<= {budget} tokens" if budget else micro,
+        rows.append({"worker": worker, "workload": load,
+                     "micro_rows": f"<= {token_budget} tokens" if WORKERS[worker][4] else micro,
                      "real_tokens": sum(seqlens),
                      "padded_tokens": len(seqlens) * (pw + rw), "seconds": seconds,
                      "tokens_per_s": sum(seqlens) / spread(seconds)[0],
