@@ -25,14 +25,16 @@ def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     import torch
+    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from pyrl.config import RolloutConfig
+    from pyrl.config import ActorRolloutRefConfig, RolloutConfig
     from pyrl.data.tool_calc import TOOL_USE_FROM, tool_calc_pairs, tool_calc_prompt
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
     from pyrl.models.hub import resolve_model_path
     from pyrl.tools.tool_registry import load_all_tools
     from pyrl.workers.rollout import make_engine
-    from pyrl.workers.rollout.agent_loop import AgentLoop
+    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
     from pyrl.workers.rollout.base import SamplingSpec
 
     path = resolve_model_path("pyrl:tiny-tool-sft")
@@ -41,14 +43,18 @@ def main(argv=None) -> None:
                            load_format="auto", max_num_seqs=1024)
     engine = make_engine(args.engine, path, config, torch.device("cpu"), tokenizer)
     tools = load_all_tools(str(importlib.resources.files("pyrl.configs").joinpath("tools/calculator.yaml")), None)
-    loop = AgentLoop(engine, tokenizer, config, tools)
+    schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools]
+    loop = AgentLoopRunner(engine, tokenizer,
+                           OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(ActorRolloutRefConfig(
+                               rollout=config))}), OmegaConf.create({}), tools,
+                           AgentRuntime(ChatTokens(tokenizer), ToolRunner()))
     train, _, _ = tool_calc_pairs()
     pairs = [p for p in train if p[0] >= TOOL_USE_FROM][:args.prompts]
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": tool_calc_prompt(a, b)}],
-                                                       tools=loop.tool_schemas, add_generation_prompt=True,
+                                                       tools=schemas, add_generation_prompt=True,
                                                        tokenize=False),
                          add_special_tokens=False)["input_ids"] for a, b in pairs]
-    rows = [{"agent_name": "tool_agent"}] * len(prompts)
+    rows = [{"agent_name": "tool_agent", "raw_prompt_ids": ids} for ids in prompts for _ in range(args.n)]
 
     def timed(fn):
         fn()  # warm-up
@@ -59,17 +65,17 @@ def main(argv=None) -> None:
             times.append(time.perf_counter() - start)
         return statistics.median(times), result
 
-    multi_s, out = timed(lambda: loop.run(prompts, rows, SamplingSpec(n=args.n, max_tokens=64, seed=1)))
-    lengths = [len(t.response_ids) for t in out.trajectories]
-    generated = sum(sum(t.response_mask) for t in out.trajectories)
+    multi_s, out = timed(lambda: loop.run(rows, {}, SamplingSpec(max_tokens=64, seed=1)).outputs)
+    lengths = [len(t.response_ids) for t in out]
+    generated = sum(sum(t.response_mask) for t in out)
     width = round(statistics.mean(lengths))
     single_s, _ = timed(lambda: engine.generate(prompts, SamplingSpec(n=args.n, max_tokens=width, seed=1,
                                                                       ignore_eos=True)))
-    samples = len(out.trajectories)
+    samples = len(out)
     print(f"engine {args.engine}, {len(prompts)} prompts x {args.n} samples, torch threads {torch.get_num_threads()}")
     print(f"tool agent loop: {multi_s:.3f} s ({samples} trajectories, mean response "
           f"{statistics.mean(lengths):.1f} tokens of which {generated / samples:.1f} generated, "
-          f"{sum(t.tool_calls for t in out.trajectories)} tool calls)")
+          f"{sum(t.extra_fields['tool_call_counts'] for t in out)} tool calls)")
     print(f"single turn, {width} tokens each: {single_s:.3f} s")
     print(f"ratio agent loop / single turn: {multi_s / single_s:.2f}")
 

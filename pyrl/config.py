@@ -212,7 +212,7 @@ class AgentLoopConfig:
     """verl 0.9.1's rollout.agent: which loop runs a sample (its agent_name column, else default_agent_loop)."""
 
     num_workers: int = 8
-    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent | a loop the file below names
     agent_loop_config_path: Optional[str] = None
     custom_async_server: CustomClassConfig = field(default_factory=CustomClassConfig)
 
@@ -685,9 +685,6 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"actor_rollout_ref.rollout.multi_turn.{key}": ((value,), "verl 0.9.1 reads it nowhere either")
        for key, value in (("use_inference_chat_template", False), ("tokenization_sanity_check_mode", "strict"),
                           ("num_repeat_rollouts", None))},
-    "actor_rollout_ref.rollout.agent.agent_loop_config_path": ((None,), "custom agent loop classes are not "
-                                                                        "implemented: single_turn_agent and "
-                                                                        "tool_agent"),
     **{f"actor_rollout_ref.rollout.agent.custom_async_server.{key}": ((None,), "pyrl's engines run in the rollout "
                                                                                "workers, not behind a server")
        for key in ("path", "name")},

@@ -232,14 +232,16 @@ def check_multi_turn(config) -> list[dict] | None:
     the prompts list (data.tool_config_path and data.function_tool_path, by default the rollout's; None without
     tools)."""
     # lazy: the tools and the rollout (pydantic, omegaconf, torch) load for the checks only
+    from pyrl.experimental.agent_loop.agent_loop import known_agent_loops
     from pyrl.tools.tool_registry import load_all_tools
-    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TRUNCATE_SIDES
+    from pyrl.workers.rollout.agent_loop import TRUNCATE_SIDES
     from pyrl.workers.rollout.tool_parser import ToolParser
 
     rollout = config.actor_rollout_ref.rollout
     multi_turn, agent = rollout.multi_turn, rollout.agent
     key = "actor_rollout_ref.rollout.multi_turn"
-    _check_name("actor_rollout_ref.rollout.agent.default_agent_loop", agent.default_agent_loop, AGENT_LOOPS)
+    _check_name("actor_rollout_ref.rollout.agent.default_agent_loop", agent.default_agent_loop,
+                sorted(known_agent_loops(agent.agent_loop_config_path)))
     _check_name(f"{key}.format", multi_turn.format, ToolParser.registered())
     _check_name(f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side, TRUNCATE_SIDES)
     for name in ("max_assistant_turns", "max_user_turns"):
@@ -264,9 +266,11 @@ def check_agent_loops(config, datasets) -> None:
     name one; the tool agent needs raw_prompt; multi_turn.enable=true with no row running the tool agent would
     leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
     # lazy: the rollout (torch) loads for the checks only
-    from pyrl.workers.rollout.agent_loop import AGENT_LOOPS, TOOL_AGENT, agent_name, interaction_name
+    from pyrl.experimental.agent_loop.agent_loop import known_agent_loops
+    from pyrl.workers.rollout.agent_loop import TOOL_AGENT, agent_name, interaction_name
 
     rollout = config.actor_rollout_ref.rollout
+    known = sorted(known_agent_loops(rollout.agent.agent_loop_config_path))
     default, path = rollout.agent.default_agent_loop, rollout.multi_turn.interaction_config_path
     interactions = {}
     if path:
@@ -278,8 +282,9 @@ def check_agent_loops(config, datasets) -> None:
     for dataset in datasets:
         for i, row in enumerate(dataset.rows):
             name = agent_name(row.get("agent_name"), default)
-            if name not in AGENT_LOOPS:
-                raise ValueError(f"data row {i}: agent_name {name!r} is not one of {AGENT_LOOPS}")
+            if name not in known:
+                raise ValueError(f"data row {i}: agent_name {name!r} is not one of {known} (pyrl's loops and "
+                                 "actor_rollout_ref.rollout.agent.agent_loop_config_path's)")
             used.add(name)
             if name == TOOL_AGENT and interactions:
                 interaction_name(row.get("interaction_kwargs") or {}, interactions, f"data row {i}")

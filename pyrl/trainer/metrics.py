@@ -3,22 +3,14 @@ throughput, and the validation summary."""
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards.managers import is_number
-
-
-@contextmanager
-def timer(name: str, timing: dict):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+from pyrl.utils.profiler import simple_timer as timer  # noqa: F401 (the trainer's phase timer)
 
 
 def _stats(prefix: str, values: torch.Tensor, out: dict) -> None:

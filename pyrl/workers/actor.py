@@ -29,7 +29,15 @@ from pyrl.workers.batching import ModelInputs
 from pyrl.workers.distributed import all_reduce, full_tensor, worker_device
 from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
-from pyrl.workers.rollout.agent_loop import AgentLoop, agent_name, trajectory_columns, uses_agent_loop
+from pyrl.workers.rollout.agent_loop import (
+    ChatTokens,
+    ToolRunner,
+    agent_loop_rm_scores,
+    agent_name,
+    trajectory_columns,
+    uses_agent_loop,
+    with_agent_loop_prompts,
+)
 from pyrl.workers.rollout.base import prompt_token_lists
 from pyrl.workers.rollout.tensor_parallel import LeaderEngine, TensorParallelGroup
 from pyrl.workers.update import UpdatePlan, run_update
@@ -56,7 +64,7 @@ class ActorRolloutRefWorker(Worker):
         self.packed = config.model.use_remove_padding
         self.engine = None
         self.tp_group = None  # with rollout.tensor_model_parallel_size > 1: the ranks sharing this rank's engine
-        self.agent_loop = None
+        self.agent_loop_runner, self.agent_loop_stats = None, {}
         self.peft_model = None  # with model.lora_rank > 0: the policy's adapters (pyrl.workers.lora)
 
     # ---- setup ----
@@ -176,48 +184,72 @@ class ActorRolloutRefWorker(Worker):
         if spec.seed is not None:  # each rank (group) draws its own samples
             spec = dataclasses.replace(spec, seed=derive_seed(spec.seed, "rank", rank=self.rank))
         start = time.perf_counter()
-        masks, trajectories = None, None
+        masks, columns = None, None
         ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+        rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
         if len(prompts) == 0:
             responses, logprobs = [], [] if spec.logprobs else None
         elif uses_agent_loop(self.config.rollout, "agent_name" in prompts.non_tensor_batch):
-            agent_out = self._agent_loop(prompts.meta_info).run(ids, self._agent_rows(prompts), spec)
-            responses, logprobs, masks = agent_out.responses, agent_out.logprobs, agent_out.response_masks
-            trajectories = agent_out.trajectories
+            outputs = self._run_agent_loops(prompts, ids, spec)
+            responses, masks = [o.response_ids for o in outputs], [o.response_mask for o in outputs]
+            logprobs = [o.response_logprobs or [0.0] * len(o.response_ids) for o in outputs] if spec.logprobs else None
+            rows = with_agent_loop_prompts(rows, [o.prompt_ids for o in outputs])
+            columns = trajectory_columns(outputs)
         else:
             responses, logprobs = self.engine.generate(ids, spec)
-        rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         seconds = time.perf_counter() - start
         out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad, masks)
-        if trajectories is not None:
-            out.non_tensor_batch.update(trajectory_columns(trajectories))
+        if columns is not None:
+            out.non_tensor_batch.update(columns)
+            rm_scores = agent_loop_rm_scores(outputs, spec.max_tokens)
+            if rm_scores is not None:  # the loops scored their trajectories: the reward step takes these
+                out.batch["rm_scores"] = rm_scores
         if len(parts) == 1:
             return [(out, seconds)]
         # copies of each part's rows (a view would carry the whole batch's storage wherever it is sent)
         ends = np.cumsum([len(part) * spec.n for part in parts])
         return [(out.select_idxs(np.arange(end - len(part) * spec.n, end)), seconds) for part, end in zip(parts, ends)]
 
-    def _agent_rows(self, prompts: DataProto) -> list[dict]:
+    def _run_agent_loops(self, prompts: DataProto, ids: list[list[int]], spec: SamplingSpec) -> list:
+        """Every trajectory (spec.n per prompt, interleaved) through the loop its agent_name names, each a
+        coroutine (pyrl.experimental.agent_loop). A loop gets the row's non-tensor fields as verl's do, and
+        raw_prompt_ids, the prompt's tokens as the dataset rendered them."""
+        runner = self._agent_loop_runner(prompts.meta_info)
         nt, default = prompts.non_tensor_batch, self.config.rollout.agent.default_agent_loop
-        names = nt["agent_name"] if "agent_name" in nt else [None] * len(prompts)
-        return [{"agent_name": agent_name(names[i], default),
-                 **{key: nt[key][i] for key in ("raw_prompt", "tools_kwargs", "interaction_kwargs", "extra_info")
-                    if key in nt}}
-                for i in range(len(prompts))]
+        rows = []
+        for i in range(len(prompts)):
+            row = {key: values[i] for key, values in nt.items()}
+            row["agent_name"] = agent_name(row.get("agent_name"), default)
+            row["raw_prompt_ids"] = ids[i]
+            rows += [dict(row) for _ in range(spec.n)]
+        sampling_params = dict(temperature=0.0 if spec.greedy else spec.temperature, top_p=spec.top_p,
+                               top_k=spec.top_k, repetition_penalty=1.0, logprobs=spec.logprobs)
+        batch = runner.run(rows, sampling_params, spec)
+        self.agent_loop_stats = {"engine_calls": batch.engine_calls, "requests": batch.requests,
+                                 "engine_idle_fraction": batch.engine_idle_fraction}
+        return batch.outputs
 
-    def _agent_loop(self, meta_info: dict) -> AgentLoop:
+    def _agent_loop_runner(self, meta_info: dict):
         """Built on first use: the tools and interactions of rollout.multi_turn, loaded in this worker, and the
         data's chat template keywords (the trainer sends data.apply_chat_template_kwargs with the prompts)."""
-        if self.agent_loop is None:
+        if self.agent_loop_runner is None:
+            # lazy: the agent loops (pydantic, hydra) load only with an agent loop
+            from omegaconf import OmegaConf
+
+            from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+
             multi_turn = self.config.rollout.multi_turn
             tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
             interactions = (initialize_interactions_from_config(multi_turn.interaction_config_path)
                             if multi_turn.interaction_config_path else {})
-            self.agent_loop = AgentLoop(self.engine, self.tokenizer, self.config.rollout, tools, interactions,
-                                        chat_template=self.config.model.custom_chat_template,
-                                        template_kwargs=meta_info.get("apply_chat_template_kwargs"))
-        return self.agent_loop
+            template_kwargs = dict(meta_info.get("apply_chat_template_kwargs") or {})
+            chat = ChatTokens(self.tokenizer, self.config.model.custom_chat_template, template_kwargs)
+            self.agent_loop_runner = AgentLoopRunner(
+                self.engine, self.tokenizer, OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(self.config)}),
+                OmegaConf.create({"apply_chat_template_kwargs": template_kwargs}), tools,
+                AgentRuntime(chat, ToolRunner(), interactions))
+        return self.agent_loop_runner
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:

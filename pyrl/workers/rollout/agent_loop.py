@@ -1,46 +1,26 @@
-"""The agent loop (verl 0.9.1's single_turn_agent and tool_agent): every trajectory of a batch, turn by turn.
+"""What the agent loops share (pyrl/experimental/agent_loop: verl 0.9.1's contract, pyrl's single_turn_agent and
+tool_agent): which loop a row runs, the tokens of appended messages, tools run under a deadline, tool-response
+truncation, and the rollout batch's per-trajectory columns. The trainer imports this module for its columns; the
+loops themselves (pydantic, hydra) load only with an agent loop.
 
-    generate a turn -> parse its tool calls (rollout.multi_turn.format) -> run them (asyncio, at most
-    max_parallel_calls per turn, each with a timeout) -> append the tool responses as the chat template
-    renders the tool role, truncated to max_tool_response_length characters -> next turn; with an
-    interaction, a turn without tool calls is answered by the interaction (a simulated user) instead
-    -> until no tool is called, the interaction ends the episode, or a turn or length limit is hit.
-
-Each round generates the next turn of every live trajectory in one engine call (vLLM batches them; the hf
-engine pads them), with what is left of rollout.response_length as each one's budget. The tokens the model
-generated are kept as generated, never re-tokenized ("continuous tokens", as verl 0.9.1): only the appended
-messages are rendered, as the suffix the chat template adds after a synthetic prefix, so the rollout, the
-old/ref log-probs and the update all see the same tokens. response_mask is 1 on the model's tokens only;
-tool, user and template tokens are attended to but not trained on (rollout log-prob 0 there).
-
-A tool that raises, hangs, returns megabytes, gets malformed JSON or an unknown name never stops the run:
-the trajectory gets an error message as the tool's response, and the error is counted. (verl 0.9.1 drops a
-malformed call block silently, ending the episode as if nothing were called; pyrl answers it.)
+The tokens the model generated are kept as generated, never re-tokenized ("continuous tokens", as verl 0.9.1):
+only the appended messages are rendered, as the suffix the chat template adds after a synthetic prefix, so the
+rollout, the old/ref log-probs and the update all see the same tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import json
 import logging
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any
-from uuid import uuid4
 
 import numpy as np
-
-from pyrl.sandbox import SandboxUnavailable
-from pyrl.seeding import derive_seed
-from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
+import torch
 
 log = logging.getLogger("pyrl")
 
 SINGLE_TURN, TOOL_AGENT = "single_turn_agent", "tool_agent"
-AGENT_LOOPS = (SINGLE_TURN, TOOL_AGENT)
 TRUNCATE_SIDES = ("left", "right", "middle")
 # the synthetic conversation an appended message is rendered after (verl 0.9.1's continuous-token builder)
 _SYSTEM = {"role": "system", "content": "continuous token synthetic system"}
@@ -132,9 +112,10 @@ class ChatTokens:
 
 # ---- running tools with a deadline ----
 class ToolRunner:
-    """Runs tool coroutines on an event loop in a daemon thread, each under a deadline. A tool that blocks the
-    loop itself (a synchronous sleep inside `async def execute`) cannot be cancelled: its calls are answered
-    as timed out, and the stuck loop is abandoned for a fresh one, so the next round runs."""
+    """Runs tool coroutines on an event loop in a daemon thread of its own, each under a deadline, for an agent
+    loop's coroutine to await. A tool that blocks that loop itself (a synchronous sleep inside `async def
+    execute`) cannot be cancelled: its calls are answered as timed out, and the stuck loop is abandoned for a fresh
+    one, so the other trajectories' tools go on (and the agent loops' own event loop is never blocked by a tool)."""
 
     def __init__(self):
         self._start()
@@ -144,7 +125,7 @@ class ToolRunner:
         self.thread = threading.Thread(target=self.loop.run_forever, name="pyrl-tools", daemon=True)
         self.thread.start()
 
-    def run(self, coroutines: list, timeout_s: float) -> list:
+    async def run(self, coroutines: list, timeout_s: float) -> list:
         """Each coroutine's result, or the exception it raised (asyncio.TimeoutError past timeout_s)."""
         if not coroutines:
             return []
@@ -152,77 +133,33 @@ class ToolRunner:
         async def bounded(coro):
             return await asyncio.wait_for(coro, timeout_s)
 
-        futures = [asyncio.run_coroutine_threadsafe(bounded(c), self.loop) for c in coroutines]
-        deadline = time.monotonic() + timeout_s + 1.0  # wait_for's own cancellation gets a second
+        loop = self.loop
+        futures = [asyncio.run_coroutine_threadsafe(bounded(c), loop) for c in coroutines]
+        waiting = [asyncio.wrap_future(future) for future in futures]
+        # wait_for's own cancellation gets a second
+        done, _ = await asyncio.wait(waiting, timeout=timeout_s + 1.0)
         results, stuck = [], False
-        for future in futures:
-            try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except (Exception, asyncio.CancelledError) as error:  # the tool's failure becomes its response
-                if future.done():  # it raised, or wait_for timed it out (both TimeoutError: tell them apart)
-                    results.append(error)
-                else:  # still running past the deadline: the loop never got to cancel it
-                    future.cancel()
-                    stuck = True
-                    results.append(asyncio.TimeoutError())
-        if stuck:
+        for future, waited in zip(futures, waiting):
+            if waited in done:  # it returned, raised, or wait_for timed it out
+                results.append(asyncio.CancelledError() if waited.cancelled() else
+                               waited.exception() or waited.result())
+            else:  # still running past the deadline: the loop never got to cancel it
+                future.cancel()
+                waited.cancel()
+                stuck = True
+                results.append(asyncio.TimeoutError())
+        if stuck and loop is self.loop:  # the first caller to see the loop stuck replaces it
             log.warning("agent loop: a tool blocked its event loop past multi_turn.tool_timeout_s=%s; the loop is "
                         "abandoned and a new one started", timeout_s)
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            loop.call_soon_threadsafe(loop.stop)
             self._start()
         return results
 
-    def call(self, coroutine, timeout_s: float = 60.0):
-        result = self.run([coroutine], timeout_s)[0]
+    async def call(self, coroutine, timeout_s: float = 60.0):
+        result = (await self.run([coroutine], timeout_s))[0]
         if isinstance(result, BaseException):
             raise result
         return result
-
-
-# ---- one trajectory ----
-@dataclass
-class Trajectory:
-    """What the loop knows of one sample: its tokens so far and its counters (`agent_data` for tools)."""
-
-    prompt_ids: list[int]
-    agent_name: str
-    messages: list[dict]
-    tools_kwargs: dict
-    interaction_kwargs: dict
-    request_id: str = field(default_factory=lambda: uuid4().hex)
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
-    assistant_turns: int = 0
-    user_turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_seconds: float = 0.0
-    turn_scores: list[float] = field(default_factory=list)
-    tool_rewards: list[float] = field(default_factory=list)
-    extra_fields: dict = field(default_factory=dict)  # a tool may keep what it likes here (verl's agent_data)
-    pending_calls: list = field(default_factory=list)  # this turn's parsed calls, not yet run
-    tools: dict = field(default_factory=dict)  # name -> the tools this sample may call
-    interaction: Any = None  # (name, instance id) of its interaction, if any
-    done: bool = False
-
-    def append(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
-        self.response_ids += tokens
-        self.response_mask += [int(trained)] * len(tokens)
-        self.response_logprobs += list(logprobs) if logprobs is not None else [0.0] * len(tokens)
-
-    @property
-    def num_turns(self) -> int:
-        """verl's count: the prompt, each assistant turn and each user/tool turn."""
-        return self.user_turns + self.assistant_turns + 1
-
-
-@dataclass
-class AgentLoopOutput:
-    responses: list[list[int]]
-    response_masks: list[list[int]]
-    logprobs: list[list[float]] | None
-    trajectories: list[Trajectory]
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:
@@ -237,238 +174,68 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[-half:]
 
 
-class AgentLoop:
-    """Drives `engine` over a batch of prompts (see the module docstring). `tools`: BaseTool or FunctionTool
-    objects; `interactions`: name -> BaseInteraction."""
-
-    def __init__(self, engine: RolloutEngine, tokenizer, rollout_config, tools: list | None = None,
-                 interactions: dict | None = None, chat_template: str | None = None,
-                 template_kwargs: dict | None = None):
-        # lazy: pyrl.tools (pydantic) loads only with an agent loop; the trainer imports this module for its columns
-        from pyrl.workers.rollout.tool_parser import ToolParser
-
-        self.engine, self.tokenizer = engine, tokenizer
-        self.config = rollout_config.multi_turn
-        self.response_length = rollout_config.response_length
-        if self.config.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side: expected one of "
-                             f"{TRUNCATE_SIDES}, got {self.config.tool_response_truncate_side!r}")
-        self.tools = {tool.name: tool for tool in tools or []}
-        self.tool_schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
-                             for tool in self.tools.values()] or None
-        self.interactions = dict(interactions or {})
-        self.parser = ToolParser.get_tool_parser(self.config.format, tokenizer)
-        # the tokens the format's model ends a calling turn with instead of EOS (gemma4's <tool_call|>, glm's
-        # <|observation|>, kimi's <|im_end|>): the tool agent's turns stop there (every engine honours
-        # SamplingSpec.stop_token_ids), as verl 0.9.1's ToolAgentLoop adds them to its requests
-        self.stop_token_ids = tuple(sorted(set(self.parser.stop_token_ids)))
-        self.chat = ChatTokens(tokenizer, chat_template, template_kwargs)
-        self.runner = ToolRunner()
-
-    # ---- the loop ----
-    def run(self, prompt_ids: list[list[int]], rows: list[dict], spec: SamplingSpec) -> AgentLoopOutput:
-        """prompt_ids: each prompt's tokens (a tool agent's rendered with its tools' schemas); rows: each
-        prompt's agent_name, raw_prompt, tools_kwargs, interaction_kwargs and extra_info (missing: defaults; a
-        missing agent_name is single_turn_agent). Returns spec.n trajectories per prompt, interleaved."""
-        self.response_length = spec.max_tokens  # the run's budget (validation may set its own response_length)
-        trajectories = [self._start(ids, row) for ids, row in zip(prompt_ids, rows) for _ in range(spec.n)]
-        turn_spec = dataclasses.replace(spec, n=1)
-        round_index = 0
-        while live := [t for t in trajectories if not t.done]:
-            tokens, logprobs = self._generate_turns(live, turn_spec, round_index)
-            round_index += 1
-            for i, t in enumerate(live):
-                self._assistant_turn(t, tokens[i], None if logprobs is None else logprobs[i])
-            callers = [t for t in live if not t.done and t.pending_calls]
-            self._run_tools(callers)
-            calling = {id(t) for t in callers}
-            self._interact([t for t in live if not t.done and id(t) not in calling])
-        for t in trajectories:
-            if t.interaction is not None:
-                name, instance = t.interaction
-                self.runner.call(self.interactions[name].finalize_interaction(instance), self.config.tool_timeout_s)
-        return AgentLoopOutput(responses=[t.response_ids for t in trajectories],
-                               response_masks=[t.response_mask for t in trajectories],
-                               logprobs=[t.response_logprobs for t in trajectories] if spec.logprobs else None,
-                               trajectories=trajectories)
-
-    def _generate_turns(self, live: list[Trajectory], turn_spec: SamplingSpec,
-                        round_index: int) -> tuple[list[list[int]], list[list[float]] | None]:
-        """The next turn of each live trajectory, in one engine call; in two when the parser has stop tokens and
-        single-turn rows are live too: verl 0.9.1 stops only its tool agent's turns at them (its single_turn_agent
-        ends at EOS), and a call's stop tokens are the same for all its prompts."""
-        groups = [(live, ())]
-        if self.stop_token_ids:
-            tool_rows = [t for t in live if t.agent_name == TOOL_AGENT]
-            groups = [(rows, stop) for rows, stop in ((tool_rows, self.stop_token_ids),
-                                                      ([t for t in live if t.agent_name != TOOL_AGENT], ()))
-                      if rows]
-        tokens_of, logprobs_of = {}, {}
-        for group_index, (rows, stop_token_ids) in enumerate(groups):
-            # a second call gets its own seed: vLLM seeds a call's prompts by their places in it, which the first
-            # call's prompts share
-            coordinates = {"round": round_index, **({"call": group_index} if group_index else {})}
-            seed = None if turn_spec.seed is None else derive_seed(turn_spec.seed, "turn", **coordinates)
-            tokens, logprobs = self.engine.generate(
-                [t.prompt_ids + t.response_ids for t in rows],
-                dataclasses.replace(turn_spec, seed=seed, stop_token_ids=stop_token_ids),
-                max_tokens=[self.response_length - len(t.response_ids) for t in rows])
-            for i, t in enumerate(rows):
-                tokens_of[id(t)] = tokens[i]
-                if logprobs is not None:
-                    logprobs_of[id(t)] = logprobs[i]
-        return [tokens_of[id(t)] for t in live], [logprobs_of[id(t)] for t in live] if logprobs_of else None
-
-    def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
-        loop_name = row.get("agent_name") or SINGLE_TURN
-        if loop_name not in AGENT_LOOPS:
-            raise ValueError(f"agent loop: agent_name {loop_name!r} is not one of {AGENT_LOOPS}")
-        t = Trajectory(prompt_ids=list(prompt_ids), agent_name=loop_name,
-                       messages=copy.deepcopy(list(row.get("raw_prompt") or [])),
-                       tools_kwargs=dict(row.get("tools_kwargs") or {}),
-                       interaction_kwargs=dict(row.get("interaction_kwargs") or {}),
-                       tools=selected_tools(self.tools, row.get("extra_info")))
-        if loop_name == TOOL_AGENT and self.interactions:
-            name = interaction_name(t.interaction_kwargs, self.interactions, "agent loop")
-            instance = self.runner.call(self.interactions[name].start_interaction(t.request_id, **t.interaction_kwargs),
-                                        self.config.tool_timeout_s)
-            t.interaction = (name, instance or t.request_id)
-        return t
-
-    def _assistant_turn(self, t: Trajectory, tokens: list[int], logprobs: list[float] | None) -> None:
-        """Appends a generated turn and decides what follows: tool calls, the interaction, or the end."""
-        t.append(tokens, trained=True, logprobs=logprobs)
-        t.assistant_turns += 1
-        cfg = self.config
-        if (t.agent_name == SINGLE_TURN or len(t.response_ids) >= self.response_length
-                or (cfg.max_assistant_turns and t.assistant_turns >= cfg.max_assistant_turns)
-                or (cfg.max_user_turns and t.user_turns >= cfg.max_user_turns)):
-            t.done = True
-            return
-        content, calls = self.runner.call(self.parser.extract_tool_calls(tokens, [tool.tool_schema for tool in
-                                                                                 t.tools.values()]))
-        calls = calls[:cfg.max_parallel_calls]
-        message = {"role": "assistant", "content": content or ""}
-        if calls:
-            message["tool_calls"] = [_openai_call(call) for call in calls]
-        t.messages.append(message)
-        t.pending_calls = calls
-        if not calls and t.interaction is None:
-            t.done = True
-
-    def _run_tools(self, callers: list[Trajectory]) -> None:
-        """Every pending call of every trajectory at once; then each trajectory's responses appended."""
-        jobs = [(t, call) for t in callers for call in t.pending_calls]
-        started = time.perf_counter()
-        results = self.runner.run([self._call_tool(t, call) for t, call in jobs], self.config.tool_timeout_s)
-        seconds = time.perf_counter() - started
-        responses: dict[int, list[dict]] = {}
-        for t in callers:  # each waited for the round's calls, all run at once (verl's tool_calls timer)
-            t.tool_seconds += seconds
-        for (t, call), result in zip(jobs, results):
-            t.tool_calls += 1
-            if isinstance(result, SandboxUnavailable):  # a machine setting, not the tool call's failure
-                raise result
-            if isinstance(result, BaseException):
-                limit = self.config.max_tool_response_length  # an exception's message is not bounded either
-                text = (f"Error: tool '{call.name}' timed out after {self.config.tool_timeout_s:g} s"
-                        if isinstance(result, asyncio.TimeoutError) else
-                        f"Error executing tool '{call.name}': {type(result).__name__}: "
-                        f"{truncate_text(str(result), limit, self.config.tool_response_truncate_side)}")
-                result = (text, 0.0, True)
-            text, reward, failed = result
-            t.tool_errors += int(failed)
-            if reward is not None:  # a failed call's is 0.0, as verl's
-                t.tool_rewards.append(float(reward))
-            if not failed:  # verl truncates what a tool returned; its own error messages are short already
-                text = truncate_text(text, self.config.max_tool_response_length,
-                                     self.config.tool_response_truncate_side)
-            message = {"role": "tool", "content": text}
-            if getattr(call, "tool_call_id", None) is not None:
-                message["tool_call_id"] = call.tool_call_id
-            responses.setdefault(id(t), []).append(message)
-        for t in callers:
-            t.pending_calls = []
-            self._append_context(t, responses[id(t)], self.chat.tool_responses(responses[id(t)], self.tool_schemas))
-
-    async def _call_tool(self, t: Trajectory, call) -> tuple[str, float, bool]:
-        """(response text, reward, failed). verl 0.9.1's _call_tool: unknown names and bad JSON are
-        answered, not raised; a BaseTool runs create -> execute -> release."""
-        # lazy: pyrl.tools (pydantic) loads only with an agent loop; the trainer imports this module for its columns
-        from pyrl.tools.function_tool import FunctionTool, normalize_function_tool_return
-
-        if getattr(call, "error", None):
-            return f"Error: {call.error}", 0.0, True
-        tool = t.tools.get(call.name)
-        if tool is None:
-            return f"Unknown function '{call.name}'. Available tools: {list(t.tools)}", 0.0, True
-        try:
-            arguments = json.loads(call.arguments)
-        except (json.JSONDecodeError, TypeError) as error:
-            return f"Invalid JSON in arguments for '{call.name}': {error}", 0.0, True
-        if not isinstance(arguments, dict):
-            return f"Invalid arguments for '{call.name}': expected a JSON object, got {call.arguments}", 0.0, True
-        if isinstance(tool, FunctionTool):
-            response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
-            return response.text or "", reward, False
-        kwargs = t.tools_kwargs.get(call.name, {})
-        instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
-        try:
-            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=t)
-        finally:
-            await tool.release(instance_id)
-        return response.text or "", reward, False
-
-    def _interact(self, trajectories: list[Trajectory]) -> None:
-        """The interaction answers each trajectory whose turn called no tool; it may end the episode."""
-        asking = [t for t in trajectories if t.interaction is not None]
-        replies = self.runner.run([self.interactions[t.interaction[0]].generate_response(
-            t.interaction[1], t.messages, **t.interaction_kwargs) for t in asking], self.config.tool_timeout_s)
-        for t, reply in zip(asking, replies):
-            if isinstance(reply, BaseException):
-                raise RuntimeError(f"agent loop: interaction {t.interaction[0]!r} failed: "
-                                   f"{type(reply).__name__}: {reply}") from reply
-            terminate, text, score, _ = reply
-            t.turn_scores.append(float(score))
-            if terminate:
-                t.done = True
-                continue
-            message = {"role": "user", "content": text}
-            self._append_context(t, [message], self.chat.user_message(message, self.tool_schemas))
-
-    def _append_context(self, t: Trajectory, messages: list[dict], tokens: list[int]) -> None:
-        """Appends non-model tokens (mask 0); past the response budget the trajectory ends without them, as
-        verl's."""
-        if t.response_ids and t.response_ids[-1] == self.chat.eos_token_id:
-            tokens = self.chat.turn_separator + tokens
-        t.messages.extend(messages)
-        if len(t.response_ids) + len(tokens) >= self.response_length:
-            t.done = True
-            return
-        t.append(tokens, trained=False)
-        t.user_turns += 1
-
-
 AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_seconds")  # numeric ones
 
 
-def trajectory_columns(trajectories: list[Trajectory]) -> dict:
-    """Per-sample columns of the rollout batch: verl's __num_turns__, tool_call_counts, turn_scores and
-    tool_rewards, and pyrl's tool_error_counts and tool_seconds (the trainer's metrics read them)."""
+def trajectory_columns(outputs: list) -> dict:
+    """Per-sample columns of the rollout batch from each trajectory's AgentLoopOutput: verl's __num_turns__,
+    tool_call_counts, turn_scores and tool_rewards, and pyrl's tool_error_counts and tool_seconds (the trainer's
+    metrics read them); a loop that does not report one (a user's) gets 0 or [] there."""
     def objects(values):
         out = np.empty(len(values), dtype=object)
         out[:] = values
         return out
 
-    return {"__num_turns__": np.array([t.num_turns for t in trajectories], dtype=np.int32),
-            "tool_call_counts": np.array([t.tool_calls for t in trajectories], dtype=np.int32),
-            "tool_error_counts": np.array([t.tool_errors for t in trajectories], dtype=np.int32),
-            "tool_seconds": np.array([t.tool_seconds for t in trajectories], dtype=np.float64),
-            "turn_scores": objects([list(t.turn_scores) for t in trajectories]),
-            "tool_rewards": objects([list(t.tool_rewards) for t in trajectories])}
+    extra = [output.extra_fields for output in outputs]
+    return {"__num_turns__": np.array([output.num_turns for output in outputs], dtype=np.int32),
+            "tool_call_counts": np.array([e.get("tool_call_counts", 0) for e in extra], dtype=np.int32),
+            "tool_error_counts": np.array([e.get("tool_error_counts", 0) for e in extra], dtype=np.int32),
+            "tool_seconds": np.array([e.get("tool_seconds", 0.0) for e in extra], dtype=np.float64),
+            "turn_scores": objects([list(e.get("turn_scores") or []) for e in extra]),
+            "tool_rewards": objects([list(e.get("tool_rewards") or []) for e in extra])}
 
 
-def _openai_call(call) -> dict:
+def with_agent_loop_prompts(rows, prompt_ids: list[list[int]]):
+    """The rollout rows with each trajectory's prompt as its agent loop returned it, where that differs from the
+    dataset's (a user's loop may render its own): left-padded into the batch's prompt width, positions recomputed."""
+    input_ids, mask = rows.batch["input_ids"], rows.batch["attention_mask"]
+    changed = [i for i, ids in enumerate(prompt_ids) if ids != input_ids[i][mask[i].bool()].tolist()]
+    if not changed:
+        return rows
+    width = input_ids.shape[1]
+    too_long = [i for i in changed if len(prompt_ids[i]) > width]
+    if too_long:
+        raise ValueError(f"agent loop: rows {too_long[:8]} returned prompts longer than the batch's prompt width "
+                         f"{width} (rollout.prompt_length): {[len(prompt_ids[i]) for i in too_long[:8]]} tokens")
+    rows = rows.select_idxs(np.arange(len(rows)))  # a copy: the prompts' rows are shared with the caller
+    pad = input_ids[0][~mask[0].bool()][:1].tolist() or [0]
+    for i in changed:
+        ids = prompt_ids[i]
+        rows.batch["input_ids"][i] = torch.tensor(pad * (width - len(ids)) + ids, dtype=input_ids.dtype)
+        rows.batch["attention_mask"][i] = torch.tensor([0] * (width - len(ids)) + [1] * len(ids), dtype=mask.dtype)
+    if "position_ids" in rows.batch:
+        rows.batch["position_ids"] = (rows.batch["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
+    return rows
+
+
+def agent_loop_rm_scores(outputs: list, response_length: int):
+    """[B, R] scores on each response's last token, where the loops returned reward_score (verl 0.9.1's rm_scores);
+    None where none did. Some but not all is refused: the batch's rewards would come from two places."""
+    scores = [output.reward_score for output in outputs]
+    if all(score is None for score in scores):
+        return None
+    missing = [i for i, score in enumerate(scores) if score is None]
+    if missing:
+        raise ValueError(f"agent loop: rows {missing[:8]} returned no reward_score while others did; a batch's "
+                         "rewards come from its loops or from the reward function, not both")
+    rm_scores = torch.zeros((len(outputs), response_length), dtype=torch.float32)
+    for i, (output, score) in enumerate(zip(outputs, scores)):
+        if output.response_ids:
+            rm_scores[i, min(len(output.response_ids), response_length) - 1] = float(score)
+    return rm_scores
+
+
+def openai_call(call) -> dict:
     try:
         arguments = json.loads(call.arguments)
     except (json.JSONDecodeError, TypeError):

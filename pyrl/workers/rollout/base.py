@@ -64,9 +64,12 @@ class RolloutEngine:
 
     dtype: torch.dtype  # what the engine computes in (and the weights it is pushed)
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None,
+                 seeds: list[int] | None = None):
         """max_tokens: a token budget per prompt instead of spec.max_tokens (the agent loop's turns each have
-        what is left of the response)."""
+        what is left of the response). seeds (with spec.n 1): a seed per prompt instead of spec.seed, its sample
+        drawn from that seed alone, whatever else the call holds (the agent loop's requests, batched as they
+        come)."""
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -75,6 +78,12 @@ class RolloutEngine:
 
     def sleep(self) -> None:
         """Free what generation holds (KV cache) while training runs; the next push or generation takes it back."""
+
+
+def check_seeds(seeds: list[int] | None, prompt_ids: list, spec: SamplingSpec) -> None:
+    if seeds is not None and (len(seeds) != len(prompt_ids) or spec.n != 1):
+        raise ValueError(f"generate: seeds are one per prompt with n=1; got {len(seeds)} seeds for "
+                         f"{len(prompt_ids)} prompts, n={spec.n}")
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:

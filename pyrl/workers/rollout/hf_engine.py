@@ -7,16 +7,15 @@ import copy
 from typing import Iterable
 
 import torch
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from pyrl.protocol import left_padded
 from pyrl.workers.precision import runnable_dtype
-from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
+from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec, check_seeds
 
 
 class HFEngine(RolloutEngine):
     def __init__(self, model_path: str, config, device: torch.device, tokenizer):
-        from transformers import AutoModelForCausalLM  # lazy: transformers loads only when an engine is built
-
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
         self.device = device
@@ -24,7 +23,9 @@ class HFEngine(RolloutEngine):
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None,
+                 seeds: list[int] | None = None):
+        check_seeds(seeds, prompt_ids, spec)
         input_ids, attention_mask = left_padded(prompt_ids, self.pad_token_id)  # left padding, as the prompts came
         width = input_ids.shape[1]
         # per-prompt budgets: generate to the largest and cut each row at its own (greedy, the tokens vLLM's
@@ -34,8 +35,10 @@ class HFEngine(RolloutEngine):
         config.update(max_new_tokens=max(max_tokens) if max_tokens else spec.max_tokens, num_return_sequences=spec.n,
                       pad_token_id=self.pad_token_id,
                       do_sample=not spec.greedy, output_scores=spec.logprobs, return_dict_in_generate=True)
-        if spec.greedy:
-            config.update(temperature=None, top_k=None, top_p=None)
+        # with a seed per prompt, each row samples from its own generator (SeededSampling) by greedy decoding
+        seeded = None if seeds is None or spec.greedy else SeededSampling(seeds, spec, self.device)
+        if spec.greedy or seeded is not None:
+            config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         else:
             config.update(temperature=spec.temperature, top_k=spec.top_k if spec.top_k > 0 else 0, top_p=spec.top_p)
         eos = config.eos_token_id
@@ -48,11 +51,13 @@ class HFEngine(RolloutEngine):
             self.generator.manual_seed(spec.seed)
         with _forked_rng(self.device, self.generator):
             out = self.model.generate(input_ids=input_ids.to(self.device),
-                                      attention_mask=attention_mask.to(self.device), generation_config=config)
+                                      attention_mask=attention_mask.to(self.device), generation_config=config,
+                                      logits_processor=LogitsProcessorList([seeded] if seeded else []))
         generated = out.sequences[:, width:].cpu()
         step_logprobs = None
         if spec.logprobs:  # the processed scores (after temperature / top-k / top-p), as vLLM's processed_logprobs
-            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+            steps = seeded.log_probs if seeded is not None else out.scores
+            scores = torch.stack(steps, dim=1).float().log_softmax(-1)
             step_logprobs = scores.gather(-1, generated.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
         responses, logprobs = [], [] if spec.logprobs else None
         for i, row in enumerate(generated.tolist()):
@@ -74,6 +79,36 @@ class HFEngine(RolloutEngine):
             params[name].copy_(tensor)
             loaded += tensor.numel() * tensor.element_size()
         return loaded
+
+
+class SeededSampling(LogitsProcessor):
+    """Sampling with a generator per row, for greedy decoding to run: each row's logits are divided by the
+    temperature and cut to top-k, then top-p (transformers' warpers, in their order), their log-softmax kept (the
+    processed log-probs), and Gumbel noise from the row's own generator added. The argmax of log p + Gumbel noise
+    is a sample from p (the Gumbel-max trick), so a row's tokens depend on its seed alone, not on the rows it is
+    batched with."""
+
+    def __init__(self, seeds: list[int], spec: SamplingSpec, device: torch.device):
+        self.spec = spec
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self.log_probs: list[torch.Tensor] = []  # one [rows, vocab] per step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float() / self.spec.temperature
+        if 0 < self.spec.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, self.spec.top_k).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.spec.top_p < 1:
+            ascending, order = torch.sort(scores, descending=False)
+            cut = ascending.softmax(-1).cumsum(-1) <= 1 - self.spec.top_p
+            cut[..., -1:] = False  # the most likely token always stays
+            scores = scores.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
+        log_probs = scores.log_softmax(-1)
+        self.log_probs.append(log_probs)
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=generator, device=scores.device)
+                               for generator in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+        return log_probs + gumbel
 
 
 class _forked_rng:

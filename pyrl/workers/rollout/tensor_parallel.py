@@ -104,11 +104,12 @@ class LeaderEngine(RolloutEngine):
     def __init__(self, engine: RolloutEngine, group: TensorParallelGroup):
         self.engine, self.group, self.dtype = engine, group, engine.dtype
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
-        if spec.seed is None and not spec.greedy:  # the group's ranks must sample alike (see the module's note)
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None,
+                 seeds: list[int] | None = None):
+        if spec.seed is None and seeds is None and not spec.greedy:  # the ranks must sample alike (module's note)
             spec = dataclasses.replace(spec, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
-        self.group.broadcast((GENERATE, prompt_ids, spec, max_tokens))
-        return self.engine.generate(prompt_ids, spec, max_tokens)
+        self.group.broadcast((GENERATE, prompt_ids, spec, max_tokens, seeds))
+        return self.engine.generate(prompt_ids, spec, max_tokens, seeds)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         return self.engine.load_weights(named_tensors)

