@@ -22,7 +22,8 @@ PURPOSES = {
     "engine": "a rollout engine's own generators at start (32 bits: vLLM seeds numpy with it): coordinate rank "
               "(the group leader's)",
     "dropout": "a training rank's torch generator (dropout) at start: coordinate rank",
-    "turn": "an agent loop's generation round: coordinate round",
+    "trajectory": "an agent-loop request: coordinates index (the trajectory's place in the rank's batch), call (its "
+                  "requests before)",
     "prompt": "a prompt of an engine call (vLLM adds the sample's index): coordinate prompt",
 }
 __doc__ += "".join(f"\n- {name}: {what}" for name, what in PURPOSES.items())

@@ -6,6 +6,7 @@ tokens; in-process: tools that fail every way, and an interaction that answers t
 from __future__ import annotations
 
 import importlib.resources
+import re
 import textwrap
 
 import numpy as np
@@ -145,28 +146,49 @@ def test_multi_turn_log_probs_and_loss_equal_float64_references_that_mask_tool_t
     assert np.mean(metrics["actor/pg_loss"]) == pytest.approx(want.item(), abs=1e-5)
 
 
-def _in_process_loop(tool_model, tools, interactions=None, **multi_turn):
+def _in_process_loop(tool_model, tools, interactions=None, response_length=RESPONSE, **multi_turn):
+    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from pyrl.workers.rollout.agent_loop import AgentLoop
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
     from pyrl.workers.rollout.hf_engine import HFEngine
 
-    config = tool_config(tool_model, "hf").actor_rollout_ref.rollout
+    config = tool_config(tool_model, "hf").actor_rollout_ref
+    config.rollout.response_length = response_length
     for key, value in multi_turn.items():
-        setattr(config.multi_turn, key, value)
+        setattr(config.rollout.multi_turn, key, value)
     tokenizer = AutoTokenizer.from_pretrained(tool_model)
-    engine = HFEngine(tool_model, config, torch.device("cpu"), tokenizer)
-    return AgentLoop(engine, tokenizer, config, tools, interactions), tokenizer
+    engine = HFEngine(tool_model, config.rollout, torch.device("cpu"), tokenizer)
+    runner = AgentLoopRunner(engine, tokenizer, OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)}),
+                             OmegaConf.create({}), tools, AgentRuntime(ChatTokens(tokenizer), ToolRunner(),
+                                                                       interactions))
+    return runner, tokenizer
 
 
-def _run(loop, tokenizer, rows: int, **row):
+def _run(runner, tokenizer, rows: int, **row):
     from pyrl.workers.rollout.base import SamplingSpec
 
-    schemas = loop.tool_schemas
+    schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in runner.tools]
     prompts = task_prompts(tokenizer, rows, schemas, tool_users=rows)
     ids = [r[m.bool()].tolist() for r, m in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
-    return loop.run(ids, [{"agent_name": "tool_agent", **row} for _ in ids],
-                    SamplingSpec(n=1, do_sample=False, max_tokens=RESPONSE))
+    return runner.run([{"agent_name": "tool_agent", "raw_prompt": messages, "raw_prompt_ids": prompt, **row}
+                       for messages, prompt in zip(prompts.non_tensor_batch["raw_prompt"], ids)],
+                      dict(temperature=0.0, logprobs=True),
+                      SamplingSpec(n=1, do_sample=False, logprobs=True,
+                                   max_tokens=runner.trainer_config.actor_rollout_ref.rollout.response_length)).outputs
+
+
+def _runs(mask: list[int], value: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of `value` in a response mask: the model's turns (1), the appended ones (0)."""
+    runs, start = [], None
+    for i, m in enumerate(list(mask) + [None]):
+        if m == value and start is None:
+            start = i
+        elif m != value and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
 
 
 def test_tools_that_fail_never_stop_the_rollout(tool_model, tmp_path):
@@ -193,19 +215,27 @@ def test_tools_that_fail_never_stop_the_rollout(tool_model, tmp_path):
                 time.sleep(5)  # past tool_timeout_s; short, as a sync function's thread cannot be killed
             return "7" * 3_000_000
     '''))
-    loop, tokenizer = _in_process_loop(tool_model, load_all_tools(None, str(path)), tool_timeout_s=1.0,
-                                       max_tool_response_length=40)
-    out = _run(loop, tokenizer, 12)
-    called = [t for t in out.trajectories if t.tool_calls]
+    # room for the error messages in the response (a tool response past the budget ends the trajectory unappended;
+    # the response's tokens are where the tool's answers are seen)
+    response_length = 2 * RESPONSE
+    runner, tokenizer = _in_process_loop(tool_model, load_all_tools(None, str(path)), tool_timeout_s=1.0,
+                                         max_tool_response_length=40, response_length=response_length)
+    outputs = _run(runner, tokenizer, 12)
+    called = [o for o in outputs if o.extra_fields["tool_call_counts"]]
     assert len(called) >= 4
-    texts = [m["content"] for t in called for m in t.messages if m["role"] == "tool"]
+    # the tool responses as the template renders them in the response (attended, not trained)
+    texts = [text for o in called for text in re.findall(
+        r"<tool_response>(.*?)</tool_response>",
+        "".join(tokenizer.decode(o.response_ids[a:b], skip_special_tokens=False)
+                for a, b in _runs(o.response_mask, 0)), re.S)]
     assert any(text == "Error executing tool 'calculator': RuntimeError: calculator crashed" for text in texts)
     assert any(text == "Error: tool 'calculator' timed out after 1 s" for text in texts)
     assert "7" * 20 + "...(truncated)..." + "7" * 20 in texts  # 3 MB cut to max_tool_response_length, as verl
     assert all(text.startswith("Error") or text == "7" * 20 + "...(truncated)..." + "7" * 20 for text in texts)
-    assert sum(t.tool_errors for t in called) == sum(text.startswith("Error") for text in texts)
-    for t in out.trajectories:
-        assert len(t.response_ids) == len(t.response_mask) == len(t.response_logprobs) <= RESPONSE
+    assert sum(o.extra_fields["tool_error_counts"] for o in called) == sum(text.startswith("Error") for text in texts)
+    assert sum(o.extra_fields["tool_call_counts"] for o in called) == len(texts)
+    for o in outputs:
+        assert len(o.response_ids) == len(o.response_mask) == len(o.response_logprobs) <= response_length
 
 
 def test_an_interaction_answers_turns_without_tool_calls(tool_model, tmp_path):
@@ -214,13 +244,21 @@ def test_an_interaction_answers_turns_without_tool_calls(tool_model, tmp_path):
     from pyrl.interactions.guess_number import GuessNumberInteraction
     from pyrl.tools.tool_registry import load_all_tools
 
-    loop, tokenizer = _in_process_loop(tool_model, load_all_tools(CALCULATOR, None),
-                                       {"guess_number": GuessNumberInteraction({"name": "guess_number"})},
-                                       max_user_turns=3)
-    out = _run(loop, tokenizer, 4, interaction_kwargs={"name": "guess_number", "target": -1})  # never guessed
-    for t in out.trajectories:
-        users = [m for m in t.messages if m["role"] == "user"]
-        assert t.turn_scores and set(t.turn_scores) == {0.0}
-        assert all(m["content"] in ("lower", "Please give your guess as <answer>N</answer>.") for m in users)
-        assert t.user_turns <= 3 and t.num_turns == t.user_turns + t.assistant_turns + 1
-        assert sum(t.response_mask) < len(t.response_mask)  # the user turns are in the response, untrained
+    runner, tokenizer = _in_process_loop(tool_model, load_all_tools(CALCULATOR, None),
+                                         {"guess_number": GuessNumberInteraction({"name": "guess_number"})},
+                                         max_user_turns=3)
+    outputs = _run(runner, tokenizer, 4, interaction_kwargs={"name": "guess_number", "target": -1})  # never guessed
+    for o in outputs:
+        appended = [tokenizer.decode(o.response_ids[a:b], skip_special_tokens=False)
+                    for a, b in _runs(o.response_mask, 0)]
+        # each appended turn is the tools' responses or the user's, as the template renders them
+        users = [re.fullmatch(r"\n?<\|im_start\|>user\n(.*)<\|im_end\|>\n<\|im_start\|>assistant\n", text, re.S)
+                 for text in appended if "<tool_response>" not in text]
+        assert all(users) and all(m.group(1) in ("lower", "Please give your guess as <answer>N</answer>.")
+                                  for m in users)
+        scores = o.extra_fields["turn_scores"]
+        assert scores and set(scores) == {0.0}
+        assert len(users) <= len(scores)  # every user turn is an interaction's reply
+        user_turns, assistant_turns = len(appended), len(_runs(o.response_mask, 1))
+        assert user_turns <= 3 and o.num_turns == user_turns + assistant_turns + 1
+        assert sum(o.response_mask) < len(o.response_mask)  # the user turns are in the response, untrained

@@ -7,9 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pyrl.config import RolloutConfig
+from omegaconf import OmegaConf
+
+from pyrl.config import ActorRolloutRefConfig, RolloutConfig
+from pyrl.experimental.agent_loop.agent_loop import AgentRuntime, DictConfigWrap, ToolListWrap
+from pyrl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop, Trajectory
 from pyrl.tools.function_tool import FunctionTool, _build_schema_from_fn
-from pyrl.workers.rollout.agent_loop import AgentLoop, ChatTokens, ToolRunner, Trajectory, truncate_text
+from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner, truncate_text
 from pyrl.workers.rollout.tool_parser import FunctionCall
 
 
@@ -47,17 +51,28 @@ def test_tool_runner_survives_raising_hanging_and_blocking_tools():
         time.sleep(3)
         return "late"
 
-    start = time.monotonic()
-    results = runner.run([ok(), raises(), hangs()], timeout_s=0.5)
-    assert results[0] == 42 and isinstance(results[1], RuntimeError) and isinstance(results[2], asyncio.TimeoutError)
-    assert time.monotonic() - start < 2.5
-    stuck_loop = runner.loop
-    start = time.monotonic()
-    results = runner.run([blocks(), ok()], timeout_s=0.3)
-    assert all(isinstance(r, asyncio.TimeoutError) for r in results)
-    assert time.monotonic() - start < 2.5
-    assert runner.loop is not stuck_loop  # abandoned for a fresh loop; the next round runs at once
-    assert runner.run([ok()], timeout_s=1.0) == [42]
+    async def check():
+        start = time.monotonic()
+        results = await runner.run([ok(), raises(), hangs()], timeout_s=0.5)
+        assert (results[0] == 42 and isinstance(results[1], RuntimeError)
+                and isinstance(results[2], asyncio.TimeoutError))
+        assert time.monotonic() - start < 2.5
+        stuck_loop = runner.loop
+        start = time.monotonic()
+        results = await runner.run([blocks(), ok()], timeout_s=0.3)
+        assert all(isinstance(r, asyncio.TimeoutError) for r in results)
+        assert time.monotonic() - start < 2.5
+        assert runner.loop is not stuck_loop  # abandoned for a fresh loop; the next round runs at once
+        assert await runner.run([ok()], timeout_s=1.0) == [42]
+        assert await runner.call(ok(), timeout_s=1.0) == 42
+        try:
+            await runner.call(raises(), timeout_s=1.0)
+        except RuntimeError as error:
+            assert str(error) == "boom"
+        else:
+            raise AssertionError("call re-raises what the tool raised")
+
+    asyncio.run(check())
 
 
 def _function_tool(fn) -> FunctionTool:
@@ -65,22 +80,26 @@ def _function_tool(fn) -> FunctionTool:
                         is_async=asyncio.iscoroutinefunction(fn))
 
 
-def _loop(tokenizer, tools, response_length=512, **multi_turn) -> AgentLoop:
-    config = RolloutConfig(response_length=response_length, prompt_length=32)
+def _loop(tokenizer, tools, response_length=512, **multi_turn) -> ToolAgentLoop:
+    """A ToolAgentLoop as the runner builds one (no server: the tests drive its parts); needs a running event loop."""
+    config = ActorRolloutRefConfig()
+    config.rollout = RolloutConfig(response_length=response_length, prompt_length=32)
     for key, value in {"tool_timeout_s": 0.5, **multi_turn}.items():
-        setattr(config.multi_turn, key, value)
-    return AgentLoop(engine=None, tokenizer=tokenizer, rollout_config=config, tools=tools)
+        setattr(config.rollout.multi_turn, key, value)
+    trainer_config = OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)})
+    return ToolAgentLoop(trainer_config=DictConfigWrap(trainer_config), server_manager=None, tokenizer=tokenizer,
+                         tools=ToolListWrap(tools), runtime=AgentRuntime(ChatTokens(tokenizer), ToolRunner()))
 
 
-def _trajectory(loop: AgentLoop, **fields) -> Trajectory:
-    return Trajectory(prompt_ids=[1], agent_name="tool_agent", messages=[], tools_kwargs={}, interaction_kwargs={},
-                      tools=dict(loop.tools), **fields)
+def _trajectory(loop: ToolAgentLoop, **fields) -> Trajectory:
+    return Trajectory(prompt_ids=[1], messages=[], tools_kwargs={}, interaction_kwargs={}, tools=dict(loop.tools),
+                      **fields)
 
 
-def _answer(loop: AgentLoop, name: str, arguments: str):
+async def _answer(loop: ToolAgentLoop, name: str, arguments: str):
     t = _trajectory(loop)
-    return loop.runner.run([loop._call_tool(t, FunctionCall(name=name, arguments=arguments))],
-                           loop.config.tool_timeout_s)[0]
+    return (await loop.runtime.tool_runner.run([loop._call_tool(t, FunctionCall(name=name, arguments=arguments))],
+                                               loop.multi_turn.tool_timeout_s))[0]
 
 
 def test_bad_tool_calls_are_answered_not_raised(tool_tokenizer):
@@ -98,27 +117,30 @@ def test_bad_tool_calls_are_answered_not_raised(tool_tokenizer):
             time.sleep(2)
         return str(eval(expression, {}, {}))  # the test's own expressions only
 
-    loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=32)
-    assert _answer(loop, "calculator", '{"expression": "6*7"}') == ("42", 0.0, False)
-    text, _, failed = _answer(loop, "python", '{"code": "1"}')
-    assert failed and text == "Unknown function 'python'. Available tools: ['calculator']"
-    text, _, failed = _answer(loop, "calculator", '{"expression": "6*7"')
-    assert failed and text.startswith("Invalid JSON in arguments for 'calculator'")
-    t = _trajectory(loop)
-    malformed = FunctionCall(name="", arguments='{"name": "calc', error="malformed tool call: not JSON (x)")
-    assert loop.runner.run([loop._call_tool(t, malformed)], 1.0)[0] == ("Error: malformed tool call: not JSON (x)",
-                                                                       0.0, True)
-    text, _, failed = _answer(loop, "calculator", '["6*7"]')
-    assert failed and "expected a JSON object" in text
-    result = _answer(loop, "calculator", '{"expression": "raise"}')
-    assert isinstance(result, ZeroDivisionError)  # the round turns it into the trajectory's error message
-    result = _answer(loop, "calculator", '{"expression": "hang"}')
-    assert isinstance(result, asyncio.TimeoutError)
-    text, _, failed = _answer(loop, "calculator", '{"expression": "big"}')
-    assert not failed and len(text) == 5_000_000  # cut to max_tool_response_length when appended
+    async def check():
+        loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=32)
+        assert await _answer(loop, "calculator", '{"expression": "6*7"}') == ("42", 0.0, False)
+        text, _, failed = await _answer(loop, "python", '{"code": "1"}')
+        assert failed and text == "Unknown function 'python'. Available tools: ['calculator']"
+        text, _, failed = await _answer(loop, "calculator", '{"expression": "6*7"')
+        assert failed and text.startswith("Invalid JSON in arguments for 'calculator'")
+        t = _trajectory(loop)
+        malformed = FunctionCall(name="", arguments='{"name": "calc', error="malformed tool call: not JSON (x)")
+        assert (await loop.runtime.tool_runner.run([loop._call_tool(t, malformed)], 1.0))[0] == (
+            "Error: malformed tool call: not JSON (x)", 0.0, True)
+        text, _, failed = await _answer(loop, "calculator", '["6*7"]')
+        assert failed and "expected a JSON object" in text
+        result = await _answer(loop, "calculator", '{"expression": "raise"}')
+        assert isinstance(result, ZeroDivisionError)  # the turn turns it into the trajectory's error message
+        result = await _answer(loop, "calculator", '{"expression": "hang"}')
+        assert isinstance(result, asyncio.TimeoutError)
+        text, _, failed = await _answer(loop, "calculator", '{"expression": "big"}')
+        assert not failed and len(text) == 5_000_000  # cut to max_tool_response_length when appended
+
+    asyncio.run(check())
 
 
-def test_a_round_of_failing_calls_appends_error_messages_and_counts_them(tool_tokenizer):
+def test_a_turn_of_failing_calls_appends_error_messages_and_counts_them(tool_tokenizer):
     async def calculator(expression: str) -> str:
         """Evaluates an expression.
 
@@ -131,11 +153,17 @@ def test_a_round_of_failing_calls_appends_error_messages_and_counts_them(tool_to
             raise ValueError("no")
         return "9" * 1000
 
-    loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=16, max_parallel_calls=4)
-    t = _trajectory(loop)
-    t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "%s"}' % e)
-                       for e in ("hang", "raise", "ok")] + [FunctionCall(name="nope", arguments="{}")]
-    loop._run_tools([t])
+    async def run_turn():
+        loop = _loop(tool_tokenizer, [_function_tool(calculator)], max_tool_response_length=16,
+                     max_parallel_calls=4)
+        t = _trajectory(loop)
+        t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "%s"}' % e)
+                           for e in ("hang", "raise", "ok")] + [FunctionCall(name="nope", arguments="{}")]
+        await loop._run_tools(t)
+        return t
+
+    t = asyncio.run(run_turn())
+    assert t.pending_calls == []  # the turn's calls are run once
     assert (t.tool_calls, t.tool_errors) == (4, 3)
     contents = [m["content"] for m in t.messages]
     assert contents[0] == "Error: tool 'calculator' timed out after 0.5 s"
@@ -156,11 +184,16 @@ def test_tool_responses_past_the_budget_end_the_trajectory_unappended(tool_token
         """
         return "1" * 100
 
-    loop = _loop(tool_tokenizer, [_function_tool(calculator)], response_length=40, max_tool_response_length=1000)
-    t = _trajectory(loop)
-    t.append([5, 6, tool_tokenizer.eos_token_id], trained=True)
-    t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "1"}')]
-    loop._run_tools([t])
+    async def run_turn():
+        loop = _loop(tool_tokenizer, [_function_tool(calculator)], response_length=40,
+                     max_tool_response_length=1000)
+        t = _trajectory(loop)
+        t.append([5, 6, tool_tokenizer.eos_token_id], trained=True)
+        t.pending_calls = [FunctionCall(name="calculator", arguments='{"expression": "1"}')]
+        await loop._run_tools(t)
+        return t
+
+    t = asyncio.run(run_turn())
     assert t.done and t.response_ids == [5, 6, tool_tokenizer.eos_token_id] and t.user_turns == 0  # as verl 0.9.1
 
 
@@ -201,15 +234,24 @@ def test_tool_selection_limits_a_sample_to_the_tools_it_names(tool_tokenizer):
         """
         return "1"
 
-    loop = _loop(tool_tokenizer, [_function_tool(calculator)])
-    assert selected_tools(loop.tools, {"tool_selection": ["search"]}) == {}
-    assert (selected_tools(loop.tools, {"tool_selection": ["calculator"]}) == loop.tools
-            == selected_tools(loop.tools, {}))
-    t = _trajectory(loop)
-    t.tools = selected_tools(loop.tools, {"tool_selection": ["search"]})
-    text, _, failed = loop.runner.run([loop._call_tool(t, FunctionCall(name="calculator", arguments="{}"))], 1.0)[0]
-    assert failed and text == "Unknown function 'calculator'. Available tools: []"
-    schemas = loop.tool_schemas
+    async def check():
+        loop = _loop(tool_tokenizer, [_function_tool(calculator)])
+        assert selected_tools(loop.tools, {"tool_selection": ["search"]}) == {}
+        assert (selected_tools(loop.tools, {"tool_selection": ["calculator"]}) == loop.tools
+                == selected_tools(loop.tools, {}))
+        t = _trajectory(loop)
+        t.tools = selected_tools(loop.tools, {"tool_selection": ["search"]})
+        text, _, failed = (await loop.runtime.tool_runner.run(
+            [loop._call_tool(t, FunctionCall(name="calculator", arguments="{}"))], 1.0))[0]
+        assert failed and text == "Unknown function 'calculator'. Available tools: []"
+        # the loop's own start takes the row's selection: its trajectory may call only those
+        t = await loop._start({"raw_prompt_ids": [1], "extra_info": {"tool_selection": ["search"]}})
+        assert t.tools == {}
+        t = await loop._start({"raw_prompt_ids": [1], "extra_info": {"tool_selection": ["calculator"]}})
+        assert t.tools == loop.tools
+        return loop.tool_schemas
+
+    schemas = asyncio.run(check())
     assert prompt_tools(schemas, "tool_agent", {}) == schemas
     assert prompt_tools(schemas, "tool_agent", {"extra_info": {"tool_selection": ["search"]}}) == []
     assert prompt_tools(schemas, "single_turn_agent", {}) is None  # verl's single-turn loop renders no tools

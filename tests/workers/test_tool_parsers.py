@@ -368,14 +368,14 @@ def test_gemma4_calls_and_stop_token():
 # ---- the agent loop asks for the stop tokens ----
 class _ScriptedEngine:
     """Answers each prompt with the next of its scripted turns (told apart by their first token: a tool agent's
-    prompt grows turn by turn); records each call's prompt count, stop tokens and seed."""
+    prompt grows turn by turn); records each call's prompt count, stop tokens and per-request seeds."""
 
     def __init__(self, turns_by_first_token: dict[int, list[list[int]]]):
         self.turns = turns_by_first_token
-        self.calls: list[tuple[int, tuple[int, ...], int | None]] = []
+        self.calls: list[tuple[int, tuple[int, ...], list[int] | None]] = []
 
-    def generate(self, prompt_ids, spec, max_tokens=None):
-        self.calls.append((len(prompt_ids), spec.stop_token_ids, spec.seed))
+    def generate(self, prompt_ids, spec, max_tokens=None, seeds=None):
+        self.calls.append((len(prompt_ids), spec.stop_token_ids, None if seeds is None else list(seeds)))
         return [self.turns[ids[0]].pop(0) for ids in prompt_ids], None
 
 
@@ -394,9 +394,41 @@ def _calculator_tool():
                         is_async=True)
 
 
+def _runner(engine, tokenizer, response_length: int, tools: list, tool_format: str | None = None):
+    from omegaconf import OmegaConf
+
+    from pyrl.config import ActorRolloutRefConfig, RolloutConfig
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
+
+    config = ActorRolloutRefConfig()
+    config.rollout = RolloutConfig(response_length=response_length, prompt_length=8)
+    if tool_format is not None:
+        config.rollout.multi_turn.format = tool_format
+    trainer_config = OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)})
+    return AgentLoopRunner(engine, tokenizer, trainer_config, OmegaConf.create({}), tools,
+                           AgentRuntime(ChatTokens(tokenizer), ToolRunner()))
+
+
+def _tool_agent_stop_token_ids(runner) -> list[int]:
+    """The stop tokens the runner's tool agent asks for (built as the runner builds it, in a running loop)."""
+    from pyrl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from pyrl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+    async def build():
+        return ToolAgentLoop(trainer_config=DictConfigWrap(runner.trainer_config), server_manager=None,
+                             tokenizer=runner.tokenizer, tools=ToolListWrap(runner.tools), runtime=runner.runtime)
+
+    return asyncio.run(build()).stop_token_ids
+
+
+_ROWS = [{"agent_name": "tool_agent", "raw_prompt": [{"role": "user", "content": "6*7?"}],
+          "raw_prompt_ids": [1, 2, 3]},
+         {"agent_name": "single_turn_agent", "raw_prompt": [{"role": "user", "content": "6*7?"}],
+          "raw_prompt_ids": [4, 5]}]
+
+
 def test_agent_loop_stops_only_the_tool_agent_turns_at_the_parser_tokens():
-    from pyrl.config import RolloutConfig
-    from pyrl.workers.rollout.agent_loop import AgentLoop
     from pyrl.workers.rollout.base import SamplingSpec
 
     tokenizer = tokenizer_with(*GEMMA4_TOKENS, tools=True)
@@ -406,39 +438,45 @@ def test_agent_loop_stops_only_the_tool_agent_turns_at_the_parser_tokens():
     answer = tokenizer.encode("<answer>42</answer><|im_end|>", add_special_tokens=False)
     assert calling_turn[-1] == stop and answer[-1] == tokenizer.eos_token_id
     engine = _ScriptedEngine({1: [calling_turn, answer], 4: [answer]})
-    config = RolloutConfig(response_length=64, prompt_length=8)
-    config.multi_turn.format = "gemma4"
-    loop = AgentLoop(engine, tokenizer, config, tools=[_calculator_tool()])
-    assert loop.stop_token_ids == (stop,)
-    out = loop.run([[1, 2, 3], [4, 5]], [{"agent_name": "tool_agent"}, {"agent_name": "single_turn_agent"}],
-                   SamplingSpec(n=1, do_sample=False, max_tokens=64, seed=7))
-    tool_trajectory, single_trajectory = out.trajectories
-    # round 0: the tool agent's turn with the stop token, the single-turn row's without, each with its own seed;
-    # round 1: the tool agent alone, with it
-    (n0, stop0, seed0), (n1, stop1, seed1), (n2, stop2, seed2) = engine.calls
+    runner = _runner(engine, tokenizer, 64, [_calculator_tool()], tool_format="gemma4")
+    assert _tool_agent_stop_token_ids(runner) == [stop]
+    # sampled (seeds reach the engine only when sampling), seeded: each request gets its own seed
+    out = runner.run(copy.deepcopy(_ROWS), dict(temperature=1.0), SamplingSpec(n=1, max_tokens=64, seed=7))
+    tool_trajectory, single_trajectory = out.outputs
+    # first, pending together: the tool agent's turn with the stop token and the single-turn row's without, in
+    # separate calls (different stop tokens); then the tool agent's second turn alone, with it
+    (n0, stop0, seeds0), (n1, stop1, seeds1), (n2, stop2, seeds2) = engine.calls
     assert (n0, stop0, n1, stop1, n2, stop2) == (1, (stop,), 1, (), 1, (stop,))
-    assert len({seed0, seed1, seed2}) == 3
+    assert (out.engine_calls, out.requests) == (3, 3)
+    assert all(seeds is not None and len(seeds) == 1 for seeds in (seeds0, seeds1, seeds2))
+    assert len({seeds0[0], seeds1[0], seeds2[0]}) == 3  # per trajectory and per call
     assert tool_trajectory.response_ids[:len(calling_turn)] == calling_turn  # the stop token kept, trained on
     assert tool_trajectory.response_mask[:len(calling_turn)] == [1] * len(calling_turn)
     assert tool_trajectory.response_mask[len(calling_turn)] == 0  # then the tool's answer, attended, not trained
-    assert (tool_trajectory.tool_calls, tool_trajectory.tool_errors) == (1, 0)
-    assert [m for m in tool_trajectory.messages if m["role"] == "tool"] == [{"role": "tool", "content": "42"}]
-    assert tool_trajectory.response_ids[-len(answer):] == answer and tool_trajectory.assistant_turns == 2
-    assert single_trajectory.response_ids == answer and single_trajectory.tool_calls == 0
+    extra = tool_trajectory.extra_fields
+    assert (extra["tool_call_counts"], extra["tool_error_counts"]) == (1, 0)
+    # the tool's answer, "42", is the one block of context tokens between the two turns
+    context = tool_trajectory.response_ids[len(calling_turn):-len(answer)]
+    assert tool_trajectory.response_mask[len(calling_turn):-len(answer)] == [0] * len(context)
+    text = tokenizer.decode(context, skip_special_tokens=False)
+    assert text.count("42") == 1 and "Error" not in text
+    assert tool_trajectory.response_ids[-len(answer):] == answer
+    assert tool_trajectory.response_mask[-len(answer):] == [1] * len(answer)
+    assert tool_trajectory.num_turns == 4  # prompt, call, tool, answer: two assistant turns
+    assert single_trajectory.response_ids == answer
+    assert "tool_call_counts" not in single_trajectory.extra_fields and single_trajectory.num_turns == 2
 
 
 def test_agent_loop_without_stop_tokens_makes_one_call_per_round(tool_tokenizer):
-    from pyrl.config import RolloutConfig
-    from pyrl.workers.rollout.agent_loop import AgentLoop
     from pyrl.workers.rollout.base import SamplingSpec
 
     answer = tool_tokenizer.encode("<answer>1</answer><|im_end|>", add_special_tokens=False)
     engine = _ScriptedEngine({1: [answer], 4: [answer]})
-    loop = AgentLoop(engine, tool_tokenizer, RolloutConfig(response_length=32, prompt_length=8))  # hermes
-    assert loop.stop_token_ids == ()
-    loop.run([[1, 2, 3], [4, 5]], [{"agent_name": "tool_agent"}, {"agent_name": "single_turn_agent"}],
-             SamplingSpec(n=1, do_sample=False, max_tokens=32))
-    assert engine.calls == [(2, (), None)]
+    runner = _runner(engine, tool_tokenizer, 32, [])  # hermes
+    assert _tool_agent_stop_token_ids(runner) == []
+    out = runner.run(copy.deepcopy(_ROWS), dict(temperature=0.0), SamplingSpec(n=1, do_sample=False, max_tokens=32))
+    assert engine.calls == [(2, (), None)]  # both first turns pending together: one call
+    assert [o.response_ids for o in out.outputs] == [answer, answer]
 
 
 # ---- the hf engine stops at them ----
