@@ -22,7 +22,7 @@ SCRIPTS = {  # script and its smallest arguments -> a line its output must conta
                                  "--repeats", "1"], "hybrid / one-step-off seconds per step"),
     "agent_loop_cost.py": (["--engine", "hf", "--prompts", "2", "--n", "2", "--repeats", "1"],
                            "ratio agent loop / single turn"),
-    "agent_rollout_async.py": (["--trajectories", "4", "--turns", "2", "--repeats", "1"], "greedy tokens equal: True"),
+    "agent_rollout_async.py": (["--trajectories", "4", "--turns", "2", "--repeats", "1"], "per-trajectory / lock-step:"),
     "memory_plan_accuracy.py": (["--quick"], "| h256-L4-V32k (21M) | 32 x (32+32) | True | True | old_log_prob |"),
     "heldout_eval.py": (["--preset", "toy", "--quick"], "| toy | 1 |"),
     "distillation_toy.py": (["--quick"], "| distillation | 1 |"),
