@@ -1,7 +1,8 @@
 """Rollout with slow tools: each trajectory a coroutine (pyrl's agent loops) against the lock-step rollout (every
 round's turns generated together, then every tool call, then the next round: the engine waits for the round's
 slowest tool). Same engine, same prompts, same tool latencies (drawn per trajectory and turn from a seeded
-log-normal, median 50 ms, sigma 1.2, cut at 2 s), greedy: the script counts the rows whose tokens differ between the modes.
+log-normal, median 50 ms, sigma 1.2, cut at 2 s), greedy; the script counts the rows whose tokens differ
+between the modes.
 
 The agent is a loop of this script's (registered as verl users register theirs): `--turns` rounds of generate
 `--turn-tokens` tokens -> call a tool that takes its latency -> append its answer as a tool message, then a last
@@ -129,7 +130,7 @@ def main(argv=None) -> None:
         print(f"| {mode} | {show(times[mode])} | {stats[mode].engine_calls} | "
               f"{stats[mode].engine_idle_fraction:.2f} |")
     # the hf engine pads each call's rows to its longest: rows batched differently can differ in the last float
-    # bits of their logits, which flips a greedy choice between near-equal tokens (vLLM's kernels do not pad)
+    # bits of their logits, which flips a greedy choice between near-equal tokens (vLLM does not pad)
     print(f"per-trajectory / lock-step: {ratio(times['per-trajectory'], times['lock-step'])}; "
           f"rows whose greedy tokens differ between the modes: {differ} of {len(rows)}")
 
