@@ -64,7 +64,7 @@ class SlowToolAgentLoop(AgentLoopBase):
             merged, mask, _ = await self.ct_merge_context_msg(before, after, runtime, mask)
             runtime, messages = merged.token_ids, after
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=runtime[len(prompt_ids):], response_mask=mask,
-                               num_turns=2 * self.TURNS + 2, metrics={}, extra_fields={"tool_seconds": tool_s})
+                               num_turns=2 * self.TURNS + 2, metrics={"tool_calls": tool_s})
 
 
 def main(argv=None) -> None:

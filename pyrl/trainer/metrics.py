@@ -51,15 +51,22 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
 
 
 def agent_loop_metrics(nt: dict) -> dict:
-    """verl's num_turns/* and tool_call_counts/*, with pyrl's tool errors and the time spent in tools, from the
-    agent loop's per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
+    """verl's num_turns/*, tool_call_counts/* and timing_s/agent_loop/{generate_sequences,tool_calls,slowest}/*, with
+    pyrl's tool errors, from the agent loop's per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
     out = {}
     for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
                            ("tool_error_counts", "tool_error_counts"),
-                           ("tool_seconds", "timing_s/agent_loop/tool_calls")):
+                           ("tool_seconds", "timing_s/agent_loop/tool_calls"),
+                           ("generate_seconds", "timing_s/agent_loop/generate_sequences")):
         if column in nt and len(nt[column]):
             values = np.asarray(nt[column], dtype=np.float64)
             out.update({f"{prefix}/min": values.min(), f"{prefix}/max": values.max(), f"{prefix}/mean": values.mean()})
+    if "generate_seconds" in nt and len(nt["generate_seconds"]):  # the batch waits for its slowest trajectory
+        generate = np.asarray(nt["generate_seconds"], dtype=np.float64)
+        tools = np.asarray(nt["tool_seconds"], dtype=np.float64)
+        slowest = int(np.argmax(generate + tools))
+        out["timing_s/agent_loop/slowest/generate_sequences"] = generate[slowest]
+        out["timing_s/agent_loop/slowest/tool_calls"] = tools[slowest]
     if "tool_call_counts" in nt and len(nt["tool_call_counts"]):
         calls = np.asarray(nt["tool_call_counts"], dtype=np.float64)
         errors = np.asarray(nt["tool_error_counts"], dtype=np.float64)

@@ -173,7 +173,9 @@ class ActorRolloutRefWorker(Worker):
             out, seconds = self.tp_group.follow(self.engine)
         lengths = out.batch["attention_mask"].sum(-1).tolist()  # every rank takes part in mfu's all-reduce
         out.meta_info = {**out.meta_info, "metrics": {
-            "perf/mfu/gen": perf.mfu(self.hf_config, lengths, seconds, self.device, self.engine.dtype, backward=False)}}
+            "perf/mfu/gen": perf.mfu(self.hf_config, lengths, seconds, self.device, self.engine.dtype, backward=False),
+            **self.agent_loop_stats}}
+        self.agent_loop_stats = {}
         return out
 
     def _generate(self, parts: list[DataProto]) -> list[tuple[DataProto, float]]:
@@ -226,8 +228,10 @@ class ActorRolloutRefWorker(Worker):
         sampling_params = dict(temperature=0.0 if spec.greedy else spec.temperature, top_p=spec.top_p,
                                top_k=spec.top_k, repetition_penalty=1.0, logprobs=spec.logprobs)
         batch = runner.run(rows, sampling_params, spec)
-        self.agent_loop_stats = {"engine_calls": batch.engine_calls, "requests": batch.requests,
-                                 "engine_idle_fraction": batch.engine_idle_fraction}
+        # the rollout server's: engine calls (steps, on vllm), requests, and the share of the rollout's wall time the
+        # engine sat idle waiting for tools (a follower of a tensor-parallel group reports none)
+        self.agent_loop_stats = {"agent_loop/engine_calls": batch.engine_calls, "agent_loop/requests": batch.requests,
+                                 "agent_loop/engine_idle_fraction": batch.engine_idle_fraction}
         return batch.outputs
 
     def _agent_loop_runner(self, meta_info: dict):

@@ -256,3 +256,36 @@ def test_tool_selection_limits_a_sample_to_the_tools_it_names(tool_tokenizer):
     assert prompt_tools(schemas, "tool_agent", {"extra_info": {"tool_selection": ["search"]}}) == []
     assert prompt_tools(schemas, "single_turn_agent", {}) is None  # verl's single-turn loop renders no tools
     assert prompt_tools(schemas, "single_turn_agent", {"agent_name": "tool_agent"}) == schemas
+
+
+def test_trajectory_columns_and_their_metrics_by_hand():
+    """Each loop's counters and timers reach the batch's columns (a user's loop that reports none gets zeros), and
+    the trainer's metrics are their min / max / mean, the slowest trajectory's being the one with the most seconds
+    of generation and tools together (verl 0.9.1's agent_loop/slowest)."""
+    import numpy as np
+
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    from pyrl.trainer.metrics import agent_loop_metrics
+    from pyrl.workers.rollout.agent_loop import trajectory_columns
+
+    def output(turns, generate_s, tool_s, **extra):
+        return AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1], num_turns=turns,
+                               metrics={"generate_sequences": generate_s, "tool_calls": tool_s}, extra_fields=extra)
+
+    outputs = [output(4, 0.5, 2.0, tool_call_counts=1, tool_error_counts=1, turn_scores=[0.5], tool_rewards=[1.0]),
+               output(2, 3.0, 0.0),  # a user's loop: no counters
+               output(6, 1.0, 1.75, tool_call_counts=2)]
+    columns = trajectory_columns(outputs)
+    assert columns["__num_turns__"].tolist() == [4, 2, 6]
+    assert columns["tool_call_counts"].tolist() == [1, 0, 2] and columns["tool_error_counts"].tolist() == [1, 0, 0]
+    assert columns["tool_seconds"].tolist() == [2.0, 0.0, 1.75]
+    assert columns["generate_seconds"].tolist() == [0.5, 3.0, 1.0]
+    assert list(columns["turn_scores"]) == [[0.5], [], []] and list(columns["tool_rewards"]) == [[1.0], [], []]
+    metrics = agent_loop_metrics(columns)
+    assert metrics["num_turns/mean"] == 4.0 and metrics["tool_call_counts/max"] == 2
+    assert metrics["timing_s/agent_loop/generate_sequences/max"] == 3.0
+    assert metrics["timing_s/agent_loop/tool_calls/mean"] == np.mean([2.0, 0.0, 1.75])
+    # totals 2.5, 3.0, 2.75: the second is the slowest
+    assert metrics["timing_s/agent_loop/slowest/generate_sequences"] == 3.0
+    assert metrics["timing_s/agent_loop/slowest/tool_calls"] == 0.0
+    assert metrics["tool_calls/sample_ratio"] == 2 / 3 and metrics["tool_calls/error_ratio"] == 1 / 3

@@ -113,8 +113,7 @@ class ToolAgentLoop(AgentLoopBase):
             response_logprobs=t.response_logprobs if sampling_params.get("logprobs") else None,
             num_turns=t.num_turns, metrics=t.metrics,
             extra_fields={**t.extra_fields, "turn_scores": t.turn_scores, "tool_rewards": t.tool_rewards,
-                          "tool_call_counts": t.tool_calls, "tool_error_counts": t.tool_errors,
-                          "tool_seconds": t.metrics.get("tool_calls", 0.0)})
+                          "tool_call_counts": t.tool_calls, "tool_error_counts": t.tool_errors})
 
     async def _start(self, row: dict) -> Trajectory:
         messages = copy.deepcopy(list(row.get("raw_prompt") or []))

@@ -174,13 +174,15 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[-half:]
 
 
-AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_seconds")  # numeric ones
+AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_seconds",  # numeric ones
+                      "generate_seconds")
 
 
 def trajectory_columns(outputs: list) -> dict:
     """Per-sample columns of the rollout batch from each trajectory's AgentLoopOutput: verl's __num_turns__,
-    tool_call_counts, turn_scores and tool_rewards, and pyrl's tool_error_counts and tool_seconds (the trainer's
-    metrics read them); a loop that does not report one (a user's) gets 0 or [] there."""
+    tool_call_counts, turn_scores and tool_rewards, and pyrl's tool_error_counts, tool_seconds and generate_seconds
+    (the loop's metrics: the seconds it waited on tools and on the engine; the trainer's metrics read them); a loop
+    that does not report one (a user's) gets 0 or [] there."""
     def objects(values):
         out = np.empty(len(values), dtype=object)
         out[:] = values
@@ -190,7 +192,8 @@ def trajectory_columns(outputs: list) -> dict:
     return {"__num_turns__": np.array([output.num_turns for output in outputs], dtype=np.int32),
             "tool_call_counts": np.array([e.get("tool_call_counts", 0) for e in extra], dtype=np.int32),
             "tool_error_counts": np.array([e.get("tool_error_counts", 0) for e in extra], dtype=np.int32),
-            "tool_seconds": np.array([e.get("tool_seconds", 0.0) for e in extra], dtype=np.float64),
+            "tool_seconds": np.array([output.metrics.tool_calls for output in outputs], dtype=np.float64),
+            "generate_seconds": np.array([output.metrics.generate_sequences for output in outputs], dtype=np.float64),
             "turn_scores": objects([list(e.get("turn_scores") or []) for e in extra]),
             "tool_rewards": objects([list(e.get("tool_rewards") or []) for e in extra])}
 
