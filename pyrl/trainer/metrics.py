@@ -51,8 +51,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
 
 
 def agent_loop_metrics(nt: dict) -> dict:
-    """verl's num_turns/*, tool_call_counts/* and timing_s/agent_loop/{generate_sequences,tool_calls,slowest}/*, with
-    pyrl's tool errors, from the agent loop's per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
+    """verl's num_turns/*, tool_call_counts/* and timing_s/agent_loop/{generate_sequences,tool_calls,slowest}/*,
+    with pyrl's tool errors, from the agent loop's per-sample columns of a batch's non_tensor_batch (absent for
+    single-turn rollouts)."""
     out = {}
     for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
                            ("tool_error_counts", "tool_error_counts"),
