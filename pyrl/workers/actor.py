@@ -260,39 +260,38 @@ class ActorRolloutRefWorker(Worker):
         self.engine.sleep()
 
     # ---- log-probs ----
-    def _forward(self, module, hf_config, dtype, data: DataProto, temperature: float, return_entropy: bool,
-                 micro_batch_size, use_dynamic_bsz: bool, max_token_len: int,
-                 return_sum_pi_squared: bool = False) -> tuple[tuple, float]:
-        """(response log-probs, entropy (or None) and, with return_sum_pi_squared, sum_pi_squared [B, R] over
-        micro-batches, each trimmed of all-padding columns; the pass's MFU)."""
+    def _forward(self, module, hf_config, dtype, data: DataProto, micro_batch_size, use_dynamic_bsz: bool,
+                 max_token_len: int, call, share_prompts: bool = False) -> tuple[tuple, float]:
+        """call(module, inputs) -> a tuple of [rows, R, ...] outputs, over micro-batches (no gradients), each trimmed
+        of all-padding columns; and the pass's MFU. share_prompts: a group's prompt once (actor.use_prefix_grouper)."""
         start = time.perf_counter()
-        share = self.config.actor.use_prefix_grouper
-        lengths, groups = batching.row_lengths(data), batching.prompt_groups(data) if share else None
+        lengths, groups = batching.row_lengths(data), batching.prompt_groups(data) if share_prompts else None
         micro = batching.micro_batch_indices(lengths, micro_batch_size, use_dynamic_bsz, max_token_len, self.device,
                                              groups)
 
         def forward(tensors, kept):
             with torch.no_grad():
-                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device, share_prompts=share)
-                out = module(inputs, temperature, return_entropy, return_sum_pi_squared)
-            return out if isinstance(out, tuple) else (out,)
+                return call(module, ModelInputs.responses(tensors, kept, self.packed, self.device,
+                                                          share_prompts=share_prompts))
 
         outputs = batching.response_forward(data, micro, forward)
         mfu = perf.mfu(hf_config, lengths.tolist(), time.perf_counter() - start, self.device, dtype, backward=False,
                        tokens=sum(groups[1]) if groups else None)
-        return (outputs if return_entropy else (outputs[0], None, *outputs[1:])), mfu
+        return outputs, mfu
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs and entropys [B, R] of the responses under the current policy, and sum_pi_squared [B, R]
         (sum over the vocabulary of pi^2) with actor.calculate_sum_pi_squared."""
-        rollout = self.config.rollout
+        rollout, sum_pi_squared = self.config.rollout, self.config.actor.calculate_sum_pi_squared
         batching.require_tokens("compute_log_prob", data, ["responses"])
+        temperature = data.meta_info.get("temperature", rollout.temperature)
         self.policy.eval()
         outputs, mfu = self._forward(self.policy, self.lm.config, self.compute_dtype, data,
-                                     data.meta_info.get("temperature", rollout.temperature), True,
                                      rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
-                                     rollout.log_prob_max_token_len_per_gpu, self.config.actor.calculate_sum_pi_squared)
+                                     rollout.log_prob_max_token_len_per_gpu,
+                                     lambda module, inputs: module(inputs, temperature, True, sum_pi_squared),
+                                     share_prompts=self.config.actor.use_prefix_grouper)
         return DataProto.from_dict(dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), outputs)),
                                    meta_info={"metrics": {"perf/mfu/actor_infer": mfu}})
 
@@ -300,13 +299,15 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         ref = self.config.ref
         batching.require_tokens("compute_ref_log_prob", data, ["responses"])
+        temperature = data.meta_info.get("temperature", self.config.rollout.temperature)
         self.ref_policy.eval()
         base = lora.adapters_disabled(self.peft_model) if self.peft_model is not None else contextlib.nullcontext()
         with base:
-            (logp, _), mfu = self._forward(self.ref_policy, self.ref_hf_config, self.ref_compute_dtype, data,
-                                           data.meta_info.get("temperature", self.config.rollout.temperature), False,
-                                           ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
-                                           ref.log_prob_max_token_len_per_gpu)
+            (logp,), mfu = self._forward(self.ref_policy, self.ref_hf_config, self.ref_compute_dtype, data,
+                                         ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                                         ref.log_prob_max_token_len_per_gpu,
+                                         lambda module, inputs: (module(inputs, temperature),),
+                                         share_prompts=self.config.actor.use_prefix_grouper)
         return DataProto.from_dict({"ref_log_prob": logp}, meta_info={"metrics": {"perf/mfu/ref": mfu}})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -319,22 +320,13 @@ class ActorRolloutRefWorker(Worker):
         _, teacher = distillation.teacher_of(self.distillation)
         topk = loss.topk if distillation.uses_topk(loss) else 0
         chunk = distillation.topk_chunk_rows(loss)
-        start = time.perf_counter()
-        lengths = batching.row_lengths(data)
-        micro = batching.micro_batch_indices(lengths, None, True, teacher.inference.max_num_batched_tokens,
-                                             self.device)
         self.teacher_policy.eval()
 
-        def forward(tensors, kept):
-            with torch.no_grad():
-                inputs = ModelInputs.responses(tensors, kept, self.packed, self.device)
-                if topk:
-                    return self.teacher_policy(inputs, 1.0, topk=topk, chunk_rows=chunk)
-                return (self.teacher_policy(inputs, 1.0),)
+        def call(module, inputs):
+            return module(inputs, 1.0, topk=topk, chunk_rows=chunk) if topk else (module(inputs, 1.0),)
 
-        outputs = batching.response_forward(data, micro, forward)
-        mfu = perf.mfu(self.teacher_hf_config, lengths.tolist(), time.perf_counter() - start, self.device,
-                       self.teacher_compute_dtype, backward=False)
+        outputs, mfu = self._forward(self.teacher_policy, self.teacher_hf_config, self.teacher_compute_dtype, data,
+                                     None, True, teacher.inference.max_num_batched_tokens, call)
         names = ("teacher_topk_log_probs", "teacher_topk_ids") if topk else ("teacher_log_probs",)
         return DataProto.from_dict(dict(zip(names, outputs)), meta_info={"metrics": {"perf/mfu/teacher": mfu}})
 
