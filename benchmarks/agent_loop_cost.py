@@ -25,16 +25,14 @@ def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     import torch
-    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
     from pyrl.config import ActorRolloutRefConfig, RolloutConfig
     from pyrl.data.tool_calc import TOOL_USE_FROM, tool_calc_pairs, tool_calc_prompt
-    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
     from pyrl.models.hub import resolve_model_path
     from pyrl.tools.tool_registry import load_all_tools
     from pyrl.workers.rollout import make_engine
-    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
     from pyrl.workers.rollout.base import SamplingSpec
 
     path = resolve_model_path("pyrl:tiny-tool-sft")
@@ -44,10 +42,7 @@ def main(argv=None) -> None:
     engine = make_engine(args.engine, path, config, torch.device("cpu"), tokenizer)
     tools = load_all_tools(str(importlib.resources.files("pyrl.configs").joinpath("tools/calculator.yaml")), None)
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools]
-    loop = AgentLoopRunner(engine, tokenizer,
-                           OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(ActorRolloutRefConfig(
-                               rollout=config))}), OmegaConf.create({}), tools,
-                           AgentRuntime(ChatTokens(tokenizer), ToolRunner()))
+    loop = AgentLoopRunner(engine, tokenizer, ActorRolloutRefConfig(rollout=config), tools)
     train, _, _ = tool_calc_pairs()
     pairs = [p for p in train if p[0] >= TOOL_USE_FROM][:args.prompts]
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": tool_calc_prompt(a, b)}],

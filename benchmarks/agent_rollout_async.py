@@ -81,14 +81,12 @@ def main(argv=None) -> None:
                                                                                      args.seed)
 
     import torch
-    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
     from pyrl.config import ActorRolloutRefConfig, RolloutConfig
-    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
     from pyrl.models.hub import resolve_model_path
     from pyrl.workers.rollout import make_engine
-    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
     from pyrl.workers.rollout.base import SamplingSpec
 
     path = resolve_model_path("pyrl:tiny-tool-sft")
@@ -97,10 +95,7 @@ def main(argv=None) -> None:
     config = RolloutConfig(name=args.engine, dtype="float32", prompt_length=64, response_length=response,
                            enforce_eager=True, load_format="auto", max_num_seqs=1024)
     engine = make_engine(args.engine, path, config, torch.device("cpu"), tokenizer)
-    trainer_config = OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(ActorRolloutRefConfig(
-        rollout=config))})
-    runners = {mode: AgentLoopRunner(engine, tokenizer, trainer_config, OmegaConf.create({}), [],
-                                     AgentRuntime(ChatTokens(tokenizer), ToolRunner()),
+    runners = {mode: AgentLoopRunner(engine, tokenizer, ActorRolloutRefConfig(rollout=config), [],
                                      lockstep=mode == "lock-step")
                for mode in ("lock-step", "per-trajectory")}
     rows = [{"agent_name": "slow_tool_agent", "index": i,

@@ -30,8 +30,6 @@ from pyrl.workers.distributed import all_reduce, full_tensor, worker_device
 from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import (
-    ChatTokens,
-    ToolRunner,
     agent_loop_rm_scores,
     agent_name,
     trajectory_columns,
@@ -239,20 +237,14 @@ class ActorRolloutRefWorker(Worker):
         data's chat template keywords (the trainer sends data.apply_chat_template_kwargs with the prompts)."""
         if self.agent_loop_runner is None:
             # lazy: the agent loops (pydantic, hydra) load only with an agent loop
-            from omegaconf import OmegaConf
-
-            from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+            from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
 
             multi_turn = self.config.rollout.multi_turn
             tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
             interactions = (initialize_interactions_from_config(multi_turn.interaction_config_path)
                             if multi_turn.interaction_config_path else {})
-            template_kwargs = dict(meta_info.get("apply_chat_template_kwargs") or {})
-            chat = ChatTokens(self.tokenizer, self.config.model.custom_chat_template, template_kwargs)
-            self.agent_loop_runner = AgentLoopRunner(
-                self.engine, self.tokenizer, OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(self.config)}),
-                OmegaConf.create({"apply_chat_template_kwargs": template_kwargs}), tools,
-                AgentRuntime(chat, ToolRunner(), interactions))
+            self.agent_loop_runner = AgentLoopRunner(self.engine, self.tokenizer, self.config, tools, interactions,
+                                                     meta_info.get("apply_chat_template_kwargs"))
         return self.agent_loop_runner
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -147,11 +147,9 @@ def test_multi_turn_log_probs_and_loss_equal_float64_references_that_mask_tool_t
 
 
 def _in_process_loop(tool_model, tools, interactions=None, response_length=RESPONSE, **multi_turn):
-    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
-    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
     from pyrl.workers.rollout.hf_engine import HFEngine
 
     config = tool_config(tool_model, "hf").actor_rollout_ref
@@ -160,9 +158,7 @@ def _in_process_loop(tool_model, tools, interactions=None, response_length=RESPO
         setattr(config.rollout.multi_turn, key, value)
     tokenizer = AutoTokenizer.from_pretrained(tool_model)
     engine = HFEngine(tool_model, config.rollout, torch.device("cpu"), tokenizer)
-    runner = AgentLoopRunner(engine, tokenizer, OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)}),
-                             OmegaConf.create({}), tools, AgentRuntime(ChatTokens(tokenizer), ToolRunner(),
-                                                                       interactions))
+    runner = AgentLoopRunner(engine, tokenizer, config, tools, interactions)
     return runner, tokenizer
 
 

@@ -395,19 +395,14 @@ def _calculator_tool():
 
 
 def _runner(engine, tokenizer, response_length: int, tools: list, tool_format: str | None = None):
-    from omegaconf import OmegaConf
-
     from pyrl.config import ActorRolloutRefConfig, RolloutConfig
-    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
-    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
 
     config = ActorRolloutRefConfig()
     config.rollout = RolloutConfig(response_length=response_length, prompt_length=8)
     if tool_format is not None:
         config.rollout.multi_turn.format = tool_format
-    trainer_config = OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)})
-    return AgentLoopRunner(engine, tokenizer, trainer_config, OmegaConf.create({}), tools,
-                           AgentRuntime(ChatTokens(tokenizer), ToolRunner()))
+    return AgentLoopRunner(engine, tokenizer, config, tools)
 
 
 def _tool_agent_stop_token_ids(runner) -> list[int]:

@@ -61,19 +61,14 @@ def rollout_config(model_path: str, *overrides: str):
 
 def make_runner(model, *overrides: str):
     """An AgentLoopRunner as the rollout worker builds it (pyrl/workers/actor.py), over the shared engine."""
-    from omegaconf import OmegaConf
-
-    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner, AgentRuntime
+    from pyrl.experimental.agent_loop.agent_loop import AgentLoopRunner
     from pyrl.tools.tool_registry import load_all_tools
-    from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
 
     path, tokenizer, engine = model
     config = rollout_config(path, *overrides).actor_rollout_ref
     multi_turn = config.rollout.multi_turn
     tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
-    return AgentLoopRunner(engine, tokenizer, OmegaConf.create({"actor_rollout_ref": OmegaConf.structured(config)}),
-                           OmegaConf.create({"apply_chat_template_kwargs": {}}), tools,
-                           AgentRuntime(ChatTokens(tokenizer), ToolRunner(), {}))
+    return AgentLoopRunner(engine, tokenizer, config, tools, {}, {})
 
 
 def spec(response_length: int = RESPONSE):

@@ -88,8 +88,10 @@ class AgentRuntime:
     passes objects through as they are, where it would turn a dict into a DictConfig): the interactions by name,
     the ToolRunner tools run on, and the ChatTokens the batch's trajectories share. A user's loop ignores it."""
 
-    def __init__(self, chat_tokens: ChatTokens, tool_runner=None, interactions: dict | None = None):
+    def __init__(self, chat_tokens: ChatTokens, tool_runner=None, interactions: dict | None = None, multi_turn=None):
+        """multi_turn: pyrl's rollout.multi_turn section itself (its reads are pyrl's, not a DictConfig copy's)."""
         self.chat_tokens, self.tool_runner, self.interactions = chat_tokens, tool_runner, dict(interactions or {})
+        self.multi_turn = multi_turn
 
 
 class DictConfigWrap:
@@ -342,22 +344,31 @@ class BatchOutput:
 
 class AgentLoopRunner:
     """Runs a batch's rows through their agent loops, every trajectory a coroutine against one RolloutServer
-    (verl's AgentLoopWorker.generate_sequences, without Ray: it runs in the rollout worker). trainer_config and
-    data_config: DictConfigs (see the module docstring); tools: what every loop gets as tools=ToolListWrap, as
-    verl's; runtime: pyrl's own loops' AgentRuntime."""
+    (verl's AgentLoopWorker.generate_sequences, without Ray: it runs in the rollout worker). config: pyrl's
+    actor_rollout_ref section; tools: what every loop gets as tools=ToolListWrap, as verl's; interactions: pyrl's
+    tool agent's, by name; template_kwargs: data.apply_chat_template_kwargs. lockstep: the lock-step rollout, to
+    measure against (see RolloutServer)."""
 
-    def __init__(self, engine, tokenizer, trainer_config, data_config, tools: list, runtime: AgentRuntime,
-                 lockstep: bool = False):
+    def __init__(self, engine, tokenizer, config, tools: list, interactions: dict | None = None,
+                 template_kwargs: dict | None = None, lockstep: bool = False):
+        from omegaconf import OmegaConf
+
         from pyrl.experimental.agent_loop import single_turn_agent_loop, tool_agent_loop  # noqa: F401 (registers)
+        from pyrl.workers.rollout.agent_loop import ToolRunner
 
+        rollout = config.rollout
         self.engine, self.tokenizer, self.lockstep = engine, tokenizer, lockstep
-        # an open copy, with verl's rollout keys that pyrl refuses set to the defaults it runs with (loops read them)
-        self.trainer_config = OmegaConf.create(OmegaConf.to_container(trainer_config))
+        # what loops see as self.config (verl hands them a DictConfig): an open copy, with verl's rollout keys that
+        # pyrl refuses set to the defaults it runs with (loops read them)
+        self.trainer_config = OmegaConf.create({"actor_rollout_ref": OmegaConf.to_container(
+            OmegaConf.structured(config))})
         OmegaConf.update(self.trainer_config, "actor_rollout_ref.rollout.full_determinism", False, force_add=True)
-        self.data_config = data_config
-        self.tools, self.runtime = list(tools), runtime
+        template_kwargs = dict(template_kwargs or {})
+        self.data_config = OmegaConf.create({"apply_chat_template_kwargs": template_kwargs})
+        self.tools = list(tools)
+        self.runtime = AgentRuntime(ChatTokens(tokenizer, config.model.custom_chat_template, template_kwargs),
+                                    ToolRunner(), interactions, rollout.multi_turn)
         self.classes: dict[str, type] = {}
-        rollout = self.trainer_config.actor_rollout_ref.rollout
         load_agent_loop_config(rollout.agent.agent_loop_config_path)
         self.prompt_length = rollout.prompt_length
         self.max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length

@@ -75,7 +75,8 @@ class Trajectory:
 class ToolAgentLoop(AgentLoopBase):
     def __init__(self, *args, tools=None, runtime: AgentRuntime | None = None, **kwargs):
         super().__init__(*args, runtime=runtime, **kwargs)
-        self.multi_turn = cfg = self.rollout_config.multi_turn
+        # pyrl's own section where the runner passes it (a DictConfig copy's reads are nobody's)
+        self.multi_turn = cfg = runtime.multi_turn if runtime and runtime.multi_turn else self.rollout_config.multi_turn
         if cfg.tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side: expected one of "
                              f"{TRUNCATE_SIDES}, got {cfg.tool_response_truncate_side!r}")
