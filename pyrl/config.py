@@ -321,7 +321,7 @@ class RewardManagerConfig:
     """verl 0.9.1's reward.reward_manager: which manager scores the responses."""
 
     source: str = "register"  # pyrl's registered managers (verl's importlib source: a class of verl's own API)
-    name: str = "naive"  # naive | dapo | batch
+    name: str = "naive"  # naive | dapo | batch | gdpo | rate_limited | remote
     module: CustomClassConfig = field(default_factory=lambda: CustomClassConfig(name="custom_reward_manager"))
 
 
@@ -366,7 +366,15 @@ class RewardConfig:
     # the manager's options; dapo: overlong_buffer_cfg {enable, len, penalty_factor} and max_resp_len
     reward_kwargs: dict = field(default_factory=dict)
     strict: bool = False  # pyrl: a scorer that raises or times out stops the run instead of scoring 0
-    timeout_s: float = 10.0  # pyrl: per-sample scorer time limit
+    timeout_s: float = 10.0  # pyrl: per-sample scorer time limit (every manager but rate_limited)
+    # verl 0.9.1's rate_limited manager reads these from reward.* with these defaults (its yaml does not list them:
+    # verl command lines add them, +reward.max_rpm=...): calls at once, requests and tokens per minute (null: no
+    # limit), the tokens one call counts against max_tpm, and each call's time limit in seconds (null: none)
+    max_concurrent: int = 1
+    max_rpm: Optional[int] = None
+    max_tpm: Optional[int] = None
+    estimated_tokens_per_request: int = 2000
+    timeout: Optional[float] = 300.0
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     sandbox: LocalSandboxConfig = field(default_factory=LocalSandboxConfig)
 
@@ -628,8 +636,9 @@ CONTENTS_KEYS = tuple(f"{role}.checkpoint.{name}" for role in ("actor_rollout_re
 # verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
 # why). Anything else stops the run at start instead of being silently ignored.
 LIMITS: dict[str, tuple[tuple, str]] = {
-    "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch (verl's importlib "
-                                                    "managers are classes of verl's own reward-loop API)"),
+    "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch, gdpo, "
+                                                    "rate_limited, remote (verl's importlib managers are classes of "
+                                                    "verl's own reward-loop API)"),
     "reward.reward_manager.module.path": ((None,), "only with reward.reward_manager.source=importlib"),
     "reward.reward_manager.module.name": (("custom_reward_manager",),
                                           "only with reward.reward_manager.source=importlib"),

@@ -1,15 +1,16 @@
 """Reward managers: a rollout batch -> token-level scores [B, R], each response's score on its last valid
-token (verl's naive / batch / dapo managers).
+token (verl's naive / batch / dapo managers, and verl 0.9.1's gdpo / rate_limited / remote reward-loop managers).
 
 compute_score is called with verl's keywords: compute_score(data_source=, solution_str=, ground_truth=,
 extra_info=, **reward_kwargs) per sample, or compute_score(data_sources=, solution_strs=, ground_truths=,
 extra_infos=, **reward_kwargs) for the batch manager; an `async def` one is awaited. reward.num_workers > 1
-processes score the batch's samples in parallel (in order, the same numbers as one process).
+processes score the batch's samples in parallel (in order, the same numbers as one process); remote always scores
+in such processes, rate_limited in the driver, its calls concurrent under its limits.
 
-A scorer that raises or runs past reward.timeout_s scores 0 for that sample (except pyrl.sandbox's
-SandboxUnavailable, which stops the run: code cannot be scored safely on this machine); the count goes into the metrics
-(reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged with the sample's
-index. With reward.strict=true the run stops instead. What a scorer counts through pyrl.rewards.counts while it
+A scorer that raises or runs past reward.timeout_s (rate_limited: reward.timeout) scores 0 for that sample (except
+pyrl.sandbox's SandboxUnavailable, which stops the run: code cannot be scored safely on this machine); the count goes
+into the metrics (reward/scorer_errors, reward/scorer_timeouts) and the first failure of each kind is logged with the
+sample's index. With reward.strict=true the run stops instead. What a scorer counts through pyrl.rewards.counts while it
 scores (code_exec: hostile outputs) is summed over the batch into reward/<name> (reward/code_hostile_outputs).
 """
 
@@ -178,17 +179,30 @@ class RewardManager:
                      for row, n in zip(data.batch["responses"], lengths)]
         return prompts, responses, lengths
 
-    def sample_fields(self, data: DataProto, i: int):
+    def row_fields(self, data: DataProto, i: int):
+        """(data source, ground truth, the row's own extra_info) of sample i."""
         nt = data.non_tensor_batch
         if self.reward_fn_key not in nt:
             raise KeyError(f"reward: the batch has no {self.reward_fn_key!r} column (data.reward_fn_key)")
         reward_model = nt["reward_model"][i] if "reward_model" in nt else {}
         extra = nt["extra_info"][i] if "extra_info" in nt else None
-        if "__num_turns__" in nt:  # a multi-turn rollout: verl 0.9.1's managers add the turn count; pyrl adds the
-            # tools' and interaction's own rewards. A copy: the n samples of a prompt share one extra_info dict
-            extra = {**(extra or {}), "num_turns": int(nt["__num_turns__"][i]),
-                     **{key: list(nt[key][i]) for key in ("tool_rewards", "turn_scores") if key in nt}}
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
+
+    def turn_fields(self, data: DataProto, i: int) -> dict:
+        """What a multi-turn rollout adds to extra_info from verl's tool_extra_fields: the tools' and the
+        interaction's rewards, tool_rewards and turn_scores ({} for a single-turn rollout)."""
+        nt = data.non_tensor_batch
+        if "__num_turns__" not in nt:
+            return {}
+        return {key: list(nt[key][i]) for key in ("tool_rewards", "turn_scores") if key in nt}
+
+    def sample_fields(self, data: DataProto, i: int):
+        nt = data.non_tensor_batch
+        source, truth, extra = self.row_fields(data, i)
+        if "__num_turns__" in nt:  # a multi-turn rollout: verl 0.9.1's naive adds the turn count and its
+            # tool_extra_fields (turn_fields). A copy: the n samples of a prompt share one extra_info dict
+            extra = {**(extra or {}), "num_turns": int(nt["__num_turns__"][i]), **self.turn_fields(data, i)}
+        return source, truth, extra
 
     def settle(self, counts, index: int, outcome: tuple, failed=0.0):
         """An attempt's value; a failure gives `failed` (a zero score), counted and logged once per kind, or
@@ -237,9 +251,7 @@ class RewardManager:
                 raise ValueError(f"reward: compute_score returned a dict without 'score' for sample {i}: "
                                  f"{score!r:.200}")
         values = np.asarray([score["score"] if isinstance(score, dict) else score for score in raw], dtype=np.float64)
-        extra_info = extra_fields(raw)
-        if not extra_info:  # plain-number scores: verl 0.9.1's managers report each as "acc" (validation's core metric)
-            extra_info["acc"] = values.tolist()
+        extra_info = self.extra_info(raw, values)
         if self.overlong_buffer.get("enable"):
             penalty = self.overlong_penalty(np.asarray(lengths))
             values = values + penalty
@@ -253,6 +265,13 @@ class RewardManager:
         metrics = {"reward/scorer_errors": counts["errors"], "reward/scorer_timeouts": counts["timeouts"]}
         metrics.update({f"reward/{key[len(COUNTED):]}": n for key, n in counts.items() if key.startswith(COUNTED)})
         return scores, dict(extra_info), metrics
+
+    def extra_info(self, raw: list, values: np.ndarray) -> dict[str, list]:
+        """reward_extra_info: the dict scores' fields (extra_fields), or each plain-number score as "acc"."""
+        extra_info = extra_fields(raw)
+        if not extra_info:  # plain-number scores: verl 0.9.1's managers report each as "acc" (validation's core metric)
+            extra_info["acc"] = values.tolist()
+        return extra_info
 
     def overlong_penalty(self, lengths: np.ndarray) -> np.ndarray:
         """DAPO's soft overlong punishment: 0 up to max_len - buffer, then linearly down to -penalty_factor."""
@@ -297,7 +316,240 @@ class BatchRewardManager(RewardManager):
         return list(result)
 
 
-MANAGERS = {"naive": RewardManager, "dapo": RewardManager, "batch": BatchRewardManager}
+class GDPORewardManager(RewardManager):
+    """gdpo (verl 0.9.1's GDPORewardManager): naive scoring, but extra_info is the row's own plus experiment_name
+    (trainer.experiment_name), without num_turns or the tools' fields (verl's gdpo merges neither __num_turns__
+    nor tool_extra_fields). A dict score's every field goes to reward_extra_info, where the gdpo estimator reads its
+    components (algorithm.gdpo_reward_keys)."""
+
+    def __init__(self, *args, experiment_name: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.experiment_name = experiment_name
+
+    def sample_fields(self, data: DataProto, i: int):
+        source, truth, extra = self.row_fields(data, i)
+        # a copy: verl writes into the row's dict, which the n samples of a prompt share
+        return source, truth, {**(extra or {}), "experiment_name": self.experiment_name}
+
+
+def is_async_scorer(fn: Callable) -> bool:
+    """An `async def` compute_score (a functools.partial of one too), as verl's inspect.iscoroutinefunction sees
+    it, or an object whose __call__ is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+class RemoteRewardManager(RewardManager):
+    """remote (verl 0.9.1's RemoteRewardManager): naive scoring with naive's extra_info, every call in a scoring
+    process, never in the driver: reward.num_workers processes (at least one, at most one per core; verl: that many
+    Ray actors per reward-loop worker, round-robin). An `async def` compute_score is refused at load, as verl
+    asserts; a scorer that raises or runs past reward.timeout_s scores 0, counted, as naive's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if is_async_scorer(self.compute_score):
+            raise ValueError("reward.reward_manager.name=remote: compute_score is an `async def` function, which the "
+                             "remote manager's scoring processes cannot run (verl 0.9.1: 'Async reward score is not "
+                             "supported in remote reward manager'); use naive or rate_limited for an async scorer")
+
+    def run(self, calls: list[dict], counts, failed=0.0) -> list:
+        outcomes = pool_outcomes(self.compute_score, self.timeout_s, calls, self.num_workers) if calls else []
+        return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
+
+
+class AsyncTokenBucket:
+    """verl 0.9.1's AsyncTokenBucket (experimental/reward_loop/reward_manager/limited.py): rate_limit tokens a
+    second flow into a bucket of max_tokens (default rate_limit), full at the start. acquire(n) refills by the
+    time elapsed since the last update (capped at max_tokens) and takes n, or sleeps (n - tokens) / rate_limit and
+    tries again. A request larger than the bucket takes its tokens at once, leaving the balance negative, and
+    sleeps for its shortfall (later requests wait for the debt to refill). The clock is the running loop's time();
+    clock / sleep replace it and asyncio.sleep (tests)."""
+
+    def __init__(self, rate_limit: float, max_tokens: float | None = None, *, clock: Callable[[], float] | None = None,
+                 sleep: Callable | None = None):
+        self.rate_limit = rate_limit
+        self.max_tokens = max_tokens or rate_limit
+        self.tokens = self.max_tokens
+        self.last_update = None
+        self.lock = asyncio.Lock()
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.sleep = sleep or asyncio.sleep
+
+    def refill(self) -> float:
+        now = self.clock()
+        if self.last_update is None:
+            self.last_update = now
+        self.tokens = min(self.max_tokens, self.tokens + (now - self.last_update) * self.rate_limit)
+        return now
+
+    async def acquire(self, num_tokens: float = 1.0) -> None:
+        if num_tokens > self.max_tokens:  # more than the bucket holds: go into debt, wait for the shortfall
+            async with self.lock:
+                self.last_update = self.refill()
+                shortfall = num_tokens - self.tokens
+                wait_time = shortfall / self.rate_limit if shortfall > 0 else 0.0
+                self.tokens -= num_tokens
+            if wait_time > 0:
+                await self.sleep(wait_time)
+            return
+        while True:
+            async with self.lock:
+                self.last_update = self.refill()
+                if self.tokens >= num_tokens:
+                    self.tokens -= num_tokens
+                    return
+                wait_time = (num_tokens - self.tokens) / self.rate_limit
+            if wait_time > 0:
+                await self.sleep(wait_time)
+
+
+class RateLimits:
+    """One set of verl's rate_limited limiters: at most max_concurrent calls at once (a semaphore), max_rpm
+    requests and max_tpm tokens a minute (token buckets of a second's worth, refilled continuously; None: no
+    limit), each call counting estimated_tokens_per_request tokens."""
+
+    def __init__(self, max_concurrent: int = 1, max_rpm: float | None = None, max_tpm: float | None = None,
+                 estimated_tokens_per_request: float = 2000):
+        self.semaphore = asyncio.Semaphore(max_concurrent)
+        self.rpm = AsyncTokenBucket(max_rpm / 60.0, max_rpm / 60.0) if max_rpm is not None else None
+        self.tpm = AsyncTokenBucket(max_tpm / 60.0, max_tpm / 60.0) if max_tpm is not None else None
+        self.estimated_tokens_per_request = estimated_tokens_per_request
+
+
+# the process's limiters by their settings: the training and the validation managers share one set (the same
+# quota), as verl's class-level limiters are shared by every RateLimitedRewardManager of a process
+_RATE_LIMITS: dict[tuple, RateLimits] = {}
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def shared_rate_limits(max_concurrent: int, max_rpm, max_tpm, estimated_tokens_per_request) -> RateLimits:
+    key = (max_concurrent, max_rpm, max_tpm, estimated_tokens_per_request)
+    with _LOOP_LOCK:
+        if key not in _RATE_LIMITS:
+            _RATE_LIMITS[key] = RateLimits(*key)
+            log.info("reward: rate_limited: at most %d calls at once, %s requests/min, %s tokens/min (%s a call)",
+                     max_concurrent, "unlimited" if max_rpm is None else max_rpm,
+                     "unlimited" if max_tpm is None else max_tpm, estimated_tokens_per_request)
+        return _RATE_LIMITS[key]
+
+
+def limiter_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every rate_limited call runs on (a daemon thread's): the limiters' semaphore and buckets
+    live across batches, and the manager may be called from any thread (one-step-off collects in its own)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="pyrl-rate-limited", daemon=True).start()
+        return _LOOP
+
+
+def in_thread(fn: Callable, call: dict) -> asyncio.Future:
+    """call_scorer(fn, **call) in a daemon thread of its own, as a future of the running loop (verl runs a sync
+    scorer in the loop's default executor; a daemon thread, because a scorer past its timeout cannot be stopped
+    and must not hold the process at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def resolve(result, error):
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def work():
+        try:
+            result, error = call_scorer(fn, **call), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            result, error = None, e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__}: {e}")
+        loop.call_soon_threadsafe(resolve, result, error)
+
+    threading.Thread(target=work, name="pyrl-reward-call", daemon=True).start()
+    return future
+
+
+class Failed(dict):
+    """A rate_limited call that timed out or raised: {"score": 0.0} and verl's reward_extra_info for it."""
+
+
+class RateLimitedRewardManager(RewardManager):
+    """rate_limited (verl 0.9.1's RateLimitedRewardManager): each call takes a token from the requests-per-minute
+    bucket, then estimated_tokens_per_request from the tokens-per-minute one, then a place among max_concurrent,
+    and runs under `timeout` seconds (None: no limit); the batch's calls run concurrently on one event loop, an
+    `async def` compute_score awaited there, a sync one in a thread. A call past its timeout scores 0.0 with
+    {"timeout": True, "acc": 0.0}, one that raises (a dict without "score" too) 0.0 with {"error": str(e),
+    "acc": 0.0}: verl's values; both are counted in reward/scorer_timeouts / scorer_errors, and reward.strict
+    stops the run instead. extra_info: the row's, plus the tools' fields (tool_rewards, turn_scores) of a
+    multi-turn rollout, without num_turns (verl's rate_limited merges tool_extra_fields only)."""
+
+    def __init__(self, *args, max_concurrent: int = 1, max_rpm: float | None = None, max_tpm: float | None = None,
+                 estimated_tokens_per_request: float = 2000, timeout: float | None = 300.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = shared_rate_limits(max_concurrent, max_rpm, max_tpm, estimated_tokens_per_request)
+        self.timeout = timeout
+        self.is_async = is_async_scorer(self.compute_score)
+
+    def sample_fields(self, data: DataProto, i: int):
+        source, truth, extra = self.row_fields(data, i)
+        tools = self.turn_fields(data, i)
+        return source, truth, {**(extra or {}), **tools} if tools else extra
+
+    async def limited_call(self, call: dict) -> tuple:
+        """verl's run_single for one call: (result, None, None, None), or (None, "timeouts" | "errors", what
+        happened, verl's reward_extra_info for it)."""
+        limits = self.limits
+        if limits.rpm is not None:
+            await limits.rpm.acquire(1.0)
+        if limits.tpm is not None:
+            await limits.tpm.acquire(limits.estimated_tokens_per_request)
+        async with limits.semaphore:
+            try:
+                pending = self.compute_score(**call) if self.is_async else in_thread(self.compute_score, call)
+                result = await asyncio.wait_for(pending, timeout=self.timeout)
+                if isinstance(result, dict):
+                    result["score"]  # noqa: B018 - verl reads it inside its try: a dict without it is an error
+                return result, None, None, None
+            except asyncio.TimeoutError:
+                return None, "timeouts", f"TimeoutError: over {self.timeout} s", {"timeout": True}
+            except SandboxUnavailable:
+                raise
+            except Exception as e:  # noqa: BLE001 - verl scores any failure 0
+                return None, "errors", f"{type(e).__name__}: {e}", {"error": str(e)}
+
+    async def limited_calls(self, calls: list[dict]) -> list[tuple]:
+        return await asyncio.gather(*(self.limited_call(call) for call in calls))
+
+    def scores(self, data: DataProto, responses, counts) -> list:
+        calls = []
+        for i, response in enumerate(responses):
+            source, truth, extra = self.sample_fields(data, i)
+            calls.append({"data_source": source, "solution_str": response, "ground_truth": truth, "extra_info": extra})
+        with counts_module.recording() as counted:  # one recording: the calls overlap
+            outcomes = asyncio.run_coroutine_threadsafe(self.limited_calls(calls), limiter_loop()).result()
+        for name, n in counted.items():
+            counts[COUNTED + name] += n
+        raw = []
+        for i, (value, kind, error, info) in enumerate(outcomes):
+            failed = Failed(score=0.0, **info, acc=0.0) if kind else None
+            raw.append(self.settle(counts, i, (value, kind, error, {}), failed=failed))
+        return raw
+
+    def extra_info(self, raw: list, values: np.ndarray) -> dict[str, list]:
+        """verl's reward_extra_info of each call (a dict score's fields, a number's {"acc": score}, a failure's
+        {"timeout" | "error", "acc"}), over the batch: a field a sample lacks is False where the field is
+        boolean elsewhere, 0.0 where numeric, None otherwise (verl 0.9.1 fails on a batch whose samples' fields
+        differ, or drops the fields its first sample lacks)."""
+        infos = [{k: v for k, v in r.items() if k != "score"} if isinstance(r, Failed) else r if isinstance(r, dict)
+                 else {"acc": r} for r in raw]
+        fields = {}
+        for key in dict.fromkeys(key for info in infos for key in info):
+            present = [info[key] for info in infos if key in info]
+            fill = False if all(isinstance(v, (bool, np.bool_)) for v in present) else \
+                0.0 if all(is_number(v) for v in present) else None
+            fields[key] = [info.get(key, fill) for info in infos]
+        return fields
+
+
+MANAGERS = {"naive": RewardManager, "dapo": RewardManager, "batch": BatchRewardManager,
+            "gdpo": GDPORewardManager, "rate_limited": RateLimitedRewardManager, "remote": RemoteRewardManager}
 
 
 OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")  # verl 0.9.1's overlong_buffer_cfg
@@ -342,6 +594,47 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
     if overlong.get("enable") and max_resp_len is None:
         raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "
                          "(verl's dapo manager does too)")
+    options = {}
+    if name == "gdpo":
+        options["experiment_name"] = config.trainer.experiment_name
+    limits = rate_limit_settings(reward, name)
+    if name == "rate_limited":
+        options.update(limits)
     return MANAGERS[name](tokenizer, compute_score, config.data.reward_fn_key, strict=reward.strict,
                           timeout_s=reward.timeout_s, max_response_length=max_resp_len, overlong_buffer=overlong,
-                          num_workers=reward.num_workers)
+                          num_workers=reward.num_workers, **options)
+
+
+RATE_LIMIT_KEYS = ("max_concurrent", "max_rpm", "max_tpm", "estimated_tokens_per_request", "timeout")
+
+
+def rate_limit_settings(reward, name: str) -> dict:
+    """reward.max_concurrent / max_rpm / max_tpm / estimated_tokens_per_request / timeout, where verl 0.9.1's
+    rate_limited manager reads them (config.reward.get(...); its yaml does not list them, its command lines add them
+    with +reward.max_rpm=...). Another manager given one, or rate_limited given pyrl's reward.timeout_s, stops the
+    run (verl ignores them)."""
+    from pyrl.config import RewardConfig
+
+    defaults = RewardConfig()
+    settings = {key: getattr(reward, key) for key in RATE_LIMIT_KEYS}
+    if name != "rate_limited":
+        for key, value in settings.items():
+            if value != getattr(defaults, key):
+                raise ValueError(f"reward.{key}={value!r} is read by the rate_limited manager only: set "
+                                 f"reward.reward_manager.name=rate_limited (it is {name!r})")
+        return settings
+    if reward.timeout_s != defaults.timeout_s:
+        raise ValueError(f"reward.timeout_s={reward.timeout_s!r} is not read by the rate_limited manager: its time "
+                         "limit per call is verl's reward.timeout")
+    problems = [f"reward.max_concurrent={settings['max_concurrent']!r}: expected at least 1"
+                if settings["max_concurrent"] < 1 else None,
+                *(f"reward.{key}={settings[key]!r}: expected a positive number or null (no limit)"
+                  for key in ("max_rpm", "max_tpm") if settings[key] is not None and settings[key] <= 0),
+                f"reward.estimated_tokens_per_request={settings['estimated_tokens_per_request']!r}: expected 0 or more"
+                if settings["estimated_tokens_per_request"] < 0 else None,
+                f"reward.timeout={settings['timeout']!r}: expected a positive number of seconds or null (no limit)"
+                if settings["timeout"] is not None and settings["timeout"] <= 0 else None]
+    problems = [p for p in problems if p]
+    if problems:
+        raise ValueError(f"reward.reward_manager.name=rate_limited: {problems[0]}")
+    return settings
