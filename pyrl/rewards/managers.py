@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pyrl.config import RewardConfig
 from pyrl.protocol import DataProto, response_lengths
 from pyrl.rewards import counts as counts_module
 from pyrl.rewards.scorers import default_compute_score
@@ -613,8 +614,6 @@ def rate_limit_settings(reward, name: str) -> dict:
     rate_limited manager reads them (config.reward.get(...); its yaml does not list them, its command lines add them
     with +reward.max_rpm=...). Another manager given one, or rate_limited given pyrl's reward.timeout_s, stops the
     run (verl ignores them)."""
-    from pyrl.config import RewardConfig
-
     defaults = RewardConfig()
     settings = {key: getattr(reward, key) for key in RATE_LIMIT_KEYS}
     if name != "rate_limited":

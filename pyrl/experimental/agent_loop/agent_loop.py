@@ -41,7 +41,7 @@ from typing import Any, Literal, Optional
 from omegaconf import OmegaConf
 from pydantic import BaseModel
 
-from pyrl.workers.rollout.agent_loop import ChatTokens
+from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
 from pyrl.workers.rollout.server import CURRENT_TRAJECTORY, RolloutServer, TrajectorySlot
 
 logger = logging.getLogger("pyrl")
@@ -320,7 +320,8 @@ def known_agent_loops(path: str | None) -> set[str]:
     classes are located here (an unimportable _target_ stops the run at start, naming it)."""
     import hydra  # lazy: hydra's instantiate loads only with an agent loop
 
-    from pyrl.experimental.agent_loop import single_turn_agent_loop, tool_agent_loop  # noqa: F401 (registers)
+    # lazy: circular (they import this module); importing them registers pyrl's loops
+    from pyrl.experimental.agent_loop import single_turn_agent_loop, tool_agent_loop  # noqa: F401
 
     load_agent_loop_config(path)
     for name, entry in _agent_loop_registry.items():
@@ -351,10 +352,8 @@ class AgentLoopRunner:
 
     def __init__(self, engine, tokenizer, config, tools: list, interactions: dict | None = None,
                  template_kwargs: dict | None = None, lockstep: bool = False):
-        from omegaconf import OmegaConf
-
-        from pyrl.experimental.agent_loop import single_turn_agent_loop, tool_agent_loop  # noqa: F401 (registers)
-        from pyrl.workers.rollout.agent_loop import ToolRunner
+        # lazy: circular (they import this module); importing them registers pyrl's loops
+        from pyrl.experimental.agent_loop import single_turn_agent_loop, tool_agent_loop  # noqa: F401
 
         rollout = config.rollout
         self.engine, self.tokenizer, self.lockstep = engine, tokenizer, lockstep
