@@ -39,6 +39,7 @@ from pyrl.rewards import counts as counts_module
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxUnavailable
 from pyrl.usercode import load_object
+from pyrl.workers.rollout.agent_loop import agent_loop_rm_scores
 
 log = logging.getLogger(__name__)
 COUNTED = "counted/"  # a key of the manager's counts: what scorers counted (pyrl.rewards.counts), by name
@@ -242,8 +243,16 @@ class RewardManager:
     # ---- the call ----
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict, dict]:
         """-> (token_level_scores [B, R], reward_extra_info {name: list}, metrics)."""
+        loop_scores = data.non_tensor_batch.get("agent_loop_reward_score")
+        scored_by_loops = loop_scores is not None and any(score is not None for score in loop_scores)
         if "rm_scores" in data.batch:  # a reward model scored the batch already
+            if scored_by_loops:
+                raise ValueError("reward: the agent loops scored their trajectories (AgentLoopOutput.reward_score) "
+                                 "and a reward model scored them too (reward.reward_model.enable): use one")
             return data.batch["rm_scores"], {}, {}
+        if scored_by_loops:  # verl 0.9.1's rm_scores from the loops' reward_score: the reward function is not called
+            return agent_loop_rm_scores(loop_scores, response_lengths(data).tolist(),
+                                        data.batch["responses"].shape[1]), {}, {}
         _, responses, lengths = self.decoded(data)
         counts = defaultdict(int)
         raw = self.scores(data, responses, counts)

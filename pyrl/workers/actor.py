@@ -30,7 +30,7 @@ from pyrl.workers.distributed import all_reduce, full_tensor, worker_device
 from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import (
-    agent_loop_rm_scores,
+    agent_loop_logprobs,
     agent_name,
     trajectory_columns,
     uses_agent_loop,
@@ -185,6 +185,7 @@ class ActorRolloutRefWorker(Worker):
             spec = dataclasses.replace(spec, seed=derive_seed(spec.seed, "rank", rank=self.rank))
         start = time.perf_counter()
         masks, columns = None, None
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         ids = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
         rows = prompts.repeat(spec.n, interleave=True) if spec.n > 1 else prompts
         if len(prompts) == 0:
@@ -192,19 +193,15 @@ class ActorRolloutRefWorker(Worker):
         elif uses_agent_loop(self.config.rollout, "agent_name" in prompts.non_tensor_batch):
             outputs = self._run_agent_loops(prompts, ids, spec)
             responses, masks = [o.response_ids for o in outputs], [o.response_mask for o in outputs]
-            logprobs = [o.response_logprobs or [0.0] * len(o.response_ids) for o in outputs] if spec.logprobs else None
-            rows = with_agent_loop_prompts(rows, [o.prompt_ids for o in outputs])
+            logprobs = agent_loop_logprobs(outputs) if spec.logprobs else None
+            rows = with_agent_loop_prompts(rows, [o.prompt_ids for o in outputs], pad)
             columns = trajectory_columns(outputs)
         else:
             responses, logprobs = self.engine.generate(ids, spec)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         seconds = time.perf_counter() - start
         out = assemble_rollout(rows, responses, logprobs, spec.max_tokens, pad, masks)
         if columns is not None:
             out.non_tensor_batch.update(columns)
-            rm_scores = agent_loop_rm_scores(outputs, spec.max_tokens)
-            if rm_scores is not None:  # the loops scored their trajectories: the reward step takes these
-                out.batch["rm_scores"] = rm_scores
         if len(parts) == 1:
             return [(out, seconds)]
         # copies of each part's rows (a view would carry the whole batch's storage wherever it is sent)

@@ -289,3 +289,49 @@ def test_trajectory_columns_and_their_metrics_by_hand():
     assert metrics["timing_s/agent_loop/slowest/generate_sequences"] == 3.0
     assert metrics["timing_s/agent_loop/slowest/tool_calls"] == 0.0
     assert metrics["tool_calls/sample_ratio"] == 2 / 3 and metrics["tool_calls/error_ratio"] == 1 / 3
+
+
+def test_loop_scores_reach_the_reward_step_for_the_whole_batch(tool_tokenizer):
+    """AgentLoopOutput.reward_score travels as a column (every rank's rollout has it, None where the loop did not
+    score) and becomes rm_scores in the reward step, for the batch as a whole: all rows scored -> on each
+    response's last token (an empty response's: the last column, as verl's rm_scores[-1]), the reward function
+    never called; none -> the reward function; some -> refused naming the rows; with a reward model's rm_scores
+    too -> refused."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from pyrl.protocol import DataProto
+    from pyrl.rewards.managers import RewardManager
+
+    def batch(scores, lengths=(3, 0, 2), width=4):
+        responses = torch.full((len(lengths), width), 9)
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+        column = np.empty(len(scores), dtype=object)
+        column[:] = scores
+        return DataProto.from_dict(
+            tensors={"prompts": torch.ones(len(lengths), 2, dtype=torch.long), "responses": responses,
+                     "attention_mask": torch.cat([torch.ones(len(lengths), 2, dtype=torch.long), mask], -1),
+                     "response_mask": mask},
+            non_tensors={"agent_loop_reward_score": column, "data_source": np.array(["x"] * len(lengths)),
+                         "reward_model": np.array([{"ground_truth": "1"}] * len(lengths), dtype=object)})
+
+    calls = []
+
+    def compute_score(**kwargs):
+        calls.append(kwargs)
+        return 0.25
+
+    manager = RewardManager(tool_tokenizer, compute_score)
+    scores, extra, _ = manager(batch([1.0, 2.0, 3.0]))
+    want = torch.zeros(3, 4)
+    want[0, 2], want[1, 3], want[2, 1] = 1.0, 2.0, 3.0
+    assert torch.equal(scores, want) and extra == {} and calls == []
+    scores, _, _ = manager(batch([None, None, None]))
+    assert len(calls) == 3 and scores[0, 2] == 0.25
+    with pytest.raises(ValueError, match=r"rows \[1\] returned no reward_score while others did"):
+        manager(batch([1.0, None, 0.0]))
+    both = batch([1.0, 2.0, 3.0])
+    both.batch["rm_scores"] = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="a reward model scored them too"):
+        manager(both)

@@ -34,14 +34,23 @@ class _SteppedEngine(_EchoEngine):
     """Continuous batching by rule: each step adds one token to every running request; a request finishes at its
     budget. Records what was running at each step."""
 
-    def __init__(self):
+    def __init__(self, step_s: float = 0.0):
         super().__init__()
-        self.running, self.steps = {}, []
+        self.running, self.steps, self.aborted, self.step_s = {}, [], [], step_s
 
     def add_request(self, request_id, prompt_ids, spec, seed):
         self.running[request_id] = (list(prompt_ids), spec.max_tokens, [])
 
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def abort_requests(self, request_ids):
+        self.aborted += list(request_ids)
+        for request_id in request_ids:
+            del self.running[request_id]
+
     def step(self):
+        time.sleep(self.step_s)
         self.steps.append(sorted(prompt[0] for prompt, _, _ in self.running.values()))
         finished = []
         for request_id, (prompt, budget, tokens) in list(self.running.items()):
@@ -124,6 +133,40 @@ def test_continuous_batching_adds_requests_between_steps():
     assert not engine.calls  # never a whole-batch call
 
 
+def test_requests_a_batch_leaves_in_vllms_running_batch_are_aborted():
+    """A loop that stops waiting for its request (a timeout of its own) leaves it running in the engine: the batch's
+    end aborts it there, so it cannot finish inside the next batch; request ids never repeat across batches."""
+    async def impatient(server, i):
+        try:
+            await asyncio.wait_for(server.generate("slow", prompt_ids=[7], sampling_params={"max_tokens": 10_000}),
+                                   0.05)
+        except asyncio.TimeoutError:
+            return "gave up"
+
+    engine = _SteppedEngine(step_s=0.01)  # its 63 tokens take 0.63 s
+    server, results = _serve(engine, [impatient])
+    assert results == ["gave up"] and engine.running == {} and len(engine.aborted) == 1
+    other, _ = _serve(engine, [_tool_agent([0.0])])
+    assert other.id_prefix != server.id_prefix and engine.aborted[0].startswith(server.id_prefix)
+
+
+def test_a_request_the_engine_refuses_fails_alone():
+    class Refusing(_SteppedEngine):
+        def add_request(self, request_id, prompt_ids, spec, seed):
+            if prompt_ids[0] == 200:
+                raise ValueError("token id out of vocabulary")
+            super().add_request(request_id, prompt_ids, spec, seed)
+
+    async def guarded(server, i):
+        try:
+            return await _tool_agent([0.0])(server, i)
+        except ValueError as error:
+            return str(error)
+
+    _, results = _serve(Refusing(), [guarded, guarded])
+    assert results[0][0] == [100, 101, 101, 102, 102] and results[1] == "token id out of vocabulary"
+
+
 def test_an_engine_error_reaches_every_waiting_request():
     async def asks(server, i):
         return await server.generate(str(i), prompt_ids=[i + 1], sampling_params={})
@@ -159,6 +202,8 @@ def test_sampling_params_are_checked_and_max_tokens_defaults_as_verl():
         return run
 
     for params, match in (({"presence_penalty": 0.5}, r"\['presence_penalty'\] are not honoured"),
+                          ({"top_p": 0.0}, r"sampling_params: expected temperature >= 0, 0 < top_p <= 1"),
+                          ({"top_k": -5}, "top_k -1 \\(off\\) or >= 1"),
                           ({"repetition_penalty": 1.1}, "repetition_penalty must be 1.0"),
                           ({"n": 2}, "n 1")):
         with pytest.raises(ValueError, match=match):

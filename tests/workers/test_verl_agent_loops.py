@@ -252,7 +252,8 @@ def test_a_users_loop_reaches_the_trainers_columns_and_rm_scores(model, retrieva
     want = [float(row["extra_info"]["gold"] >= 0 and corpus[row["extra_info"]["gold"]] in tokenizer.decode(
         [t for t, m in zip(o.response_ids, o.response_mask) if m == 0])) for row, o in zip(rows, outputs)]
     assert want == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
-    scores = agent_loop_rm_scores(outputs, 128)
+    assert list(columns["agent_loop_reward_score"]) == want
+    scores = agent_loop_rm_scores(columns["agent_loop_reward_score"], [len(o.response_ids) for o in outputs], 128)
     assert scores.shape == (6, 128)
     expected = torch.zeros(6, 128)
     for i, o in enumerate(outputs):

@@ -195,10 +195,12 @@ def trajectory_columns(outputs: list) -> dict:
             "tool_seconds": np.array([output.metrics.tool_calls for output in outputs], dtype=np.float64),
             "generate_seconds": np.array([output.metrics.generate_sequences for output in outputs], dtype=np.float64),
             "turn_scores": objects([list(e.get("turn_scores") or []) for e in extra]),
-            "tool_rewards": objects([list(e.get("tool_rewards") or []) for e in extra])}
+            "tool_rewards": objects([list(e.get("tool_rewards") or []) for e in extra]),
+            # a loop's own score of its trajectory (None: the reward function scores it); see agent_loop_rm_scores
+            "agent_loop_reward_score": objects([output.reward_score for output in outputs])}
 
 
-def with_agent_loop_prompts(rows, prompt_ids: list[list[int]]):
+def with_agent_loop_prompts(rows, prompt_ids: list[list[int]], pad_token_id: int):
     """The rollout rows with each trajectory's prompt as its agent loop returned it, where that differs from the
     dataset's (a user's loop may render its own): left-padded into the batch's prompt width, positions recomputed."""
     input_ids, mask = rows.batch["input_ids"], rows.batch["attention_mask"]
@@ -211,30 +213,44 @@ def with_agent_loop_prompts(rows, prompt_ids: list[list[int]]):
         raise ValueError(f"agent loop: rows {too_long[:8]} returned prompts longer than the batch's prompt width "
                          f"{width} (rollout.prompt_length): {[len(prompt_ids[i]) for i in too_long[:8]]} tokens")
     rows = rows.select_idxs(np.arange(len(rows)))  # a copy: the prompts' rows are shared with the caller
-    pad = input_ids[0][~mask[0].bool()][:1].tolist() or [0]
     for i in changed:
         ids = prompt_ids[i]
-        rows.batch["input_ids"][i] = torch.tensor(pad * (width - len(ids)) + ids, dtype=input_ids.dtype)
+        rows.batch["input_ids"][i] = torch.tensor([pad_token_id] * (width - len(ids)) + ids, dtype=input_ids.dtype)
         rows.batch["attention_mask"][i] = torch.tensor([0] * (width - len(ids)) + [1] * len(ids), dtype=mask.dtype)
     if "position_ids" in rows.batch:
         rows.batch["position_ids"] = (rows.batch["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
     return rows
 
 
-def agent_loop_rm_scores(outputs: list, response_length: int):
-    """[B, R] scores on each response's last token, where the loops returned reward_score (verl 0.9.1's rm_scores);
-    None where none did. Some but not all is refused: the batch's rewards would come from two places."""
-    scores = [output.reward_score for output in outputs]
+def agent_loop_logprobs(outputs: list) -> list[list[float]]:
+    """Each trajectory's rollout log-probs (rollout.calculate_log_probs): a loop that returns none, or not one per
+    response token, stops the batch (zeros in their place would pass for log-probs of 0)."""
+    wrong = [i for i, o in enumerate(outputs)
+             if o.response_logprobs is None or len(o.response_logprobs) != len(o.response_ids)]
+    if wrong:
+        o = outputs[wrong[0]]
+        raise ValueError(f"agent loop: rows {wrong[:8]} returned no log-prob per response token (row {wrong[0]}: "
+                         f"{None if o.response_logprobs is None else len(o.response_logprobs)} for "
+                         f"{len(o.response_ids)} tokens), with rollout.calculate_log_probs=true: pass the server's "
+                         "TokenOutput.log_probs on (ct_merge_assistant_token's assistant_logprobs)")
+    return [list(o.response_logprobs) for o in outputs]
+
+
+def agent_loop_rm_scores(reward_scores, lengths: list[int], response_length: int):
+    """[B, R] scores on each response's last token (an empty one's: the last column, as verl's rm_scores[-1]) from
+    the batch's agent_loop_reward_score column (AgentLoopOutput.reward_score per trajectory; verl 0.9.1's
+    rm_scores); None where no loop scored. Some rows but not all is refused: the batch's rewards would come from
+    two places. Decided on the whole batch (in the reward step), not per rollout rank."""
+    scores = list(reward_scores)
     if all(score is None for score in scores):
         return None
     missing = [i for i, score in enumerate(scores) if score is None]
     if missing:
         raise ValueError(f"agent loop: rows {missing[:8]} returned no reward_score while others did; a batch's "
                          "rewards come from its loops or from the reward function, not both")
-    rm_scores = torch.zeros((len(outputs), response_length), dtype=torch.float32)
-    for i, (output, score) in enumerate(zip(outputs, scores)):
-        if output.response_ids:
-            rm_scores[i, min(len(output.response_ids), response_length) - 1] = float(score)
+    rm_scores = torch.zeros((len(scores), response_length), dtype=torch.float32)
+    for i, (length, score) in enumerate(zip(lengths, scores)):
+        rm_scores[i, min(length, response_length) - 1 if length else response_length - 1] = float(score)
     return rm_scores
 
 

@@ -48,13 +48,18 @@ class SamplingSpec:
             logprobs=bool(meta.get("calculate_log_probs", rollout_config.calculate_log_probs)),
             seed=None if meta.get("seed") is None else int(meta["seed"]),
         )
-        if spec.n < 1 or spec.max_tokens < 1:
-            raise ValueError(f"rollout: n and response_length must be >= 1, got n={spec.n}, "
-                             f"response_length={spec.max_tokens}")
-        if spec.temperature < 0 or not 0 < spec.top_p <= 1 or (spec.top_k < 1 and spec.top_k not in (-1, 0)):
-            raise ValueError(f"rollout: expected temperature >= 0, 0 < top_p <= 1, top_k -1 (off) or >= 1; got "
-                             f"temperature={spec.temperature}, top_p={spec.top_p}, top_k={spec.top_k}")
+        spec.check("rollout")
         return spec
+
+    def check(self, where: str) -> None:
+        """Values every engine takes alike, or a clear error naming `where` (vLLM would refuse some, the hf engine
+        quietly do something else with them)."""
+        if self.n < 1 or self.max_tokens < 1:
+            raise ValueError(f"{where}: n and response_length must be >= 1, got n={self.n}, "
+                             f"response_length={self.max_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or (self.top_k < 1 and self.top_k not in (-1, 0)):
+            raise ValueError(f"{where}: expected temperature >= 0, 0 < top_p <= 1, top_k -1 (off) or >= 1; got "
+                             f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}")
 
 
 class RolloutEngine:

@@ -3,6 +3,7 @@ actor's weights in place each step. Slower than vLLM; needs nothing but transfor
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Iterable
 
@@ -35,10 +36,12 @@ class HFEngine(RolloutEngine):
         config.update(max_new_tokens=max(max_tokens) if max_tokens else spec.max_tokens, num_return_sequences=spec.n,
                       pad_token_id=self.pad_token_id,
                       do_sample=not spec.greedy, output_scores=spec.logprobs, return_dict_in_generate=True)
-        # with a seed per prompt, each row samples from its own generator (SeededSampling) by greedy decoding
+        # with a seed per prompt, each row samples from its own generator (SeededSampling) by greedy decoding; it
+        # keeps the sampled tokens' log-probs itself
         seeded = None if seeds is None or spec.greedy else SeededSampling(seeds, spec, self.device)
         if spec.greedy or seeded is not None:
-            config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+            config.update(do_sample=False, temperature=None, top_k=None, top_p=None,
+                          output_scores=spec.logprobs and seeded is None)
         else:
             config.update(temperature=spec.temperature, top_k=spec.top_k if spec.top_k > 0 else 0, top_p=spec.top_p)
         eos = config.eos_token_id
@@ -49,15 +52,19 @@ class HFEngine(RolloutEngine):
             config.update(eos_token_id=eos_ids or None)
         if spec.seed is not None:  # the samples do not depend on the engine's history
             self.generator.manual_seed(spec.seed)
-        with _forked_rng(self.device, self.generator):
+        # greedy and per-row-seeded decoding draw nothing from torch's global generators, which the fork would
+        # save and restore from the engine's thread while other threads may use them
+        draws = not spec.greedy and seeded is None
+        with _forked_rng(self.device, self.generator) if draws else contextlib.nullcontext():
             out = self.model.generate(input_ids=input_ids.to(self.device),
                                       attention_mask=attention_mask.to(self.device), generation_config=config,
                                       logits_processor=LogitsProcessorList([seeded] if seeded else []))
         generated = out.sequences[:, width:].cpu()
         step_logprobs = None
-        if spec.logprobs:  # the processed scores (after temperature / top-k / top-p), as vLLM's processed_logprobs
-            steps = seeded.log_probs if seeded is not None else out.scores
-            scores = torch.stack(steps, dim=1).float().log_softmax(-1)
+        if spec.logprobs and seeded is not None:
+            step_logprobs = torch.stack(seeded.chosen_log_probs, dim=1).cpu()
+        elif spec.logprobs:  # the processed scores (after temperature / top-k / top-p), as vLLM's processed_logprobs
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
             step_logprobs = scores.gather(-1, generated.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
         responses, logprobs = [], [] if spec.logprobs else None
         for i, row in enumerate(generated.tolist()):
@@ -86,12 +93,13 @@ class SeededSampling(LogitsProcessor):
     temperature and cut to top-k, then top-p (transformers' warpers, in their order), their log-softmax kept (the
     processed log-probs), and Gumbel noise from the row's own generator added. The argmax of log p + Gumbel noise
     is a sample from p (the Gumbel-max trick), so a row's tokens depend on its seed alone, not on the rows it is
-    batched with."""
+    batched with. With spec.logprobs it keeps each step's sampled tokens' log-probs (never the whole [rows, vocab]
+    distributions)."""
 
     def __init__(self, seeds: list[int], spec: SamplingSpec, device: torch.device):
         self.spec = spec
         self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
-        self.log_probs: list[torch.Tensor] = []  # one [rows, vocab] per step
+        self.chosen_log_probs: list[torch.Tensor] = []  # one [rows] per step
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float() / self.spec.temperature
@@ -104,11 +112,13 @@ class SeededSampling(LogitsProcessor):
             cut[..., -1:] = False  # the most likely token always stays
             scores = scores.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
         log_probs = scores.log_softmax(-1)
-        self.log_probs.append(log_probs)
         uniform = torch.stack([torch.rand(scores.shape[-1], generator=generator, device=scores.device)
                                for generator in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
-        return log_probs + gumbel
+        perturbed = log_probs + -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+        if self.spec.logprobs:  # greedy decoding takes this argmax
+            chosen = perturbed.argmax(-1, keepdim=True)
+            self.chosen_log_probs.append(log_probs.gather(-1, chosen).squeeze(-1))
+        return perturbed
 
 
 class _forked_rng:

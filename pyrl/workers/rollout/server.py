@@ -14,7 +14,8 @@ lockstep=True holds the engine until every running trajectory is waiting on it: 
 round's turns generated together, then every tool call, then the next round), kept to measure against.
 
 Sampling is seeded per request, from the batch's seed and the trajectory's place and turn (never from what else a
-call holds or when it came), so the tokens do not depend on timing, and lockstep gives the same tokens as not.
+call holds or when it came), so the tokens do not depend on timing, and lockstep gives the same tokens as not, up to
+numerics that depend on a call's other rows (the hf engine pads a call's rows to its longest).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import asyncio
 import contextvars
 import dataclasses
 import itertools
+import random
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -81,7 +84,8 @@ class RolloutServer:
         self.pending: list[_Request] = []
         self.active: dict[str, _Request] = {}  # continuous batching: requests in the engine's running batch
         self.continuous = hasattr(engine, "add_request") and not lockstep
-        self.request_ids = itertools.count()
+        # vLLM's request ids: unique to this server (an engine serves many batches)
+        self.id_prefix, self.request_ids = f"pyrl-{uuid.uuid4().hex[:12]}", itertools.count()
         self.running = 0  # trajectories not yet finished (lockstep waits for all of them to be pending)
         self.serving: asyncio.Task | None = None
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="pyrl-engine")
@@ -113,7 +117,15 @@ class RolloutServer:
         self._serve_soon()  # lockstep: the others may be all that is left
 
     def close(self) -> None:
+        """After the batch: the engine thread stopped, and requests still in vLLM's running batch (a batch that
+        failed, a loop that stopped waiting) aborted there, so nothing of this batch finishes in the next."""
         self.executor.shutdown(wait=True)
+        self._abort_active()
+
+    def _abort_active(self) -> None:
+        if self.continuous and self.active:
+            self.engine.abort_requests(list(self.active))
+        self.active = {}
 
     # ---- serving ----
     def _serve_soon(self) -> None:
@@ -128,27 +140,37 @@ class RolloutServer:
             await asyncio.sleep(0)  # the coroutines the last step's results woke submit their turns first
             started = time.perf_counter()
             try:
-                for request in self.pending:
-                    request_id = f"pyrl-{next(self.request_ids)}"
-                    self.engine.add_request(request_id, request.prompt_ids, request.spec, request.spec.seed)
+                pending, self.pending = self.pending, []
+                for request in pending:
+                    request_id = f"{self.id_prefix}-{next(self.request_ids)}"
+                    try:
+                        self.engine.add_request(request_id, request.prompt_ids, request.spec, request.spec.seed)
+                    except Exception as error:  # this request's own (vLLM refused it): the others run on
+                        request.future.set_exception(error)
+                        continue
                     self.active[request_id] = request
-                self.pending = []
+                if not self.active:
+                    continue
                 finished = await loop.run_in_executor(self.executor, self.engine.step)
+                for request_id, tokens, logprobs in finished:
+                    request = self.active.pop(request_id, None)
+                    if request is not None and not request.future.done():
+                        request.future.set_result((tokens, logprobs))
+                if self.active and not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"rollout server: vLLM holds none of the {len(self.active)} requests it was "
+                                       "given and did not finish")
             except BaseException as error:  # every running request hears it, none waits forever
                 for request in [*self.active.values(), *self.pending]:
                     if not request.future.done():
                         request.future.set_exception(error)
-                self.active, self.pending = {}, []
+                self.pending = []
+                self._abort_active()
                 if isinstance(error, asyncio.CancelledError):
                     raise
                 return
             finally:
                 self.stats.busy_s += time.perf_counter() - started
                 self.stats.calls += 1
-            for request_id, tokens, logprobs in finished:
-                request = self.active.pop(request_id)
-                if not request.future.done():
-                    request.future.set_result((tokens, logprobs))
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -166,23 +188,28 @@ class RolloutServer:
                     tokens, logprobs = await loop.run_in_executor(
                         self.executor, self._call, spec, [r.prompt_ids for r in requests],
                         [r.spec.max_tokens for r in requests], [r.spec.seed for r in requests])
+                    if len(tokens) != len(requests):
+                        raise RuntimeError(f"rollout server: the engine answered {len(tokens)} of {len(requests)} "
+                                           "requests")
+                    for i, request in enumerate(requests):
+                        if not request.future.done():
+                            request.future.set_result((tokens[i], None if logprobs is None else logprobs[i]))
                 except BaseException as error:  # every request of the call hears it, none waits forever
                     for request in requests:
                         if not request.future.done():
                             request.future.set_exception(error)
                     if isinstance(error, asyncio.CancelledError):
                         raise
-                    continue
                 finally:
                     self.stats.busy_s += time.perf_counter() - started
                     self.stats.calls += 1
-                for i, request in enumerate(requests):
-                    if not request.future.done():
-                        request.future.set_result((tokens[i], None if logprobs is None else logprobs[i]))
 
     def _call(self, spec: SamplingSpec, prompt_ids: list[list[int]], budgets: list[int], seeds: list):
         if spec.greedy or all(seed is None for seed in seeds):
             return self.engine.generate(prompt_ids, spec, max_tokens=budgets)
+        # a request without a seed (an unseeded batch, or one from outside a trajectory) among seeded ones gets a
+        # fresh one: every row then samples from its own stream, and a tensor-parallel group's ranks alike
+        seeds = [seed if seed is not None else random.getrandbits(62) for seed in seeds]
         return self.engine.generate(prompt_ids, spec, max_tokens=budgets, seeds=seeds)
 
     def _request_spec(self, request_id, prompt_len: int, params: dict) -> SamplingSpec:
@@ -207,7 +234,7 @@ class RolloutServer:
         if slot is not None:
             slot.calls += 1
         temperature = float(params.get("temperature", self.base.temperature))
-        return dataclasses.replace(
+        spec = dataclasses.replace(
             self.base, temperature=temperature,
             do_sample=self.base.do_sample and temperature > 0,
             top_p=float(params.get("top_p", self.base.top_p)),
@@ -216,3 +243,5 @@ class RolloutServer:
             ignore_eos=bool(params.get("ignore_eos", self.base.ignore_eos)),
             stop_token_ids=tuple(sorted({int(t) for t in params.get("stop_token_ids") or ()})),
             max_tokens=max(1, min(int(budget), room)), seed=None if seed is None else int(seed))
+        spec.check(f"rollout server: request {request_id!r}: sampling_params")
+        return spec

@@ -122,8 +122,12 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         self._ready()
+        # lazy: vllm is optional
+        from vllm.sampling_params import RequestOutputKind
+
+        # FINAL_ONLY, as LLM.generate asks: a step reports a request once, when it finishes
         params = SamplingParams(**self._sampling(dataclasses.replace(spec, n=1)), max_tokens=spec.max_tokens,
-                                seed=seed)
+                                seed=seed, output_kind=RequestOutputKind.FINAL_ONLY)
         self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
 
     def step(self) -> list[tuple[str, list[int], list[float] | None]]:
@@ -139,6 +143,11 @@ class VLLMEngine(RolloutEngine):
 
     def has_unfinished_requests(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Drops requests from the running batch (a rollout that ended without them: nothing may finish later)."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(list(request_ids))
 
     def _ready(self) -> None:
         if self.asleep:  # generating again before the next push (validation, dynamic sampling, ReMax's greedy pass)
