@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from pyrl.protocol import DataProto
 from pyrl.rewards import managers
 from pyrl.rewards.managers import (
     AsyncTokenBucket,
@@ -26,6 +25,7 @@ from pyrl.rewards.managers import (
 )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+from test_managers import rollout as plain_rollout  # noqa: E402
 from trainer_helpers import compose  # noqa: E402
 
 
@@ -56,29 +56,22 @@ ROW_EXTRA = {"index": 7, "split": "train"}
 
 
 def rollout(tokenizer, answers, truths, width=8, turns=False):
-    """A batch whose responses are `answers` (+ eos) right-padded to `width`; rows 0 and 1 share one extra_info
-    dict (the n samples of a prompt do); turns: a multi-turn rollout's columns (3 turns, the tools' rewards)."""
-    prompt = tokenizer("1+1=", add_special_tokens=False)["input_ids"]
-    rows = [tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"][:width] for a in answers]
-    responses = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        responses[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
-    prompts = torch.tensor([prompt] * len(rows))
+    """test_managers' rollout batch (`answers` + eos, right-padded to `width`), with extra_info where rows 0 and 1
+    share one dict (the n samples of a prompt do); turns: a multi-turn rollout's columns (3 turns, the tools'
+    rewards)."""
+    data = plain_rollout(tokenizer, answers, truths, width)
+    rows = len(answers)
     shared = dict(ROW_EXTRA)
-    extra = np.empty(len(rows), dtype=object)
-    extra[:] = [shared if i < 2 else {"index": i} for i in range(len(rows))]
-    non_tensor = {"data_source": np.array(["pyrl/toy_addition"] * len(rows), dtype=object),
-                  "reward_model": np.array([{"ground_truth": t} for t in truths], dtype=object),
-                  "extra_info": extra}
+    extra = np.empty(rows, dtype=object)
+    extra[:] = [shared if i < 2 else {"index": i} for i in range(rows)]
+    data.non_tensor_batch["extra_info"] = extra
     if turns:
-        lists = np.empty(len(rows), dtype=object)
-        for i in range(len(rows)):
+        lists = np.empty(rows, dtype=object)
+        for i in range(rows):
             lists[i] = [0.5, float(i)]
-        non_tensor.update({"__num_turns__": np.full(len(rows), 3, dtype=np.int32), "tool_rewards": lists,
-                           "turn_scores": lists.copy()})
-    return DataProto.from_dict({"prompts": prompts, "responses": responses, "response_mask": mask,
-                                "attention_mask": torch.cat([torch.ones_like(prompts), mask], -1)}, non_tensor)
+        data.non_tensor_batch.update({"__num_turns__": np.full(rows, 3, dtype=np.int32), "tool_rewards": lists,
+                                      "turn_scores": lists.copy()})
+    return data
 
 
 def expected_scores(data, values):
