@@ -326,12 +326,104 @@ class RewardManagerConfig:
 
 
 @dataclass
+class DisaggregationConfig:
+    """verl 0.9.1's rollout.disaggregation (prefill/decode on separate replicas; LIMITS: off)."""
+
+    enabled: bool = False
+    prefill_replicas: int = 1
+    decode_replicas: int = 1
+    decode_tensor_model_parallel_size: Optional[int] = None
+    transfer_backend: str = "nixl"
+    bootstrap_port: Optional[int] = None
+    ib_device: Optional[str] = None
+
+
+@dataclass
+class RewardModelRolloutConfig:
+    """verl 0.9.1's reward.reward_model.rollout: the engine a served reward model runs behind
+    (pyrl.workers.reward_server), with verl's defaults. name null: pyrl's FSDP scorer instead
+    (pyrl.workers.reward_model, configured by the reward_model.* section); verl has no such mode and requires a
+    name."""
+
+    name: Optional[str] = None  # vllm | hf: served; null: pyrl's FSDP sequence-classification worker
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    cudagraph_capture_sizes: Optional[list] = None
+    free_cache_engine: bool = True  # asleep (KV cache freed, weights off the GPU) outside the reward step
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    tensor_model_parallel_size: int = 2
+    pipeline_model_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 1024
+    load_format: str = "auto"
+    layered_summon: bool = False
+    scheduling_policy: str = "fcfs"
+    full_determinism: bool = False
+    seed: int = 42
+    multi_stage_wake_up: bool = False
+    engine_kwargs: dict = field(default_factory=dict)
+    limit_images: Optional[int] = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    skip_tokenizer_init: bool = False
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    n: int = 1
+    prompt_length: int = 2048
+    response_length: int = 2048
+    quantization: Optional[str] = None
+    quantization_config_file: Optional[str] = None
+    mtp: Optional[dict] = None
+    disaggregation: DisaggregationConfig = field(default_factory=lambda: DisaggregationConfig())
+
+
+@dataclass
+class LegacyRewardModelRolloutConfig:
+    """verl 0.9.1's legacy reward_model.rollout.* (null: not given); moved to reward.reward_model.rollout at start."""
+
+    name: Optional[str] = None
+    dtype: Optional[str] = None
+    gpu_memory_utilization: Optional[float] = None
+    enforce_eager: Optional[bool] = None
+    cudagraph_capture_sizes: Optional[list] = None
+    free_cache_engine: Optional[bool] = None
+    data_parallel_size: Optional[int] = None
+    expert_parallel_size: Optional[int] = None
+    tensor_model_parallel_size: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    max_model_len: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    load_format: Optional[str] = None
+    engine_kwargs: Optional[dict] = None
+    limit_images: Optional[int] = None
+    enable_chunked_prefill: Optional[bool] = None
+    enable_prefix_caching: Optional[bool] = None
+    disable_log_stats: Optional[bool] = None
+    skip_tokenizer_init: Optional[bool] = None
+    prompt_length: Optional[int] = None
+    response_length: Optional[int] = None
+
+
+@dataclass
 class RewardModelSwitchConfig:
-    """verl 0.9.1's reward.reward_model: whether a model scores the responses, and which (its worker's settings
-    are pyrl's reward_model.* section)."""
+    """verl 0.9.1's reward.reward_model: whether a model scores the responses, which, and (rollout.name set) the
+    engine and pool that serve it; with rollout.name null pyrl's FSDP scorer runs it (the reward_model.* section)."""
 
     enable: bool = False
+    # the served model's own pool: n_gpus_per_node x nnodes devices (CPU runs: that many CPU server processes);
+    # false: colocated on the trainer's pool, asleep outside the reward step (rollout.free_cache_engine)
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
     model_path: Optional[str] = None
+    rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
 
 
 @dataclass
@@ -391,6 +483,11 @@ class RewardModelConfig:
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
     reward_manager: Optional[str] = None
+    # verl's legacy spellings of reward.reward_model.{enable_resource_pool, n_gpus_per_node, nnodes, rollout.*}
+    enable_resource_pool: Optional[bool] = None
+    n_gpus_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+    rollout: LegacyRewardModelRolloutConfig = field(default_factory=LegacyRewardModelRolloutConfig)
     # verl's DAPO recipe spelling of reward.reward_kwargs.overlong_buffer_cfg (moved there when enabled)
     overlong_buffer: dict = field(default_factory=lambda: {"enable": False, "len": 0, "penalty_factor": 1.0})
     # verl's DAPO scripts' `+reward_model.reward_kwargs.*` (overlong_buffer_cfg, max_resp_len): moved to
@@ -697,6 +794,27 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"actor_rollout_ref.rollout.agent.custom_async_server.{key}": ((None,), "pyrl's engines run in the rollout "
                                                                                "workers, not behind a server")
        for key in ("path", "name")},
+    # a served reward model (pyrl.workers.reward_server): one device per replica, the checkpoint's own weights
+    "reward.reward_model.rollout.name": ((None, "vllm", "hf"), "pyrl serves a reward model with vllm or hf (null: "
+                                                               "pyrl's FSDP scorer)"),
+    **{f"reward.reward_model.rollout.{key}": ((1,), "pyrl serves a reward model on one device per replica (more "
+                                                     "replicas: more devices in its pool)")
+       for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size", "n")},
+    **{f"reward.reward_model.rollout.{key}": ((None,), "not implemented for a served reward model")
+       for key in ("cudagraph_capture_sizes", "limit_images", "quantization", "quantization_config_file", "mtp")},
+    "reward.reward_model.rollout.disaggregation.enabled": ((False,), "prefill/decode disaggregation"),
+    **{f"reward.reward_model.rollout.disaggregation.{f.name}": ((f.default,), "prefill/decode disaggregation")
+       for f in dataclasses.fields(DisaggregationConfig) if f.name != "enabled"},
+    "reward.reward_model.rollout.disable_log_stats": ((True,), "pyrl's engines log no engine statistics"),
+    "reward.reward_model.rollout.skip_tokenizer_init": ((False,), "a reward model needs its tokenizer (verl asserts "
+                                                                  "it too)"),
+    "reward.reward_model.rollout.multi_stage_wake_up": ((False,), "the served reward model wakes in one stage"),
+    "reward.reward_model.rollout.layered_summon": ((False,), "a served reward model's weights are never pushed"),
+    "reward.reward_model.rollout.scheduling_policy": (("fcfs",), "pyrl's engines serve first come, first served"),
+    "reward.reward_model.rollout.full_determinism": ((False,), "not implemented for a served reward model (its "
+                                                               "classifier scores each request alone already)"),
+    "reward.reward_model.rollout.load_format": (("auto", "safetensors", "pt"), "the served model loads its own "
+                                                                               "checkpoint"),
 }
 
 
@@ -743,6 +861,14 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
                              "set only reward.reward_kwargs.overlong_buffer_cfg")
         reward.reward_kwargs = {"max_resp_len": config.data.max_response_length, **reward.reward_kwargs,
                                 "overlong_buffer_cfg": dict(legacy.overlong_buffer)}
+    for name in ("enable_resource_pool", "n_gpus_per_node", "nnodes"):
+        move(f"reward_model.{name}", getattr(legacy, name), f"reward.reward_model.{name}",
+             lambda v, name=name: setattr(reward.reward_model, name, v), getattr(reward.reward_model, name))
+    for name in field_types(LegacyRewardModelRolloutConfig):
+        value = getattr(legacy.rollout, name)
+        move(f"reward_model.rollout.{name}", value, f"reward.reward_model.rollout.{name}",
+             lambda v, name=name: setattr(reward.reward_model.rollout, name, v),
+             getattr(reward.reward_model.rollout, name))
     # the worker reads its model where pyrl's reward_model section keeps it
     legacy.model.path = reward.reward_model.model_path or ""
 

@@ -58,6 +58,8 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
         # the key the user set: the model's path, or (the reward model) verl's reward.reward_model.model_path
         key = role.model_key if role.model_key.endswith("model_path") else f"{role.model_section}.path"
         model.path = resolve_model_path(model.path, key)
+        if role.kind == "served":  # the servers read verl's key
+            config.reward.reward_model.model_path = model.path
         if model.tokenizer_path:
             model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
     if plan.runs("teacher"):  # on-policy distillation's teacher, loaded in the actor's workers
@@ -274,10 +276,13 @@ def run_ppo(config: PPOConfig) -> dict:
     global WORKERS_STARTED
     WORKERS_STARTED = True
     workers = build_workers(config, plan)
+    trainer = None
     try:
         trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers, plan)
         final_val = trainer.fit()
     finally:
+        if trainer is not None and trainer.reward_server is not None:
+            trainer.reward_server.close()
         if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends
             import ray  # lazy: Ray stays off the CLI's import path
 

@@ -64,8 +64,6 @@ FEATURES: list[tuple[str, str]] = [
                              "lora_alpha, target_modules, ...)"),
     (r"(^|\.)tiled_mlp(\.|$)", "tiled MLP"),
     (r"(^|\.)disaggregation(\.|$)", "prefill/decode disaggregation"),
-    (r"^(reward\.reward_model|reward_model)\.(rollout(\.|$)|enable_resource_pool$|n_gpus_per_node$|nnodes$)",
-     "generative reward models and a reward model's own resource pool (reward model served by a rollout engine)"),
     (r"^reward_model\.(reward_loop_source|reward_loop_module_path|reward_loop_class_name|num_workers)$",
      "verl's reward-loop classes (reward_model.reward_loop_*)"),
     (r"^data\.(image_key|video_key|audio_key|image_patch_size|return_multi_modal_inputs|mm_processor_kwargs)$"

@@ -27,6 +27,17 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, scal
     score = scale * default_compute_score(data_source, solution_str, ground_truth)
     return {'score': score, 'acc': score, 'format': float('<answer>' in solution_str)}
 """
+# a generative judge's reward function (verl 0.9.1's contract): asks the served reward model, parses its answer
+JUDGE = """import json, urllib.request
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, reward_router_address=None,
+                  reward_model_tokenizer=None):
+    body = {'messages': [{'role': 'user', 'content': 'Rate: ' + solution_str}], 'max_tokens': 4, 'temperature': 0}
+    request = urllib.request.Request('http://' + reward_router_address + '/v1/chat/completions',
+                                     data=json.dumps(body).encode(), headers={'Content-Type': 'application/json'})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        text = json.loads(answer.read())['choices'][0]['message']['content']
+    return float(len(text) % 2)
+"""
 DATASET = "from pyrl.data import RLHFDataset\nclass Rows(RLHFDataset):\n    pass\n"
 VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -66,6 +77,15 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
             "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token",
             "algorithm.rollout_correction.rollout_rs=token_k1",
             "algorithm.rollout_correction.rollout_rs_threshold=0.5"],
+        # a generative reward model served in a pool of its own, asked by the reward function
+        "served_reward_model": [
+            *SMALL, "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
+            "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny",
+            f"reward.reward_model.rollout.name={'vllm' if VLLM else 'hf'}",
+            "reward.reward_model.rollout.tensor_model_parallel_size=1", "reward.reward_model.enable_resource_pool=true",
+            "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1",
+            "reward.reward_model.rollout.prompt_length=64", "reward.reward_model.rollout.response_length=8",
+            f"reward.custom_reward_function.path={tmp / 'judge.py'}"],
         # one-step-off: the rollout in vLLM workers of its own, bypass mode, gdpo's reward components, a dataset class
         "one_step_off": [
             *SMALL, "trainer.total_training_steps=1", f"actor_rollout_ref.rollout.name={'vllm' if VLLM else 'hf'}",
@@ -92,6 +112,7 @@ def keys_read(tmp_path_factory, ray_session) -> dict[str, set[str]]:
     tmp = tmp_path_factory.mktemp("config_reads")
     (tmp / "scorer.py").write_text(SCORER)
     (tmp / "rows.py").write_text(DATASET)
+    (tmp / "judge.py").write_text(JUDGE)
     record = tmp / "reads.txt"
     ray.cloudpickle.register_pickle_by_value(config_reads)  # the workers cannot import tests/
     try:
@@ -102,7 +123,7 @@ def keys_read(tmp_path_factory, ray_session) -> dict[str, set[str]]:
                                                    str(record))
                 pyrl.ppo.run_ppo(config)
         # each loss reads its own options (policy_loss.*, tau_*) from the actor's section, which the actor worker
-        # passes it (here the one-step-off run's, dro_beta set); the runs train with the vanilla and bypass_mode losses
+        # passes it (here the last run's, one-step-off, dro_beta set); the runs train with the vanilla and bypass_mode losses
         old, new = torch.randn(2, 4), torch.randn(2, 4)
         for loss in POLICY_LOSS_REGISTRY.values():
             loss(old, new, torch.randn(2, 4), torch.ones(2, 4), config=config.actor_rollout_ref.actor)

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 
 from pyrl.models import warm_start
-from pyrl.models.tiny import TinyModelSpec, tiny_model_path
+from pyrl.models.tiny import TinyModelSpec, tiny_classifier_path, tiny_model_path
 
 # files neither transformers nor vLLM reads from a model repository (other frameworks' weights, raw originals)
 IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
@@ -37,6 +37,8 @@ BUILTIN_MODELS = {  # pyrl's own models by name -> a function making it on first
     # a wider, deeper model over the same tokenizer (the tokenizer depends on the seed and vocabulary size only):
     # the toy distillation demo's teacher (README, On-policy distillation)
     "pyrl:tiny-wide": lambda: _tiny(hidden_size=192, num_layers=3, num_heads=3, intermediate_size=512),
+    # the tiny model with a seeded one-label score head: a served discriminative reward model (untrained)
+    "pyrl:tiny-classifier": lambda: tiny_classifier_path(),
     "pyrl:tiny-tool": lambda: _tiny(tools=True),  # the tool-calling variant (tokenizer and chat template know calls)
     "pyrl:tiny-tool-sft": lambda: _warm_start("tool_warm_start_path"),  # the tool task's (pyrl.data.tool_calc)
     # the tool task's transfer variant (preset=tool_calc_transfer): the calculator shown on sums and differences

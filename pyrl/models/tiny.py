@@ -140,6 +140,32 @@ def make_model(spec: TinyModelSpec, vocab_size: int, eos_token_id: int, pad_toke
     return Qwen2ForCausalLM(config)
 
 
+def tiny_classifier_path(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | None = None) -> str:
+    """The tiny model's body with a one-label score head (seeded, untrained): a Qwen2ForSequenceClassification
+    checkpoint with the same tokenizer, the served discriminative reward model of tests (pyrl.workers.reward_server);
+    it scores nothing meaningfully. Made on first use, as tiny_model_path."""
+    root = cache_dir or default_cache_dir()
+    path = os.path.join(root, f"tiny-qwen2-{spec.fingerprint()}-classifier")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    source = tiny_model_path(spec, cache_dir)
+
+    def write(tmp: str) -> None:
+        # lazy: torch and transformers load only when the model is made
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        torch.manual_seed(spec.seed)
+        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1,
+                                                                   pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    _write_once(root, path, write)
+    return path
+
+
 # The end-to-end benchmark's model (benchmarks/bench_e2e.py): ~24M parameters, large enough that a GRPO step on a
 # 2-core CPU is dominated by the model's compute (generation, forward, backward), not by framework overhead.
 BENCH_SPEC = TinyModelSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,

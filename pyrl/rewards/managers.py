@@ -170,6 +170,13 @@ class RewardManager:
         self.num_workers = num_workers
         self.failures_logged: set[str] = set()
 
+    def bind_reward_model(self, router_address: str, reward_model_tokenizer) -> None:
+        """A served reward model runs (pyrl.workers.reward_server) and the custom reward function scores: it is
+        called with reward_router_address ("host:port") and reward_model_tokenizer as well (as verl 0.9.1's
+        managers call it), to ask the model itself."""
+        self.compute_score = functools.partial(self.compute_score, reward_router_address=router_address,
+                                               reward_model_tokenizer=reward_model_tokenizer)
+
     # ---- per-sample inputs ----
     def decoded(self, data: DataProto):
         """(prompt strings, response strings, valid response lengths)."""

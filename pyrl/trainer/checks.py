@@ -197,7 +197,9 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
     length = prompt + response
     # each model a role of the plan loads; a reward model (a score head) may re-tokenize with its own tokenizer
     models = [(role.model_section, ConfigValue(role.model_section).read(config), role.kind != "sequence_classification")
-              for role in plan.model_roles()]
+              for role in plan.model_roles() if role.kind != "served"]  # a served one: check_served_reward_model
+    if any(role.kind == "served" for role in plan.roles):
+        check_served_reward_model(config)
     for key, model, reads_actor_ids in models:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
@@ -224,6 +226,42 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
     if max_model_len is not None and max_model_len < length:
         raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than "
                          f"data.max_prompt_length + data.max_response_length = {length}")
+
+
+def check_served_reward_model(config) -> None:
+    """A served reward model (reward.reward_model.rollout.name set): one device per replica, a path, engine options
+    for its engine, a context its model holds, and verl's rule that a generative model scores through a custom
+    reward function (without one the model must be a classifier: its score is the reward)."""
+    from transformers import AutoConfig  # lazy: transformers loads only to read the model's config
+
+    section, key = config.reward.reward_model, "reward.reward_model"
+    rollout = section.rollout
+    if not section.model_path:
+        raise ValueError(f"{key}.enable=true needs {key}.model_path (the reward model's checkpoint)")
+    if rollout.tensor_model_parallel_size != 1:
+        raise ValueError(f"{key}.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} (verl's "
+                         "default is 2): pyrl serves a reward model on one device per replica; set it to 1 (more "
+                         f"replicas: a larger pool, {key}.enable_resource_pool with n_gpus_per_node x nnodes)")
+    engines = dict(rollout.engine_kwargs)
+    unknown = sorted(set(engines) - {"vllm", "sglang", "trtllm"})
+    if unknown:
+        raise ValueError(f"{key}.rollout.engine_kwargs.{unknown[0]}: expected a section per engine (vllm)")
+    given = sorted(name for name, options in engines.items() if options and name != rollout.name)
+    if given:
+        raise ValueError(f"{key}.rollout.engine_kwargs.{given[0]} is set, but the reward model runs on "
+                         f"{key}.rollout.name={rollout.name}: those options would do nothing")
+    hf = AutoConfig.from_pretrained(section.model_path)
+    classifier = any(name.endswith("ForSequenceClassification") for name in hf.architectures or [])
+    if not classifier and not config.reward.custom_reward_function.path:
+        raise ValueError(f"{key}.model_path={section.model_path} is a generative model ({hf.architectures}): a "
+                         "generative reward model scores through reward.custom_reward_function (its prompt and score "
+                         "parser are yours; the function gets reward_router_address and reward_model_tokenizer), as "
+                         "in verl; without one the model must be a sequence classifier")
+    length = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    limit = getattr(hf, "max_position_embeddings", None)
+    if limit is not None and length > limit:
+        raise ValueError(f"{key}.rollout: max_model_len (or prompt_length + response_length) = {length} exceeds "
+                         f"{key}.model_path's max_position_embeddings={limit} ({section.model_path})")
 
 
 def check_multi_turn(config) -> list[dict] | None:

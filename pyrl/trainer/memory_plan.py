@@ -70,6 +70,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     trainable: int | None = None  # parameters that train (LoRA's adapters); None: all of them
+    kind: str = "causal_lm"  # the head (from_hf_config's kind)
 
     @property
     def root_params(self) -> int:
@@ -115,7 +116,7 @@ class ModelShape:
         return cls(params=params, layer_params=layer_params, layers=len(body.layers), trainable=trainable,
                    hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
                    kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   vocab=text.vocab_size)
+                   vocab=text.vocab_size, kind=kind)
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,34 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
                             f"{key}.calculate_log_probs=false or {key}.name=vllm")]
 
 
+def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capacity: int | None) -> tuple[list, list]:
+    """(resident, reward-step transient) of one served reward model replica (pyrl.workers.reward_server): vLLM on
+    CUDA takes gpu_memory_utilization of the device, its weights moved off it while asleep (free_cache_engine); on
+    CPU vLLM's KV cache is freed asleep and its weights stay; the hf engine keeps its weights and builds a KV cache
+    for the requests in flight (at most reward.num_workers, the scoring processes or client threads)."""
+    rollout = config.reward.reward_model.rollout
+    key = "reward.reward_model.rollout"
+    dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
+    length = rollout.prompt_length + rollout.response_length
+    weights = Term("reward model weights (served)", shape.params * dtype, f"{key}.dtype")
+    if rollout.name == "vllm" and setting.device == "cuda":
+        engine = Term("reward model vLLM (gpu_memory_utilization x device)",
+                      int(rollout.gpu_memory_utilization * (capacity or 0)), f"{key}.gpu_memory_utilization")
+        return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
+    if rollout.name == "vllm":
+        kv = Term("reward model vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
+                  int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
+                  "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
+        return ([weights], [kv]) if rollout.free_cache_engine else ([weights, kv], [])
+    in_flight = max(1, config.reward.num_workers)
+    if shape.kind == "sequence_classification":  # one request's forward at a time
+        return [weights], [Term("reward model forward (one request)", layer_forward_bytes(shape, length, dtype),
+                                f"{key}.prompt_length + response_length")]
+    return [weights], [Term("reward model hf generate KV cache (requests in flight)",
+                            kv_cache_bytes(shape, in_flight * length, dtype),
+                            f"reward.num_workers, {key}.response_length, {key}.name=vllm")]
+
+
 LABELS = {"actor": "actor", "ref": "reference", "critic": "critic", "reward_model": "reward model"}  # in the table
 
 
@@ -509,12 +538,19 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
         engine_resident, engine_rollout = [], []
     teacher = teacher_state(config, run, shapes, setting)
-    idle = [t for s in states.values() for t in s.idle] + teacher.idle + engine_resident
+    served = next((r for r in run.roles if r.kind == "served"), None)
+    rm_resident, rm_reward = (served_reward_model_terms(config, shapes["reward_model"], setting, capacity)
+                              if served else ([], []))
+    if served and run.reward_model_pool is not None:  # in processes of its own pool: the last phase
+        rm_resident = []
+    idle = [t for s in states.values() for t in s.idle] + teacher.idle + engine_resident + rm_resident
     # loading: each model is built whole in float32 (from_pretrained), moved to the device, then sharded
     load = shapes["actor"].params * max(4, states["actor"].precision.master)
     phases = [Phase("load (whole model before sharding)", [], [Term("one whole model in float32", load,
                                                                      "a device with more memory")]),
               Phase("rollout", idle, engine_rollout)]
+    if served and run.reward_model_pool is None:  # colocated: awake during the reward step
+        phases.append(Phase("reward (served reward model)", idle, rm_reward))
     why = dict(run.why)
     passes = sorted(((r, m) for r in roles for m in r.micro), key=lambda rm: PASSES.index(rm[1].step_pass))
     teacher_pending = run.runs("teacher")  # its phase in the step's order (the update pass always follows it)
@@ -544,6 +580,9 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(
             config, shapes["actor"], setting, capacity, run.prompts_per_rollout_process)))
+    if served and run.reward_model_pool is not None:
+        phases.append(Phase("reward model server (its own pool)", *served_reward_model_terms(
+            config, shapes["reward_model"], setting, capacity)))
     if arr.actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
     return MemoryPlan(phases, capacity, capacity_note, notes)
@@ -639,9 +678,12 @@ def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
         model = ConfigValue(role.model_section).read(config)
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
-        lora_from = model if role.kind != "sequence_classification" else None
-        shapes[role.model_of or role.name] = ModelShape.from_hf_config(hf, role.kind, model.trust_remote_code,
-                                                                       lora_from)
+        kind = role.kind
+        if kind == "served":  # a classifier or a generative judge, as its checkpoint says (pyrl.workers.reward_server)
+            kind = "sequence_classification" if any(a.endswith("ForSequenceClassification")
+                                                    for a in hf.architectures or []) else "causal_lm"
+        lora_from = model if kind != "sequence_classification" and role.kind != "served" else None
+        shapes[role.model_of or role.name] = ModelShape.from_hf_config(hf, kind, model.trust_remote_code, lora_from)
     if run.runs("teacher"):  # on-policy distillation's teacher, in the actor's workers
         from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load the ops
 

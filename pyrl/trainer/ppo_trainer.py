@@ -27,6 +27,7 @@ from pyrl.trainer import metrics as M
 from pyrl.trainer.generations import dump_generations, generation_records, pick_for_logging
 from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
+from pyrl.workers.reward_server import ServedRewardModel
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
 
 log = logging.getLogger("pyrl")
@@ -155,6 +156,12 @@ class PPOTrainer:
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.workers = workers
+        # a served reward model (pyrl.workers.reward_server): its address and tokenizer go to the reward functions
+        self.reward_server = None
+        if plan.has("reward_model") and plan.role("reward_model").kind == "served":
+            self.reward_server = ServedRewardModel(workers.reward_model, config, tokenizer)
+            for fn in (reward_fn, val_reward_fn) if config.reward.custom_reward_function.path else ():
+                fn.bind_reward_model(self.reward_server.router_address, self.reward_server.tokenizer)
         algorithm = config.algorithm
         self.use_critic = plan.has("critic")
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
@@ -225,15 +232,13 @@ class PPOTrainer:
             if algorithm.adv_estimator == "remax":
                 with M.timer("gen_max", timing):
                     greedy = self.generate(prompts, n=1, do_sample=False, step=step)
-                    baseline_scores, _, _ = self.reward_fn(greedy)
+                    baseline_scores, _, _ = self.score(greedy, self.reward_fn, metrics)
                     baselines = baseline_scores.sum(-1)
                 gen.batch["reward_baselines"] = baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
             if not algorithm.filter_groups.enable:  # the step's last generation: the engine's memory goes to the
                 rollout.sleep_rollout()  # reward model and the trainer (dynamic sampling sleeps it after the loop)
             with M.timer("reward", timing):
-                if self.workers.reward_model is not None:
-                    gen.union(self.workers.reward_model.compute_rm_score(packed_tokens(gen)))
-                scores, extra, reward_metrics = self.reward_fn(gen)
+                scores, extra, reward_metrics = self.score(gen, self.reward_fn, metrics)
                 gen.batch["token_level_scores"] = scores
                 for key, values in extra.items():
                     gen.non_tensor_batch[key] = np.asarray(values, dtype=object)
@@ -254,10 +259,32 @@ class PPOTrainer:
                                    f"{wanted} samples from groups with varied rewards (algorithm.filter_groups."
                                    f"max_num_gen_batches={limit}); the task is too easy or too hard for the policy")
         rollout.sleep_rollout()  # (a no-op when asleep already)
+        if self.reward_server is not None:
+            metrics.update(self.reward_server.step_metrics())
         metrics["training/num_gen_batches"] = generated_batches
         metrics["training/epoch"] = self.sampler.epoch
         batch.meta_info["reward_extra_keys"] = sorted(extra_keys)
         return batch
+
+    def score(self, gen: DataProto, reward_fn, metrics: dict | None = None) -> tuple[torch.Tensor, dict, dict]:
+        """reward_fn's (token-level scores, extra info, metrics) for `gen`, after the reward model scored it (its
+        rm_scores, which the reward function then returns; verl 0.9.1's rule). A served reward model is awake for
+        the call only, and scores here only when no custom reward function does (a classifier's score); with one,
+        that function is the score and asks the model itself. The server's request latencies go into `metrics`."""
+        server = self.reward_server
+        if server is None:
+            if self.workers.reward_model is not None:
+                gen.union(self.workers.reward_model.compute_rm_score(packed_tokens(gen)))
+            return reward_fn(gen)
+        server.wake_up()
+        try:
+            if not self.config.reward.custom_reward_function.path:
+                gen.union(server.compute_rm_score(gen))
+            out = reward_fn(gen)
+        finally:
+            server.sleep()
+        server.collect_stats(keep=metrics is not None)  # validation's requests are not the step's
+        return out
 
     def collect_step_batch(self, step: int) -> tuple[DataProto, dict, dict]:
         """collect_batch for step `step`, with its own timing and metrics (one-step-off rollout runs it in the
@@ -352,7 +379,7 @@ class PPOTrainer:
             batch.non_tensor_batch["uid"] = np.asarray([f"val-{i}" for i in indices], dtype=object)
             out = self.generate(batch, n=val.n, temperature=val.temperature, top_k=val.top_k, top_p=val.top_p,
                                 do_sample=val.do_sample, seed=self.plan.seed)
-            token_scores, extra, _ = self.val_reward_fn(out)
+            token_scores, extra, _ = self.score(out, self.val_reward_fn)
             sequence_scores = token_scores.sum(-1)
             batch_infos.append((len(out), {"reward": sequence_scores.tolist(), **extra}))
             sources += list(out.non_tensor_batch[self.config.data.reward_fn_key])

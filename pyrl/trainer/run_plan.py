@@ -144,6 +144,8 @@ class RunPlan:
     # where the old log-probs come from (old_log_prob_source): "pass", "rollout" (bypass mode), "update" (on-policy:
     # the update's own); "" for a run without them (generation, SFT)
     old_log_probs_from: str = ""
+    # a served reward model's own pool (reward.reward_model.enable_resource_pool); None: none, or colocated
+    reward_model_pool: Pool | None = None
 
     # ---- what the rest of the run asks ----
     def has(self, role: str) -> bool:
@@ -175,7 +177,8 @@ class RunPlan:
         return step_pass in self.passes
 
     def pool(self, name: str) -> Pool:
-        pool = self.trainer_pool if name == "trainer" else self.rollout_pool if name == "rollout" else None
+        pool = {"trainer": self.trainer_pool, "rollout": self.rollout_pool,
+                "reward_model": self.reward_model_pool}.get(name)
         if pool is None:
             raise KeyError(f"the run has no {name} pool")
         return pool
@@ -213,7 +216,7 @@ class RunPlan:
 
     def describe(self) -> str:
         lines = ["run plan:"]
-        for pool in (self.trainer_pool, self.rollout_pool):
+        for pool in (self.trainer_pool, self.rollout_pool, self.reward_model_pool):
             if pool is not None:
                 lines.append(f"  {pool.describe()}")
         lines.append(f"  rows: {self.rows_per_step} per step, {self.rows_per_rank} per trainer rank")
@@ -280,6 +283,26 @@ def rollout_pool(config) -> Pool | None:
         raise ValueError(f"rollout.n_gpus_per_node={section.n_gpus_per_node} and trainer.n_gpus_per_node="
                          f"{trainer.n_gpus_per_node}: the rollout and the trainer run both on GPUs or both on CPU")
     return _pool("rollout", section, gpus)
+
+
+def serves_reward_model(config) -> bool:
+    """The reward model runs behind a rollout engine (pyrl.workers.reward_server): reward.reward_model.rollout.name
+    set; else pyrl's FSDP scorer runs it."""
+    return config.reward.reward_model.enable and config.reward.reward_model.rollout.name is not None
+
+
+def reward_model_pool(config) -> Pool | None:
+    """A served reward model's own pool (reward.reward_model.enable_resource_pool): nnodes x n_gpus_per_node
+    server processes, a GPU each, or CPU processes when the trainer runs on CPU; None: colocated on the trainer's."""
+    section = config.reward.reward_model
+    if not serves_reward_model(config) or not section.enable_resource_pool:
+        return None
+    if section.nnodes < 1 or section.n_gpus_per_node < 1:
+        raise ValueError(f"reward.reward_model.enable_resource_pool=true: its pool is reward.reward_model.nnodes="
+                         f"{section.nnodes} x n_gpus_per_node={section.n_gpus_per_node} devices; both must be >= 1 "
+                         "(verl: not enough GPUs to run the reward model)")
+    on_gpu = gpus_per_node(config.trainer) > 0
+    return Pool("reward_model", section.nnodes, section.n_gpus_per_node, 1 if on_gpu else 0)
 
 
 def estimator_needs(config):
@@ -365,7 +388,15 @@ def resolve_run_plan(config) -> RunPlan:
                               micro("update_critic", "update_critic", "critic",
                                     config.critic.ppo_mini_batch_size * n // world, "ppo_micro_batch_size_per_gpu",
                                     "use_dynamic_bsz", "ppo_max_token_len_per_gpu", trains=True))))
-    if rm:  # it scores every generated sample, before dynamic sampling keeps some
+    served = serves_reward_model(config)
+    rm_pool = reward_model_pool(config)
+    if served:  # behind its engine, reached over HTTP by the reward step
+        section = config.reward.reward_model
+        roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
+                          "reward_model_server", "reward_model" if rm_pool else "trainer", "served",
+                          detail=f"served by {section.rollout.name}, "
+                                 + ("its own pool" if rm_pool else "colocated on the trainer's pool")))
+    elif rm:  # it scores every generated sample, before dynamic sampling keeps some
         roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
                           "reward_model", "trainer", "sequence_classification", fsdp="reward_model.fsdp_config",
                           micro=(micro("reward", "reward_model", "reward_model", prompts // world * n,
@@ -395,7 +426,7 @@ def resolve_run_plan(config) -> RunPlan:
               and (p not in ("values", "update_critic") or critic)]
     groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
-                   config.data.train_batch_size * n, prompts, arr.rollout.seed, source)
+                   config.data.train_batch_size * n, prompts, arr.rollout.seed, source, rm_pool)
 
 
 def resolve_generation_plan(config) -> RunPlan:
@@ -439,6 +470,8 @@ WORKERS = {
     "reward_model": ("pyrl.workers.reward_model.RewardModelWorker", "reward_model",
                      ConfigValue("actor_rollout_ref.model.path")),
 }
+# a group whose name is here is made by its entry instead (the served reward model's role runs in server processes)
+GROUP_WORKERS = {"reward_model_server": ("pyrl.workers.reward_server.RewardModelServer", "reward.reward_model")}
 
 
 def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, ...]:
@@ -450,8 +483,9 @@ def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, .
         groups.setdefault(r.group, []).append(r)
     out = []
     for name, members in groups.items():
-        worker, section, *args = WORKERS[members[0].name]
+        worker, section, *args = GROUP_WORKERS.get(name) or WORKERS[members[0].name]
         args = tuple(name if a is GROUP_NAME else a for a in args)
+        distributed = name not in GROUP_WORKERS and (members[0].pool == "trainer" or rollout_tensor_parallel > 1)
         out.append(Group(name, worker, section, args, members[0].pool, tuple(r.name for r in members),
-                         distributed=members[0].pool == "trainer" or rollout_tensor_parallel > 1))
+                         distributed=distributed))
     return tuple(out)

@@ -104,14 +104,24 @@ def start_ray(config, processes: int = 1) -> None:
     init_ray(config.trainer.ray_address, num_cpus=num_cpus, **ray_init)
 
 
+def own_cpu_pools(plan) -> list:
+    """The pools beside the trainer's whose processes share the nodes' CPUs with it: the one-step-off rollout's, and
+    a served reward model's own pool when it runs on CPU."""
+    pools = [plan.rollout_pool]
+    if plan.reward_model_pool is not None and plan.reward_model_pool.gpus_per_process == 0:
+        pools.append(plan.reward_model_pool)
+    return [pool for pool in pools if pool is not None]
+
+
 def shared_cpus_per_process(plan) -> int:
-    """CPUs of each worker process when the rollout's processes share the driver's node with the trainer's (the
-    pools place their first node there): the node's CPUs over both counts."""
+    """CPUs of each worker process when other pools' processes share the driver's node with the trainer's (the
+    pools place their first node there): the node's CPUs over all their counts."""
     import ray  # lazy: ray starts only with the workers
 
     here = ray.get_runtime_context().get_node_id()
     cpus = next(node["Resources"].get("CPU", 1) for node in ray.nodes() if node["NodeID"] == here)
-    return max(1, int(cpus // (plan.trainer_pool.processes_per_node + plan.rollout_pool.processes_per_node)))
+    return max(1, int(cpus // (plan.trainer_pool.processes_per_node
+                               + sum(pool.processes_per_node for pool in own_cpu_pools(plan)))))
 
 
 def build_workers(config, plan) -> Workers:
@@ -120,17 +130,18 @@ def build_workers(config, plan) -> Workers:
     import torch  # lazy: torch and the model code load with the workers
 
     from pyrl.controller import ResourcePool, WorkerGroup  # lazy: ray starts only with the workers
+    from pyrl.controller.worker_group import PlacementError  # lazy: as above
     from pyrl.workers.perf import peak_flops  # lazy: torch and the model code load with the workers
 
     trainer = plan.trainer_pool
     colocated = sum(group.pool == "trainer" for group in plan.groups)
-    rollout_processes = plan.rollout_pool.world_size if plan.rollout_pool else 0
-    start_ray(config, trainer.world_size + rollout_processes)  # the rollout's own workers too
+    others = sum(pool.world_size for pool in (plan.rollout_pool, plan.reward_model_pool) if pool is not None)
+    start_ray(config, trainer.world_size + others)  # the rollout's and the reward model's own workers too
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
     pools = {"trainer": ResourcePool([trainer.processes_per_node] * trainer.nnodes,
                                      gpus_per_process=trainer.gpus_per_process, cpus_per_process=None,
                                      max_colocate_count=colocated)}
-    if plan.rollout_pool is not None:  # the rollout's processes share the nodes' CPUs
+    if own_cpu_pools(plan):  # their processes share the nodes' CPUs
         pools["trainer"].cpus_per_process = shared_cpus_per_process(plan)
     place(pools["trainer"], config.trainer)
     if plan.rollout_pool is not None:  # placed now too, on what the trainer's pool leaves free
@@ -143,6 +154,21 @@ def build_workers(config, plan) -> Workers:
         except ValueError:
             pools["trainer"].release()
             raise
+    if plan.reward_model_pool is not None:  # a served reward model's own pool, on what the others leave free
+        shape = plan.reward_model_pool
+        pools["reward_model"] = ResourcePool([shape.processes_per_node] * shape.nnodes,
+                                             gpus_per_process=shape.gpus_per_process,
+                                             cpus_per_process=pools["trainer"].cpus_per_process if
+                                             shape.gpus_per_process == 0 else 1)
+        try:
+            pools["reward_model"].placement_groups()
+        except PlacementError as e:
+            for pool in pools.values():
+                pool.release()
+            raise ValueError(f"reward.reward_model.enable_resource_pool: its pool, nnodes={shape.nnodes} x "
+                             f"n_gpus_per_node={shape.processes_per_node} "
+                             f"{'GPU' if shape.gpus_per_process else 'CPU'} server process(es), cannot be placed: "
+                             f"{e}") from None
     on_cpu = trainer.gpus_per_process == 0
     if on_cpu:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
@@ -151,7 +177,8 @@ def build_workers(config, plan) -> Workers:
     # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
-               "rollout": pools["rollout"].cpus_per_process if on_cpu and "rollout" in pools else None}
+               **{name: pools[name].cpus_per_process if on_cpu and name in pools else None
+                  for name in ("rollout", "reward_model")}}
     groups = {}
     for group in plan.groups:
         worker = load_object(group.worker, f"the {group.name} group's worker class")

@@ -81,8 +81,12 @@ class RolloutEngine:
         """Returns the bytes loaded."""
         raise NotImplementedError
 
-    def sleep(self) -> None:
-        """Free what generation holds (KV cache) while training runs; the next push or generation takes it back."""
+    def sleep(self, keep_weights: bool = False) -> None:
+        """Free what generation holds (KV cache) while training runs; the next push or generation takes it back.
+        keep_weights: the weights are the engine's own (no push brings them back): wake_up restores them."""
+
+    def wake_up(self) -> None:
+        """Undo sleep(keep_weights=True) before generating."""
 
 
 def check_seeds(seeds: list[int] | None, prompt_ids: list, spec: SamplingSpec) -> None:

@@ -48,8 +48,8 @@ class HFEngine(RolloutEngine):
         eos_ids = [] if eos is None or spec.ignore_eos else [eos] if isinstance(eos, int) else list(eos)
         # stop tokens end a row as EOS does, and are kept in it (vLLM's stop_token_ids: ignore_eos leaves them on)
         eos_ids += [token for token in spec.stop_token_ids if token not in eos_ids]
-        if spec.ignore_eos or spec.stop_token_ids:
-            config.update(eos_token_id=eos_ids or None)
+        if spec.ignore_eos or spec.stop_token_ids:  # a list, even empty: generate reads None as "the model's EOS"
+            config.update(eos_token_id=eos_ids)
         if spec.seed is not None:  # the samples do not depend on the engine's history
             self.generator.manual_seed(spec.seed)
         # greedy and per-row-seeded decoding draw nothing from torch's global generators, which the fork would

