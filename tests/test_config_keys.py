@@ -123,7 +123,8 @@ def keys_read(tmp_path_factory, ray_session) -> dict[str, set[str]]:
                                                    str(record))
                 pyrl.ppo.run_ppo(config)
         # each loss reads its own options (policy_loss.*, tau_*) from the actor's section, which the actor worker
-        # passes it (here the last run's, one-step-off, dro_beta set); the runs train with the vanilla and bypass_mode losses
+        # passes it (here the last run's, one-step-off, dro_beta set); the runs train with the vanilla and
+        # bypass_mode losses
         old, new = torch.randn(2, 4), torch.randn(2, 4)
         for loss in POLICY_LOSS_REGISTRY.values():
             loss(old, new, torch.randn(2, 4), torch.ones(2, 4), config=config.actor_rollout_ref.actor)

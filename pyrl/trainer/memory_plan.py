@@ -574,7 +574,7 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         # idle
         during = [t for name, s in states.items() for t in
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
-        phases.append(Phase(micro.phase, during + teacher.idle + engine_resident, update_pass(
+        phases.append(Phase(micro.phase, during + teacher.idle + engine_resident + rm_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
             role.model_section, state.shards)))
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)

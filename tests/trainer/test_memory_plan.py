@@ -347,3 +347,54 @@ def test_gradient_checkpointing_is_chosen_by_the_plan(caplog):
     mp.resolve_gradient_checkpointing(explicit, plan, mp.Capacity(1 << 50, "all"))
     assert explicit.actor_rollout_ref.model.enable_gradient_checkpointing is True  # kept
     assert explicit.critic.model.enable_gradient_checkpointing is False  # null: the plan's choice
+
+
+SERVED_RM = ["reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny-classifier",
+             "reward.reward_model.rollout.tensor_model_parallel_size=1", "reward.reward_model.rollout.dtype=float32",
+             "reward.reward_model.rollout.prompt_length=32", "reward.reward_model.rollout.response_length=16"]
+
+
+def test_a_served_reward_model_is_counted_where_it_runs(monkeypatch):
+    """A served reward model (pyrl.workers.reward_server): colocated, its weights stay beside every phase and the
+    reward step adds its work (a classifier's forward over one request; vLLM on a GPU its gpu_memory_utilization of
+    the device, nothing while asleep); in a pool of its own, the ranks hold none of it and its process is a phase of
+    its own."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    shape = mp.ModelShape.from_hf_config(TINY)
+    rm = mp.ModelShape.from_hf_config(TINY, "sequence_classification")
+    config = compose("preset=toy", "trainer.n_gpus_per_node=0", "actor_rollout_ref.rollout.name=hf", *SERVED_RM,
+                     "reward.reward_model.rollout.name=hf")
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": rm}, capacity=10 ** 12)
+    reward = next(p for p in result.phases if p.name == "reward (served reward model)")
+    assert {t.name: t.bytes for t in reward.transient} == {
+        "reward model forward (one request)": mp.layer_forward_bytes(rm, 48, 4)}
+    for phase in result.running()[1:]:
+        assert {t.name: t.bytes for t in phase.resident}["reward model weights (served)"] == rm.params * 4
+    # a generative judge on hf: a KV cache for the requests in flight (reward.num_workers of them)
+    generative = mp.ModelShape.from_hf_config(TINY)
+    config.reward.num_workers = 3
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": generative}, capacity=10 ** 12)
+    reward = next(p for p in result.phases if p.name == "reward (served reward model)")
+    assert {t.name: t.bytes for t in reward.transient} == {
+        "reward model hf generate KV cache (requests in flight)": mp.kv_cache_bytes(generative, 3 * 48, 4)}
+    # vLLM on GPUs: gpu_memory_utilization of the device while awake, nothing in the trainer's phases
+    config = compose("preset=toy", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", *SERVED_RM,
+                     "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.gpu_memory_utilization=0.3")
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": rm}, capacity=10 ** 10)
+    engine = "reward model vLLM (gpu_memory_utilization x device)"
+    reward = next(p for p in result.phases if p.name == "reward (served reward model)")
+    assert {t.name: t.bytes for t in reward.transient} == {engine: int(0.3 * 10 ** 10)}
+    assert not [p.name for p in result.phases if engine in {t.name for t in p.resident + p.transient}
+                and p is not reward]
+    # its own pool on CPU: vLLM's weights and KV cache in its process, not the ranks'
+    config = compose("preset=toy", "trainer.n_gpus_per_node=0", "actor_rollout_ref.rollout.name=hf", *SERVED_RM,
+                     "reward.reward_model.rollout.name=vllm", "reward.reward_model.enable_resource_pool=true",
+                     "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1")
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": rm}, capacity=10 ** 12)
+    server = result.phases[-1]
+    assert server.name == "reward model server (its own pool)"
+    assert {t.name: t.bytes for t in server.resident} == {"reward model weights (served)": rm.params * 4}
+    assert {t.name: t.bytes for t in server.transient} == {
+        "reward model vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)": 2 * mp.GiB}
+    for phase in result.phases[:-1]:
+        assert not [t.name for t in phase.resident + phase.transient if t.name.startswith("reward model")]

@@ -23,8 +23,10 @@ from pyrl.trainer.run_plan import resolve_run_plan
 from pyrl.workers.reward_server import RewardModelServer, ServedRewardModel
 
 # the user's side of verl's generative-reward-model contract: the prompt and the parsing of the judge's answer are
-# theirs; the function gets the router's address and the reward model's tokenizer. It logs what it sent and got.
+# theirs (here combined with the task's rule score); the function gets the router's address and the reward model's
+# tokenizer. It logs what it sent and got.
 JUDGE = """import json, urllib.request
+from pyrl.rewards import default_compute_score
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, reward_router_address=None,
                   reward_model_tokenizer=None, log_path=None):
     prompt = 'Judge the answer to ' + extra_info['question'] + ' ' + solution_str
@@ -33,7 +35,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, rewa
                                      data=json.dumps(body).encode(), headers={'Content-Type': 'application/json'})
     with urllib.request.urlopen(request, timeout=120) as answer:
         text = json.loads(answer.read())['choices'][0]['text']
-    score = (sum(reward_model_tokenizer(text, add_special_tokens=False)['input_ids']) % 7) / 6
+    judged = (sum(reward_model_tokenizer(text, add_special_tokens=False)['input_ids']) % 7) / 6
+    score = judged + default_compute_score(data_source, solution_str, ground_truth)  # a hybrid: judge + rule
     with open(log_path, 'a') as log:
         log.write(json.dumps({'solution': solution_str, 'prompt': prompt, 'judge': text, 'score': score}) + '\\n')
     return score
