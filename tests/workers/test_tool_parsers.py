@@ -2,7 +2,7 @@
 renders calls and its parser's patterns read them), encoded with a local tokenizer whose markup tokens are single
 special tokens and parsed from the ids; verl's own parser tests transcribed where it has them (gpt-oss, qwen3_coder,
 kimi). Then the stop tokens: that a parser's are the tokenizer's ids, that the agent loop asks the engine to stop
-the tool agent's turns there (and only those), and that the hf engine stops at them, keeping the stop token."""
+the tool agent's turns there (and only those), and that the hf and vllm engines stop at them, keeping the stop token."""
 
 from __future__ import annotations
 
@@ -505,3 +505,24 @@ def test_hf_engine_stops_at_a_stop_token_and_keeps_it(tiny_path):
     assert stopped == free[:step + 1]
     [stopped], _ = engine.generate([prompt], dataclasses.replace(free_spec, stop_token_ids=(later,)))
     assert stopped == free[:free.index(later) + 1]
+
+
+def test_vllm_engine_stops_at_a_stop_token_and_keeps_it(tiny_path):
+    """The same on the vllm engine (vLLM's own stop_token_ids), in this process."""
+    pytest.importorskip("vllm")
+    from pyrl.config import RolloutConfig  # lazy: beside the engine, as the hf test's
+    from pyrl.workers.rollout.base import SamplingSpec  # lazy: as above
+    from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: vllm is optional
+
+    config = RolloutConfig(dtype="float32", load_format="auto", prompt_length=32, response_length=12,
+                           enforce_eager=True, free_cache_engine=False)
+    engine = VLLMEngine(tiny_path, config, torch.device("cpu"))
+    prompt = [5, 6, 7, 8, 9, 10]
+    free_spec = SamplingSpec(temperature=1.0, max_tokens=12, ignore_eos=True, logprobs=True, seed=3)
+    [free], [free_logprobs] = engine.generate([prompt], free_spec)
+    assert len(free) == 12
+    step = next(i for i in range(4, len(free)) if free[i] not in free[:i])
+    spec = dataclasses.replace(free_spec, stop_token_ids=(free[step],))  # with ignore_eos too
+    [stopped], [stopped_logprobs] = engine.generate([prompt], spec)
+    assert stopped == free[:step + 1]
+    assert stopped_logprobs == pytest.approx(free_logprobs[:step + 1], abs=1e-5)
