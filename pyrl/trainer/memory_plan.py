@@ -435,7 +435,7 @@ def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capac
     rollout = config.reward.reward_model.rollout
     key = "reward.reward_model.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
-    length = rollout.prompt_length + rollout.response_length
+    length = rollout.max_model_len or rollout.prompt_length + rollout.response_length  # the longest it admits
     weights = Term("reward model weights (served)", shape.params * dtype, f"{key}.dtype")
     if rollout.name == "vllm" and setting.device == "cuda":
         engine = Term("reward model vLLM (gpu_memory_utilization x device)",

@@ -156,12 +156,6 @@ class PPOTrainer:
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.workers = workers
-        # a served reward model (pyrl.workers.reward_server): its address and tokenizer go to the reward functions
-        self.reward_server = None
-        if plan.has("reward_model") and plan.role("reward_model").kind == "served":
-            self.reward_server = ServedRewardModel(workers.reward_model, config, tokenizer)
-            for fn in (reward_fn, val_reward_fn) if config.reward.custom_reward_function.path else ():
-                fn.bind_reward_model(self.reward_server.router_address, self.reward_server.tokenizer)
         algorithm = config.algorithm
         self.use_critic = plan.has("critic")
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
@@ -181,6 +175,17 @@ class PPOTrainer:
             self.one_step_off = OneStepOff(self.collect_step_batch,
                                            lambda: {"perf/update_weights_bytes": self.push_weights()},
                                            self.total_steps)
+        # a served reward model (pyrl.workers.reward_server): its address and tokenizer go to the reward functions
+        # (made last: nothing after it can fail and leave its router running)
+        self.reward_server = None
+        # colocated on GPUs, the rollout engine sleeps (its weights dropped) while the reward model is awake, and
+        # the actor's weights are pushed again before the next generation (verl's sleep_replicas / update_weights)
+        self.engine_yields_to_rm, self.engine_needs_push = False, False
+        if plan.has("reward_model") and plan.role("reward_model").kind == "served":
+            self.reward_server = ServedRewardModel(workers.reward_model, config, tokenizer)
+            for fn in (reward_fn, val_reward_fn) if config.reward.custom_reward_function.path else ():
+                fn.bind_reward_model(self.reward_server.router_address, self.reward_server.tokenizer)
+            self.engine_yields_to_rm = plan.reward_model_pool is None and plan.trainer_pool.device == "cuda"
 
     # ---- batches ----
     def next_batch(self) -> DataProto:
@@ -207,6 +212,8 @@ class PPOTrainer:
                 "apply_chat_template_kwargs": dict(self.config.data.apply_chat_template_kwargs)}
         meta.update(overrides)
         batch.meta_info.update(meta)
+        if self.engine_needs_push:  # the engine slept for the reward model (score) since the last push
+            self.push_weights()
         out = self.workers.rollout.generate_sequences(batch)
         if metrics is not None:
             metrics.update(M.reduce_metrics(out.meta_info.get("metrics", {})))
@@ -276,6 +283,9 @@ class PPOTrainer:
             if self.workers.reward_model is not None:
                 gen.union(self.workers.reward_model.compute_rm_score(packed_tokens(gen)))
             return reward_fn(gen)
+        if self.engine_yields_to_rm:
+            self.workers.rollout.sleep_rollout()
+            self.engine_needs_push = True
         server.wake_up()
         try:
             if not self.config.reward.custom_reward_function.path:
@@ -284,6 +294,11 @@ class PPOTrainer:
         finally:
             server.sleep()
         server.collect_stats(keep=metrics is not None)  # validation's requests are not the step's
+        failed = out[2].get("reward/scorer_errors", 0) + out[2].get("reward/scorer_timeouts", 0)
+        if len(gen) and failed >= len(gen):  # verl fails the step when its reward model cannot be reached
+            raise RuntimeError(f"reward: the reward function failed on all {len(gen)} samples with a served reward "
+                               f"model at {server.router_address} (reward/scorer_errors, scorer_timeouts); is it "
+                               "answering? The first failure is logged above")
         return out
 
     def collect_step_batch(self, step: int) -> tuple[DataProto, dict, dict]:
@@ -294,6 +309,7 @@ class PPOTrainer:
 
     def push_weights(self) -> int:
         """The actor's current weights into the rollout engines; returns the bytes each engine loaded."""
+        self.engine_needs_push = False
         if self.weight_push is None:  # the hybrid engine: each actor rank into its own engine, in-process
             return self.workers.actor.update_weights()[0]["perf/update_weights_bytes"]
         return self.weight_push()

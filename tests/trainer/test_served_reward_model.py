@@ -113,6 +113,19 @@ def test_a_classifier_in_its_own_pool_is_the_reward(tmp_path, ray_session):
     assert len(set(scores)) > 1 and metrics["critic/score/mean"] == pytest.approx(np.mean(scores), abs=1e-6)
 
 
+FAILING = "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n" \
+          "    raise ConnectionError('the judge is down')\n"
+
+
+def test_a_reward_function_failing_on_every_sample_stops_the_run(tmp_path, ray_session):
+    """verl fails the step when its reward model cannot be reached; pyrl too when every sample's call failed (one
+    failing sample scores 0 and is counted, as without a reward model)."""
+    (tmp_path / "down.py").write_text(FAILING)
+    with pytest.raises(RuntimeError, match="failed on all 32 samples with a served reward model"):
+        run(tmp_path, "down", "reward.reward_model.model_path=pyrl:tiny",
+            f"reward.custom_reward_function.path={tmp_path / 'down.py'}", "reward.num_workers=1")
+
+
 class LocalGroup:
     """One standalone server answering as a WorkerGroup of one (its methods return a list per rank)."""
 
@@ -132,6 +145,7 @@ def test_the_classifier_score_is_verls_disrm_score_on_each_row():
         name="hf", tensor_model_parallel_size=1, dtype="float32"))
     server = RewardModelServer(section)
     server.init_model()
+    server.wake_up()  # asleep until a reward step, as verl's
     config = compose(*SMALL, *SERVED, f"reward.reward_model.model_path={path}")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     served = ServedRewardModel(LocalGroup(server), config, tokenizer)
@@ -171,6 +185,11 @@ def test_the_classifier_score_is_verls_disrm_score_on_each_row():
 
 @pytest.mark.parametrize("overrides, message", [
     (["reward.reward_model.model_path=pyrl:tiny"], "generative model .* reward.custom_reward_function"),
+    (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward_model.micro_batch_size_per_gpu=2"],
+     "reward_model.micro_batch_size_per_gpu=2 is read by pyrl's FSDP scorer only"),
+    (["reward.reward_model.model_path=pyrl:tiny-classifier", "data.return_raw_chat=false"],
+     "data.return_raw_chat=false drops them"),
+
     (["reward.reward_model.model_path=pyrl:tiny-classifier",
       "reward.reward_model.rollout.tensor_model_parallel_size=2"], "tensor_model_parallel_size=2 .* one device"),
     (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.enable_resource_pool=true"],
@@ -182,6 +201,16 @@ def test_the_classifier_score_is_verls_disrm_score_on_each_row():
 ])
 def test_served_settings_pyrl_cannot_honour_stop_the_run_at_start(overrides, message):
     config = compose(*SMALL, *SERVED, *overrides)
+    with pytest.raises(ValueError, match=message):
+        pyrl.ppo.run_ppo(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("reward.reward_model.rollout.gpu_memory_utilization=0.9", "gpu_memory_utilization=0.9 is read by a served"),
+    ("reward.reward_model.enable_resource_pool=true", "enable_resource_pool=True is read by a served"),
+])
+def test_a_served_models_keys_stop_a_run_of_pyrls_fsdp_scorer(override, message):
+    config = compose(*SMALL, "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny", override)
     with pytest.raises(ValueError, match=message):
         pyrl.ppo.run_ppo(config)
 

@@ -45,7 +45,8 @@ def section(model_path: str, engine: str) -> RewardModelSwitchConfig:
 
 def start(model_path: str, engine: str) -> RewardModelServer:
     server = RewardModelServer(section(model_path, engine))
-    server.init_model()
+    server.init_model()  # asleep until the trainer's first reward step, as verl's
+    server.wake_up()
     server.take_stats()
     return server
 
@@ -452,3 +453,83 @@ def test_vllm_ignore_eos_finishes_for_length(vllm_generator, tokenizer, causal_l
     ids = tokenizer("hi<|im_end|>")["input_ids"]
     answer = post_json(vllm_generator.address(), "v1/completions", greedy({"prompt": ids, "ignore_eos": True}))
     check_completion(answer, tokenizer, len(ids), greedy_by_hand(causal_lm, ids), chat=False, ignore_eos=True)
+
+
+def test_asleep_the_server_answers_503_and_wakes_to_the_same_answers(tokenizer):
+    """Outside the reward step (sleep) a request is refused with 503, never served by a half-freed engine; awake
+    again the answers are what they were."""
+    server = start(tiny_classifier_path(), "hf")
+    try:
+        before = post_json(server.address(), "classify", {"input": TEXTS[:2], "use_activation": False})
+        server.sleep()
+        with pytest.raises(RuntimeError, match="503: the reward model is asleep"):
+            post_json(server.address(), "classify", {"input": TEXTS[0]})
+        server.wake_up()
+        assert post_json(server.address(), "classify", {"input": TEXTS[:2], "use_activation": False})["data"] == \
+            before["data"]
+    finally:
+        stop(server)
+
+
+def test_sleep_aborts_the_requests_still_running():
+    """A reward function that gave up on its call leaves the request running: sleep fails it (the client hears 503)
+    and the engine is idle before its memory is freed; the next wake serves again."""
+    server = start(tiny_model_path(), "hf")
+    try:
+        results = []
+
+        def ask():
+            try:
+                results.append(post_json(server.address(), "v1/completions",
+                                         {"prompt": "the number", "max_tokens": 8, "temperature": 0}))
+            except RuntimeError as e:
+                results.append(e)
+
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        server.sleep()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(results) == 6 and all(isinstance(r, dict) or "503" in str(r) for r in results)
+        server.wake_up()
+        answer = post_json(server.address(), "v1/completions", {"prompt": "the number", "max_tokens": 8,
+                                                                "temperature": 0})
+        assert answer["usage"]["completion_tokens"] == 8
+    finally:
+        stop(server)
+
+
+def test_the_router_skips_a_replica_it_cannot_reach_and_passes_errors_through(classifier):
+    """A dead replica: the request goes to the next; a replica's error answer (JSON or not) keeps its status."""
+    import http.server  # lazy: only this test serves a broken replica
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(502)
+            self.send_header("Content-Length", "7")
+            self.end_headers()
+            self.wfile.write(b"gateway")
+
+        def log_message(self, *args):
+            pass
+
+    broken = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=broken.serve_forever, daemon=True).start()
+    dead = "127.0.0.1:9"  # nothing listens on the discard port
+    live = classifier.address()
+    router = Router([dead, live])
+    try:
+        for _ in range(3):
+            answer = post_json(router.address, "classify", {"input": TEXTS[0], "use_activation": False})
+            assert len(answer["data"]) == 1
+    finally:
+        router.close()
+    router = Router([f"127.0.0.1:{broken.server_address[1]}"])
+    try:
+        with pytest.raises(RuntimeError, match="502: .*gateway"):
+            post_json(router.address, "classify", {"input": TEXTS[0]})
+    finally:
+        router.close()
+        broken.shutdown()
+        broken.server_close()
