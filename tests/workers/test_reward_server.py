@@ -158,18 +158,36 @@ def vllm_available():
     pytest.importorskip("vllm")
 
 
-@pytest.fixture(scope="module")
-def vllm_classifier(vllm_available):
-    server = start(tiny_classifier_path(), "vllm")
-    yield server
-    stop(server)
+class InActor:
+    """A server in a Ray actor of its own: vLLM sets up torch.distributed in the process it runs in, which must not
+    be this one (later tests here build FSDP models standalone)."""
+
+    def __init__(self, ray, model_path: str, engine: str):
+        self.ray = ray
+        self.actor = ray.remote(num_cpus=0)(RewardModelServer).remote(section(model_path, engine))
+        ray.get(self.actor.init_model.remote())
+        ray.get(self.actor.wake_up.remote())
+        self._address = ray.get(self.actor.address.remote())
+
+    def address(self) -> str:
+        return self._address
+
+    def take_stats(self) -> dict:
+        return self.ray.get(self.actor.take_stats.remote())
 
 
 @pytest.fixture(scope="module")
-def vllm_generator(vllm_available):
-    server = start(tiny_model_path(), "vllm")
+def vllm_classifier(vllm_available, ray_session):
+    server = InActor(ray_session, tiny_classifier_path(), "vllm")
     yield server
-    stop(server)
+    ray_session.kill(server.actor)
+
+
+@pytest.fixture(scope="module")
+def vllm_generator(vllm_available, ray_session):
+    server = InActor(ray_session, tiny_model_path(), "vllm")
+    yield server
+    ray_session.kill(server.actor)
 
 
 # ---- what a checkpoint serves ----

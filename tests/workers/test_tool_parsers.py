@@ -11,6 +11,8 @@ import copy
 import dataclasses
 import functools
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -507,22 +509,32 @@ def test_hf_engine_stops_at_a_stop_token_and_keeps_it(tiny_path):
     assert stopped == free[:free.index(later) + 1]
 
 
-def test_vllm_engine_stops_at_a_stop_token_and_keeps_it(tiny_path):
-    """The same on the vllm engine (vLLM's own stop_token_ids), in this process."""
-    pytest.importorskip("vllm")
-    from pyrl.config import RolloutConfig  # lazy: beside the engine, as the hf test's
-    from pyrl.workers.rollout.base import SamplingSpec  # lazy: as above
-    from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: vllm is optional
+VLLM_STOP_PROBE = """
+import dataclasses, json, sys, torch
+from pyrl.config import RolloutConfig
+from pyrl.workers.rollout.base import SamplingSpec
+from pyrl.workers.rollout.vllm_engine import VLLMEngine
+config = RolloutConfig(dtype="float32", load_format="auto", prompt_length=32, response_length=12, enforce_eager=True,
+                       free_cache_engine=False)
+engine = VLLMEngine(sys.argv[1], config, torch.device("cpu"))
+prompt = [5, 6, 7, 8, 9, 10]
+free_spec = SamplingSpec(temperature=1.0, max_tokens=12, ignore_eos=True, logprobs=True, seed=3)
+[free], [free_logprobs] = engine.generate([prompt], free_spec)
+step = next(i for i in range(4, len(free)) if free[i] not in free[:i])
+[stopped], [stopped_logprobs] = engine.generate([prompt], dataclasses.replace(free_spec, stop_token_ids=(free[step],)))
+print("RESULT", json.dumps([free, free_logprobs, step, stopped, stopped_logprobs]))
+"""
 
-    config = RolloutConfig(dtype="float32", load_format="auto", prompt_length=32, response_length=12,
-                           enforce_eager=True, free_cache_engine=False)
-    engine = VLLMEngine(tiny_path, config, torch.device("cpu"))
-    prompt = [5, 6, 7, 8, 9, 10]
-    free_spec = SamplingSpec(temperature=1.0, max_tokens=12, ignore_eos=True, logprobs=True, seed=3)
-    [free], [free_logprobs] = engine.generate([prompt], free_spec)
+
+def test_vllm_engine_stops_at_a_stop_token_and_keeps_it(tiny_path):
+    """The same on the vllm engine (vLLM's own stop_token_ids, with ignore_eos too), in a process of its own (vLLM
+    sets up torch.distributed in the process it runs in)."""
+    pytest.importorskip("vllm")
+    proc = subprocess.run([sys.executable, "-c", VLLM_STOP_PROBE, tiny_path], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    free, free_logprobs, step, stopped, stopped_logprobs = json.loads(line.removeprefix("RESULT "))
     assert len(free) == 12
-    step = next(i for i in range(4, len(free)) if free[i] not in free[:i])
-    spec = dataclasses.replace(free_spec, stop_token_ids=(free[step],))  # with ignore_eos too
-    [stopped], [stopped_logprobs] = engine.generate([prompt], spec)
     assert stopped == free[:step + 1]
     assert stopped_logprobs == pytest.approx(free_logprobs[:step + 1], abs=1e-5)
