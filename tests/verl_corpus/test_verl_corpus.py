@@ -82,9 +82,14 @@ def outcome(entry: dict) -> tuple[str, str]:
 
 @pytest.fixture(autouse=True)
 def offline_wandb(monkeypatch):
-    """verl's scripts log to wandb; without credentials pyrl would (rightly) stop at the logger check."""
+    """verl's scripts log to wandb; without credentials pyrl would (rightly) stop at the logger check. pyrl's
+    warnings are quiet for these tests only (a level left set would hide them from later tests' caplog)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    logging.getLogger("pyrl").setLevel(logging.ERROR)
+    logger = logging.getLogger("pyrl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
 
 
 def test_the_corpus_is_verl_s_example_scripts():
