@@ -247,15 +247,9 @@ def check_fsdp_reward_model(config) -> None:
     given = [key for name in ("enable_resource_pool", "n_gpus_per_node", "nnodes", "rollout")
              for key in changed_keys(getattr(section, name), getattr(default, name), f"reward.reward_model.{name}")]
     if given:
-        raise ValueError(f"{given[0]}={_read(config, given[0])!r} is read by a served reward model only "
+        raise ValueError(f"{given[0]}={ConfigValue(given[0]).read(config)!r} is read by a served reward model only "
                          "(reward.reward_model.rollout.name=vllm or hf); with rollout.name null pyrl's FSDP scorer "
                          "runs the model on the trainer's pool (reward_model.*) and would ignore it")
-
-
-def _read(config, key: str):
-    for name in key.split("."):
-        config = getattr(config, name)
-    return config
 
 
 # pyrl's FSDP scorer's keys (reward_model.*) a served model does not read (verl's server reads its model_path only)
@@ -281,7 +275,7 @@ def check_served_reward_model(config, plan) -> None:
     defaults = PPOConfig()
     for name in FSDP_REWARD_MODEL_KEYS:
         try:
-            value, default = _read(config, name), _read(defaults, name)
+            value, default = ConfigValue(name).read(config), ConfigValue(name).read(defaults)
         except AttributeError:  # not a key of this schema
             continue
         if value != default:
