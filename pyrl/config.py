@@ -794,12 +794,14 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"actor_rollout_ref.rollout.agent.custom_async_server.{key}": ((None,), "pyrl's engines run in the rollout "
                                                                                "workers, not behind a server")
        for key in ("path", "name")},
-    # a served reward model (pyrl.workers.reward_server): one device per replica, the checkpoint's own weights
+    # a served reward model (pyrl.workers.reward_server): a replica split by tensor parallelism alone, the
+    # checkpoint's own weights
     "reward.reward_model.rollout.name": ((None, "vllm", "hf"), "pyrl serves a reward model with vllm or hf (null: "
                                                                "pyrl's FSDP scorer)"),
-    **{f"reward.reward_model.rollout.{key}": ((1,), "pyrl serves a reward model on one device per replica (more "
-                                                     "replicas: more devices in its pool)")
-       for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size", "n")},
+    **{f"reward.reward_model.rollout.{key}": ((1,), "pyrl splits a served reward model's replica by tensor "
+                                                     "parallelism only (more replicas: more devices in its pool)")
+       for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
+    "reward.reward_model.rollout.n": ((1,), "a served reward model generates one answer per request"),
     **{f"reward.reward_model.rollout.{key}": ((None,), "not implemented for a served reward model")
        for key in ("cudagraph_capture_sizes", "limit_images", "quantization", "quantization_config_file", "mtp")},
     "reward.reward_model.rollout.disaggregation.enabled": ((False,), "prefill/decode disaggregation"),

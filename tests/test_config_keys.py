@@ -77,13 +77,15 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
             "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token",
             "algorithm.rollout_correction.rollout_rs=token_k1",
             "algorithm.rollout_correction.rollout_rs_threshold=0.5"],
-        # a generative reward model served in a pool of its own, asked by the reward function
+        # a generative reward model served in a pool of its own (one replica of verl's default tensor parallel 2),
+        # asked by the reward function
         "served_reward_model": [
             *SMALL, "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
             "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny",
-            f"reward.reward_model.rollout.name={'vllm' if VLLM else 'hf'}",
-            "reward.reward_model.rollout.tensor_model_parallel_size=1", "reward.reward_model.enable_resource_pool=true",
-            "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1",
+            *(["reward.reward_model.rollout.name=vllm"] if VLLM else
+              ["reward.reward_model.rollout.name=hf", "reward.reward_model.rollout.tensor_model_parallel_size=1"]),
+            "reward.reward_model.enable_resource_pool=true",
+            "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=2",
             "reward.reward_model.rollout.prompt_length=64", "reward.reward_model.rollout.response_length=8",
             f"reward.custom_reward_function.path={tmp / 'judge.py'}"],
         # one-step-off: the rollout in vLLM workers of its own, bypass mode, gdpo's reward components, a dataset class

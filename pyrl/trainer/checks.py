@@ -214,15 +214,10 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
         if reads_actor_ids and vocab is not None and len(tokenizer) > vocab:
             raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {key}.path's vocab_size is {vocab} "
                              f"({model.path}): its embedding cannot read every token id")
-        tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
-        heads = [getattr(hf, name, None) for name in ("num_attention_heads", "num_key_value_heads")]
-        if key == "actor_rollout_ref.model" and tp > 1 and heads[0] and heads[0] % tp:
-            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide {key}.path's "
-                             f"{heads[0]} attention heads ({model.path}): each rank of the engine holds a whole number")
-        if key == "actor_rollout_ref.model" and tp > 1 and heads[1] and heads[1] % tp and tp % heads[1]:
-            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} and {key}.path's {heads[1]} "
-                             f"key/value heads ({model.path}): one must divide the other (vLLM splits or replicates "
-                             "them)")
+        if key == "actor_rollout_ref.model":
+            check_tensor_parallel_heads(hf, config.actor_rollout_ref.rollout.tensor_model_parallel_size,
+                                        "actor_rollout_ref.rollout.tensor_model_parallel_size", f"{key}.path",
+                                        model.path)
     if plan.runs("teacher"):
         distillation.check_teacher_model(config, length, keys)
     max_model_len = config.actor_rollout_ref.rollout.max_model_len
@@ -259,11 +254,23 @@ FSDP_REWARD_MODEL_KEYS = ("reward_model.strategy", "reward_model.micro_batch_siz
                           "reward_model.model.use_shm")
 
 
+def check_tensor_parallel_heads(hf, tp: int, tp_key: str, model_key: str, path: str) -> None:
+    """A vLLM engine split over tp devices: each holds a whole number of attention heads, and the key/value heads
+    are split or replicated evenly."""
+    heads = [getattr(hf, name, None) for name in ("num_attention_heads", "num_key_value_heads")]
+    if tp > 1 and heads[0] and heads[0] % tp:
+        raise ValueError(f"{tp_key}={tp} does not divide {model_key}'s {heads[0]} attention heads ({path}): each "
+                         "rank of the engine holds a whole number")
+    if tp > 1 and heads[1] and heads[1] % tp and tp % heads[1]:
+        raise ValueError(f"{tp_key}={tp} and {model_key}'s {heads[1]} key/value heads ({path}): one must divide "
+                         "the other (vLLM splits or replicates them)")
+
+
 def check_served_reward_model(config, plan) -> None:
-    """A served reward model (reward.reward_model.rollout.name set): one device per replica, a path, engine options
-    for its engine, its engine installed, a context its model holds, and verl's rule that a generative model scores
-    through a custom reward function (without one the model must be a classifier: its score is the reward, on each
-    prompt's messages)."""
+    """A served reward model (reward.reward_model.rollout.name set): a replica's devices on one node, a path, engine
+    options for its engine, its engine installed, a context its model holds, and verl's rule that a generative model
+    scores through a custom reward function (without one the model must be a classifier: its score is the reward, on
+    each prompt's messages)."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the model's config
 
     from pyrl.config import PPOConfig  # lazy: the schema's defaults, for the comparison
@@ -288,10 +295,16 @@ def check_served_reward_model(config, plan) -> None:
         raise ValueError(f"{key}: a reward model colocated on the trainer's GPUs with the one-step-off rollout "
                          "(actor_rollout_ref.hybrid_engine=false) would wake while the trainer trains; give it a pool "
                          f"of its own ({key}.enable_resource_pool=true)")
-    if rollout.tensor_model_parallel_size != 1:
-        raise ValueError(f"{key}.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} (verl's "
-                         "default is 2): pyrl serves a reward model on one device per replica; set it to 1 (more "
-                         f"replicas: a larger pool, {key}.enable_resource_pool with n_gpus_per_node x nnodes)")
+    tp, tp_key = rollout.tensor_model_parallel_size, f"{key}.rollout.tensor_model_parallel_size"
+    if tp < 1:
+        raise ValueError(f"{tp_key}={tp}: expected >= 1")
+    if tp > 1 and rollout.name != "vllm":
+        raise ValueError(f"{tp_key}={tp} (verl's default is 2): {key}.rollout.name={rollout.name} runs a replica on "
+                         f"one device; set it to 1, or serve with rollout.name=vllm")
+    if tp > 1 and not section.enable_resource_pool and plan.trainer_pool.processes_per_node % tp:
+        raise ValueError(f"{tp_key}={tp} does not divide the trainer's {plan.trainer_pool.processes_per_node} "
+                         f"processes per node (trainer.n_gpus_per_node): colocated, each replica takes the devices "
+                         f"of {tp} of them on one node; or give it a pool of its own ({key}.enable_resource_pool)")
     engines = dict(rollout.engine_kwargs)
     unknown = sorted(set(engines) - {"vllm", "sglang", "trtllm"})
     if unknown:
@@ -301,6 +314,7 @@ def check_served_reward_model(config, plan) -> None:
         raise ValueError(f"{key}.rollout.engine_kwargs.{given[0]} is set, but the reward model runs on "
                          f"{key}.rollout.name={rollout.name}: those options would do nothing")
     hf = AutoConfig.from_pretrained(section.model_path)
+    check_tensor_parallel_heads(hf, tp, tp_key, f"{key}.model_path", section.model_path)
     classifier = any(name.endswith("ForSequenceClassification") for name in hf.architectures or [])
     if classifier and not config.reward.custom_reward_function.path and not config.data.return_raw_chat:
         raise ValueError(f"{key}: a classifier scores each prompt's messages and response (verl's raw_prompt), and "

@@ -390,29 +390,39 @@ def matmul_attention_len(setting: Setting, precision: Precision, length: int) ->
 
 # ---- the plan of a run ----
 
+def engine_weights(shape: ModelShape, dtype: int, rollout, key: str, label: str) -> Term:
+    """A rollout engine's weights in one process: with tensor parallelism each rank (worker) holds its share."""
+    tp = rollout.tensor_model_parallel_size
+    if tp > 1:
+        return Term(f"{label} (one tensor-parallel shard)", shape.params * dtype // tp,
+                    f"{key}.dtype, {key}.tensor_model_parallel_size")
+    return Term(label, shape.params * dtype, f"{key}.dtype")
+
+
+def vllm_terms(rollout, key: str, prefix: str, weights: Term, setting: Setting,
+               capacity: int | None) -> tuple[list, list]:
+    """(resident, transient while it serves) of a vLLM engine: on CUDA it takes gpu_memory_utilization of the
+    device (nothing counted when its size is unknown), all of it freed asleep (free_cache_engine); on CPU its weights,
+    which stay, and its KV cache, freed asleep (VLLMEngine.sleep)."""
+    if setting.device == "cuda":
+        engine = Term(f"{prefix}vLLM (gpu_memory_utilization x device)",
+                      int(rollout.gpu_memory_utilization * (capacity or 0)), f"{key}.gpu_memory_utilization")
+        return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
+    kv = Term(f"{prefix}vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
+              int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
+              "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
+    return ([weights], [kv]) if rollout.free_cache_engine else ([weights, kv], [])
+
+
 def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | None, rows: int) -> tuple[list, list]:
-    """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts;
-    vLLM on CUDA takes gpu_memory_utilization of the device (nothing counted when its size is unknown)."""
+    """(resident, rollout-phase transient) of the rollout engine in one process generating for `rows` prompts."""
     rollout = config.actor_rollout_ref.rollout
     key = "actor_rollout_ref.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
     length = rollout.prompt_length + rollout.response_length
-    weights = Term("rollout engine weights", shape.params * dtype, f"{key}.dtype")
-    if rollout.tensor_model_parallel_size > 1:  # each rank of a tensor-parallel group holds its share
-        weights = Term("rollout engine weights (one tensor-parallel shard)",
-                       shape.params * dtype // rollout.tensor_model_parallel_size,
-                       f"{key}.dtype, {key}.tensor_model_parallel_size")
-    if rollout.name == "vllm" and setting.device == "cuda":
-        engine = Term("vLLM (gpu_memory_utilization x device)", int(rollout.gpu_memory_utilization * (capacity or 0)),
-                      f"{key}.gpu_memory_utilization")
-        # the engine sleeps during training (free_cache_engine): weights and KV cache come back for the rollout
-        return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
+    weights = engine_weights(shape, dtype, rollout, key, "rollout engine weights")
     if rollout.name == "vllm":
-        kv = Term("vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
-                  int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
-                  "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
-        # free_cache_engine: the KV cache is freed while the trainer trains; the weights stay (VLLMEngine.sleep)
-        return ([weights], [kv]) if rollout.free_cache_engine else ([weights, kv], [])
+        return vllm_terms(rollout, key, "", weights, setting, capacity)
     # hf: generate's KV cache for every row at full length (grown by concatenation: one layer's copy on top),
     # the prefill's forward over every prompt, float32 scores of each step kept for the log-probs (stacked and
     # log-softmaxed at the end: three copies)
@@ -428,24 +438,17 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
 
 
 def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capacity: int | None) -> tuple[list, list]:
-    """(resident, reward-step transient) of one served reward model replica (pyrl.workers.reward_server): vLLM on
-    CUDA takes gpu_memory_utilization of the device, its weights moved off it while asleep (free_cache_engine); on
-    CPU vLLM's KV cache is freed asleep and its weights stay; the hf engine keeps its weights and builds a KV cache
-    for the requests in flight (at most reward.num_workers, the scoring processes or client threads)."""
+    """(resident, reward-step transient) of a served reward model's engine in one process (pyrl.workers.
+    reward_server; with tensor parallelism, one of a replica's vLLM workers): vLLM as any engine (vllm_terms); the hf
+    engine keeps its weights and builds a KV cache for the requests in flight (at most reward.num_workers, the
+    scoring processes or client threads)."""
     rollout = config.reward.reward_model.rollout
     key = "reward.reward_model.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
     length = rollout.max_model_len or rollout.prompt_length + rollout.response_length  # the longest it admits
-    weights = Term("reward model weights (served)", shape.params * dtype, f"{key}.dtype")
-    if rollout.name == "vllm" and setting.device == "cuda":
-        engine = Term("reward model vLLM (gpu_memory_utilization x device)",
-                      int(rollout.gpu_memory_utilization * (capacity or 0)), f"{key}.gpu_memory_utilization")
-        return ([], [engine]) if rollout.free_cache_engine else ([engine], [])
+    weights = engine_weights(shape, dtype, rollout, key, "reward model weights (served)")
     if rollout.name == "vllm":
-        kv = Term("reward model vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)",
-                  int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_CACHE_GIB) * GiB,
-                  "the VLLM_CPU_KVCACHE_SPACE environment variable (GiB)")
-        return ([weights], [kv]) if rollout.free_cache_engine else ([weights, kv], [])
+        return vllm_terms(rollout, key, "reward model ", weights, setting, capacity)
     in_flight = max(1, config.reward.num_workers)
     if shape.kind == "sequence_classification":  # one request's forward at a time
         return [weights], [Term("reward model forward (one request)", layer_forward_bytes(shape, length, dtype),

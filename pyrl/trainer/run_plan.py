@@ -14,6 +14,7 @@ push_weights
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -292,8 +293,9 @@ def serves_reward_model(config) -> bool:
 
 
 def reward_model_pool(config) -> Pool | None:
-    """A served reward model's own pool (reward.reward_model.enable_resource_pool): nnodes x n_gpus_per_node
-    server processes, a GPU each, or CPU processes when the trainer runs on CPU; None: colocated on the trainer's."""
+    """A served reward model's own pool (reward.reward_model.enable_resource_pool): nnodes x n_gpus_per_node / TP
+    server processes (rollout.tensor_model_parallel_size), TP GPUs each, or CPU processes when the trainer runs on CPU;
+    None: colocated on the trainer's."""
     section = config.reward.reward_model
     if not serves_reward_model(config) or not section.enable_resource_pool:
         return None
@@ -301,8 +303,14 @@ def reward_model_pool(config) -> Pool | None:
         raise ValueError(f"reward.reward_model.enable_resource_pool=true: its pool is reward.reward_model.nnodes="
                          f"{section.nnodes} x n_gpus_per_node={section.n_gpus_per_node} devices; both must be >= 1 "
                          "(verl: not enough GPUs to run the reward model)")
+    tp = section.rollout.tensor_model_parallel_size
+    if tp < 1 or section.n_gpus_per_node % tp:
+        raise ValueError(f"reward.reward_model.rollout.tensor_model_parallel_size={tp} does not divide "
+                         f"reward.reward_model.n_gpus_per_node={section.n_gpus_per_node}: each replica takes {tp} "
+                         "devices of one node")
     on_gpu = gpus_per_node(config.trainer) > 0
-    return Pool("reward_model", section.nnodes, section.n_gpus_per_node, 1 if on_gpu else 0)
+    # a server process per replica, holding its TP devices (vLLM starts a worker on each)
+    return Pool("reward_model", section.nnodes, section.n_gpus_per_node // tp, tp if on_gpu else 0)
 
 
 def estimator_needs(config):
@@ -395,7 +403,8 @@ def resolve_run_plan(config) -> RunPlan:
         roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
                           "reward_model_server", "reward_model" if rm_pool else "trainer", "served",
                           detail=f"served by {section.rollout.name}, "
-                                 + ("its own pool" if rm_pool else "colocated on the trainer's pool")))
+                                 + ("its own pool" if rm_pool else "colocated on the trainer's pool")
+                                 + f", tensor parallel {section.rollout.tensor_model_parallel_size}"))
     elif rm:  # it scores every generated sample, before dynamic sampling keeps some
         roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
                           "reward_model", "trainer", "sequence_classification", fsdp="reward_model.fsdp_config",
@@ -425,6 +434,10 @@ def resolve_run_plan(config) -> RunPlan:
               if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref) and (p != "teacher" or teacher)
               and (p not in ("values", "update_critic") or critic)]
     groups = groups_of(roles, arr.rollout.tensor_model_parallel_size)
+    if served and not rm_pool and config.reward.reward_model.rollout.tensor_model_parallel_size > 1:
+        # colocated tensor-parallel replicas: each leader learns its group's devices from the others
+        groups = tuple(dataclasses.replace(g, distributed=True) if g.name == "reward_model_server" else g
+                       for g in groups)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
                    config.data.train_batch_size * n, prompts, arr.rollout.seed, source, rm_pool)
 

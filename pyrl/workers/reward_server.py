@@ -159,8 +159,13 @@ class LatencyStats:
 
 # ---- a server process ----
 class RewardModelServer(Worker):
-    """One replica: the reward model on its device behind an HTTP server (see the module docstring). section: the
-    reward.reward_model config (model_path, rollout.*)."""
+    """One replica: the reward model on its device(s) behind an HTTP server (see the module docstring). section: the
+    reward.reward_model config (model_path, rollout.*).
+
+    With rollout.tensor_model_parallel_size = TP > 1 a replica spans TP devices and vLLM starts a worker process on
+    each (its own executor, as `vllm serve` does). In its own pool each server process holds TP devices; colocated
+    on the trainer's pool, where each process holds one, TP consecutive ranks make a replica: the first (the leader)
+    serves and the others lend it their device (on GPUs: the leader's workers see the group's devices)."""
 
     def __init__(self, section, served_name: str = ""):
         super().__init__()
@@ -168,6 +173,18 @@ class RewardModelServer(Worker):
         self.device = worker_device(self.local_rank)
         self.stats = LatencyStats()
         self.ids = itertools.count()
+        self.tp = section.rollout.tensor_model_parallel_size
+        self.serves = section.enable_resource_pool or self.rank % self.tp == 0
+
+    def _lend_devices(self) -> None:
+        """Colocated with TP > 1: the leader's vLLM workers get the GPUs of its group's ranks (each process sees
+        only its own: Ray's CUDA_VISIBLE_DEVICES); every rank of the group takes part in the exchange."""
+        import torch.distributed as dist  # lazy: the exchange runs only colocated with TP > 1
+
+        devices = [None] * self.world_size
+        dist.all_gather_object(devices, os.environ.get("CUDA_VISIBLE_DEVICES"), group=dist.new_group(backend="gloo"))
+        if self.serves and self.device.type == "cuda":
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices[self.rank:self.rank + self.tp])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -176,6 +193,10 @@ class RewardModelServer(Worker):
         from pyrl.workers.precision import runnable_dtype  # lazy: loads torch's dtype tables
 
         cfg, rollout = self.config, self.config.rollout
+        if self.tp > 1 and not cfg.enable_resource_pool:
+            self._lend_devices()
+        if not self.serves:
+            return
         self.asleep, self.resting = False, False  # asleep: refusing requests; resting: the engine's memory freed
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
         self.eos_ids = end_token_ids(cfg.model_path, self.tokenizer)
@@ -183,7 +204,8 @@ class RewardModelServer(Worker):
         if self.classifier:
             self.engine = None
             if rollout.name == "vllm":
-                self.vllm_classifier = vllm_classifier(cfg.model_path, rollout, self.device, rollout.seed + self.rank)
+                self.vllm_classifier = vllm_classifier(cfg.model_path, rollout, self.device,
+                                                       rollout.seed + self.replica)
             else:
                 from transformers import AutoModelForSequenceClassification  # lazy: transformers loads here
 
@@ -195,8 +217,9 @@ class RewardModelServer(Worker):
             from pyrl.workers.rollout.base import SamplingSpec, make_engine  # lazy: the engines load torch's models
             from pyrl.workers.rollout.server import RolloutServer  # lazy: as above
 
-            engine_config = engine_config_of(rollout, seed=rollout.seed + self.rank)  # verl: seed + replica rank
-            self.engine = make_engine(rollout.name, cfg.model_path, engine_config, self.device, self.tokenizer)
+            engine_config = engine_config_of(rollout, seed=rollout.seed + self.replica)  # verl: seed + replica rank
+            self.engine = make_engine(rollout.name, cfg.model_path, engine_config, self.device, self.tokenizer,
+                                      own_workers=True)
             base = SamplingSpec(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
                                 do_sample=rollout.do_sample, max_tokens=rollout.response_length,
                                 ignore_eos=rollout.ignore_eos, logprobs=False)
@@ -210,9 +233,15 @@ class RewardModelServer(Worker):
         self.http = serve_http(self.handle)
         self.sleep()  # verl's RewardModelManager: asleep until the first reward step (free_cache_engine)
 
+    @property
+    def replica(self) -> int:
+        """This replica's index among the group's (verl seeds each replica's engine with rollout.seed + it)."""
+        return self.rank if self.config.enable_resource_pool else self.rank // self.tp
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def address(self) -> str:
-        return f"{node_address()}:{self.http.server_address[1]}"
+    def address(self) -> str | None:
+        """host:port of this replica's server; None for a rank that lends its device to its group's leader."""
+        return f"{node_address()}:{self.http.server_address[1]}" if self.serves else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def take_stats(self) -> dict:
@@ -223,6 +252,8 @@ class RewardModelServer(Worker):
         """After the reward step: requests still running (a reward function that gave up on its call) are aborted
         and later ones answered 503, then, with reward.reward_model.rollout.free_cache_engine, the engine's KV cache
         is freed and (on a GPU) its weights moved off the device until wake_up."""
+        if not self.serves:
+            return
         with self.state_lock:
             self.asleep = True
         if self.engine is not None:
@@ -243,6 +274,8 @@ class RewardModelServer(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up(self) -> None:
+        if not self.serves:
+            return
         with self.forward_lock:
             if self.resting:
                 if self.engine is not None:
@@ -448,7 +481,14 @@ def vllm_classifier(model_path: str, rollout, device: torch.device, seed: int):
     from pyrl.workers.precision import runnable_dtype  # lazy: loads torch's dtype tables
 
     dtype = runnable_dtype(rollout.dtype, "reward.reward_model.rollout.dtype", device)
+    tensor_parallel = {}
+    if rollout.tensor_model_parallel_size > 1:
+        from pyrl.workers.rollout.vllm_engine import vllm_own_workers  # lazy: vllm is optional
+
+        tensor_parallel = dict(tensor_parallel_size=rollout.tensor_model_parallel_size,
+                               **vllm_own_workers(on_cuda))
     return LLM(model=model_path, runner="pooling", dtype=str(dtype).removeprefix("torch."), seed=seed,
+               **tensor_parallel,
                enable_sleep_mode=on_cuda and rollout.free_cache_engine,
                enforce_eager=rollout.enforce_eager, gpu_memory_utilization=rollout.gpu_memory_utilization,
                max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
@@ -535,7 +575,7 @@ class ServedRewardModel:
         from transformers import AutoTokenizer  # lazy: transformers loads with the models
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        addresses = group.address()
+        addresses = [a for a in group.address() if a is not None]  # the replicas' (colocated TP: the leaders')
         self.router = Router(addresses) if len(addresses) > 1 else None
         self.router_address = self.router.address if self.router else addresses[0]
         self.seconds, self.tokens = [], {"prompt_tokens": 0, "completion_tokens": 0}

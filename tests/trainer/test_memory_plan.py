@@ -398,3 +398,11 @@ def test_a_served_reward_model_is_counted_where_it_runs(monkeypatch):
         "reward model vLLM KV cache (VLLM_CPU_KVCACHE_SPACE)": 2 * mp.GiB}
     for phase in result.phases[:-1]:
         assert not [t.name for t in phase.resident + phase.transient if t.name.startswith("reward model")]
+    # tensor parallel (verl's default 2): each of the replica's vLLM workers holds half the weights
+    config = compose("preset=toy", "trainer.n_gpus_per_node=0", "actor_rollout_ref.rollout.name=hf", *SERVED_RM,
+                     "reward.reward_model.rollout.name=vllm", "reward.reward_model.enable_resource_pool=true",
+                     "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=2",
+                     "reward.reward_model.rollout.tensor_model_parallel_size=2")
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": rm}, capacity=10 ** 12)
+    assert {t.name: t.bytes for t in result.phases[-1].resident} == {
+        "reward model weights (served) (one tensor-parallel shard)": rm.params * 4 // 2}

@@ -12,9 +12,6 @@ import time
 import pytest
 from trainer_helpers import SMALL, kill_after_checkpoint, marked_processes, read_metrics, run_cli
 
-# timing-bound (Ray's view of free resources, signals, hang detection): run alone, after the parallel tests
-pytestmark = pytest.mark.serial
-
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/entropy", "actor/grad_norm", "actor/lr", "critic/advantages/max"]
 TOLERANCE = 1e-6  # relative; in practice the runs agree exactly (same seeds, same float operations)
@@ -68,6 +65,9 @@ def test_rerunning_in_a_used_run_directory(tmp_path, ray_session, caplog):
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
 
 
+# timing-bound (the run must stop within 30 s of the signal): run alone, after the parallel tests; the tests above
+# are not (the kill waits on a file, whatever the load)
+@pytest.mark.serial
 @pytest.mark.parametrize("signum, what", [
     (signal.SIGKILL, r"died during \w+\(\): ended by a signal no handler sees \(SIGKILL\), "
                      r"or exited without a Python error"),

