@@ -39,7 +39,7 @@ from pyrl.rewards import counts as counts_module
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxUnavailable
 from pyrl.usercode import load_object
-from pyrl.workers.rollout.agent_loop import agent_loop_rm_scores
+from pyrl.workers.rollout.agent_loop import agent_loop_reward_extra_info, agent_loop_rm_scores
 
 log = logging.getLogger(__name__)
 COUNTED = "counted/"  # a key of the manager's counts: what scorers counted (pyrl.rewards.counts), by name
@@ -198,12 +198,11 @@ class RewardManager:
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
 
     def turn_fields(self, data: DataProto, i: int) -> dict:
-        """What a multi-turn rollout adds to extra_info from verl's tool_extra_fields: the tools' and the
-        interaction's rewards, tool_rewards and turn_scores ({} for a single-turn rollout)."""
-        nt = data.non_tensor_batch
-        if "__num_turns__" not in nt:
-            return {}
-        return {key: list(nt[key][i]) for key in ("tool_rewards", "turn_scores") if key in nt}
+        """What an agent-loop rollout adds to extra_info: verl's tool_extra_fields, the loop's extra_fields whole
+        (the tools' and the interaction's rewards, tool_rewards and turn_scores, and whatever a user's loop put
+        there); {} for a rollout without agent loops."""
+        fields = data.non_tensor_batch.get("tool_extra_fields")
+        return {} if fields is None else dict(fields[i] or {})
 
     def sample_fields(self, data: DataProto, i: int):
         nt = data.non_tensor_batch
@@ -258,8 +257,9 @@ class RewardManager:
                                  "and a reward model scored them too (reward.reward_model.enable): use one")
             return data.batch["rm_scores"], {}, {}
         if scored_by_loops:  # verl 0.9.1's rm_scores from the loops' reward_score: the reward function is not called
-            return agent_loop_rm_scores(loop_scores, response_lengths(data).tolist(),
-                                        data.batch["responses"].shape[1]), {}, {}
+            width = data.batch["responses"].shape[1]
+            scores = agent_loop_rm_scores(loop_scores, response_lengths(data).tolist(), width)
+            return scores, agent_loop_reward_extra_info(data.non_tensor_batch["tool_extra_fields"]), {}
         _, responses, lengths = self.decoded(data)
         counts = defaultdict(int)
         raw = self.scores(data, responses, counts)

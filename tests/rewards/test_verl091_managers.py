@@ -69,8 +69,10 @@ def rollout(tokenizer, answers, truths, width=8, turns=False):
         lists = np.empty(rows, dtype=object)
         for i in range(rows):
             lists[i] = [0.5, float(i)]
+        fields = np.empty(rows, dtype=object)  # each loop's extra_fields whole: a user's loop's own field too
+        fields[:] = [{"tool_rewards": lists[i], "turn_scores": lists[i], "searched": f"q{i}"} for i in range(rows)]
         data.non_tensor_batch.update({"__num_turns__": np.full(rows, 3, dtype=np.int32), "tool_rewards": lists,
-                                      "turn_scores": lists.copy()})
+                                      "turn_scores": lists.copy(), "tool_extra_fields": fields})
     return data
 
 
@@ -167,8 +169,8 @@ def test_remote_scores_in_another_process_with_naive_extra_info(tokenizer, tmp_p
     assert torch.equal(scores, expected_scores(data, [1.25, 0.0, 0.25]))
     assert extra["pid"][0] != os.getpid() and extra["pid"][2] == extra["pid"][0] and extra["pid"][1] == 0.0
     # naive's extra_info (verl's remote passes what its naive does): the row's, num_turns, the tools' rewards
-    assert extra["keys"] == ["index,num_turns,split,tool_rewards,turn_scores", None,
-                             "index,num_turns,tool_rewards,turn_scores"]
+    assert extra["keys"] == ["index,num_turns,searched,split,tool_rewards,turn_scores", None,
+                             "index,num_turns,searched,tool_rewards,turn_scores"]
     assert extra["num_turns"] == [3, 0.0, 3]
     # the raising sample: 0, counted, as naive (verl 0.9.1's remote lets the exception end the step)
     assert extra["score"] == [1.25, 0.0, 0.25] and metrics == {"reward/scorer_errors": 1, "reward/scorer_timeouts": 0}
@@ -369,8 +371,8 @@ def test_rate_limited_extra_info_has_the_tools_fields_not_num_turns(tokenizer):
     seen = []
     data = rollout(tokenizer, ["2", "5"], ["2", "2"], turns=True)
     RateLimitedRewardManager(tokenizer, recording_scorer(seen))(data)
-    assert seen == [{**ROW_EXTRA, "tool_rewards": [0.5, 0.0], "turn_scores": [0.5, 0.0]},
-                    {**ROW_EXTRA, "tool_rewards": [0.5, 1.0], "turn_scores": [0.5, 1.0]}]
+    assert seen == [{**ROW_EXTRA, "tool_rewards": [0.5, 0.0], "turn_scores": [0.5, 0.0], "searched": "q0"},
+                    {**ROW_EXTRA, "tool_rewards": [0.5, 1.0], "turn_scores": [0.5, 1.0], "searched": "q1"}]
     seen.clear()
     RateLimitedRewardManager(tokenizer, recording_scorer(seen))(rollout(tokenizer, ["2"], ["2"]))
     assert seen == [ROW_EXTRA]

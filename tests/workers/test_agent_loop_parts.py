@@ -281,6 +281,7 @@ def test_trajectory_columns_and_their_metrics_by_hand():
     assert columns["tool_seconds"].tolist() == [2.0, 0.0, 1.75]
     assert columns["generate_seconds"].tolist() == [0.5, 3.0, 1.0]
     assert list(columns["turn_scores"]) == [[0.5], [], []] and list(columns["tool_rewards"]) == [[1.0], [], []]
+    assert list(columns["tool_extra_fields"]) == [o.extra_fields for o in outputs]  # verl's: each loop's, whole
     metrics = agent_loop_metrics(columns)
     assert metrics["num_turns/mean"] == 4.0 and metrics["tool_call_counts/max"] == 2
     assert metrics["timing_s/agent_loop/generate_sequences/max"] == 3.0
@@ -304,16 +305,20 @@ def test_loop_scores_reach_the_reward_step_for_the_whole_batch(tool_tokenizer):
     from pyrl.protocol import DataProto
     from pyrl.rewards.managers import RewardManager
 
-    def batch(scores, lengths=(3, 0, 2), width=4):
+    def objects(values):
+        column = np.empty(len(values), dtype=object)
+        column[:] = values
+        return column
+
+    def batch(scores, lengths=(3, 0, 2), width=4, infos=({}, {}, {})):
         responses = torch.full((len(lengths), width), 9)
         mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
-        column = np.empty(len(scores), dtype=object)
-        column[:] = scores
         return DataProto.from_dict(
             tensors={"prompts": torch.ones(len(lengths), 2, dtype=torch.long), "responses": responses,
                      "attention_mask": torch.cat([torch.ones(len(lengths), 2, dtype=torch.long), mask], -1),
                      "response_mask": mask},
-            non_tensors={"agent_loop_reward_score": column, "data_source": np.array(["x"] * len(lengths)),
+            non_tensors={"agent_loop_reward_score": objects(scores), "data_source": np.array(["x"] * len(lengths)),
+                         "tool_extra_fields": objects([{"reward_extra_info": info} if info else {} for info in infos]),
                          "reward_model": np.array([{"ground_truth": "1"}] * len(lengths), dtype=object)})
 
     calls = []
@@ -327,6 +332,12 @@ def test_loop_scores_reach_the_reward_step_for_the_whole_batch(tool_tokenizer):
     want = torch.zeros(3, 4)
     want[0, 2], want[1, 3], want[2, 1] = 1.0, 2.0, 3.0
     assert torch.equal(scores, want) and extra == {} and calls == []
+    # a loop's extra_fields["reward_extra_info"] is the batch's reward_extra_info (verl's _postprocess)
+    infos = ({"acc": 1.0, "found": "a"}, {"acc": 0.0, "found": None}, {"found": "c", "acc": 1.0})
+    _, extra, _ = manager(batch([1.0, 2.0, 3.0], infos=infos))
+    assert extra == {"acc": [1.0, 0.0, 1.0], "found": ["a", None, "c"]}
+    with pytest.raises(ValueError, match=r"row 1's extra_fields\['reward_extra_info'\] lacks \['found'\]"):
+        manager(batch([1.0, 2.0, 3.0], infos=(infos[0], {"acc": 0.0}, infos[2])))
     scores, _, _ = manager(batch([None, None, None]))
     assert len(calls) == 3 and scores[0, 2] == 0.25
     with pytest.raises(ValueError, match=r"rows \[1\] returned no reward_score while others did"):

@@ -239,7 +239,7 @@ def test_a_users_loop_sees_the_servers_tokens_with_its_context_masked(model, ret
 
 
 def test_a_users_loop_reaches_the_trainers_columns_and_rm_scores(model, retrieval):
-    from pyrl.workers.rollout.agent_loop import agent_loop_rm_scores, trajectory_columns
+    from pyrl.workers.rollout.agent_loop import agent_loop_reward_extra_info, agent_loop_rm_scores, trajectory_columns
 
     _, tokenizer, _ = model
     corpus, rows, outputs = retrieval
@@ -259,6 +259,9 @@ def test_a_users_loop_reaches_the_trainers_columns_and_rm_scores(model, retrieva
     for i, o in enumerate(outputs):
         expected[i, len(o.response_ids) - 1] = want[i]
     assert torch.equal(scores, expected)
+    # its reward_extra_info reaches the reward step's (validation's per-source metrics, the rollout dumps)
+    assert agent_loop_reward_extra_info(columns["tool_extra_fields"]) == {
+        "acc": want, "passages": [len(o.extra_fields["retrieved"]) for o in outputs]}
 
 
 # ---- errors ----

@@ -180,9 +180,9 @@ AGENT_LOOP_COLUMNS = ("__num_turns__", "tool_call_counts", "tool_error_counts", 
 
 def trajectory_columns(outputs: list) -> dict:
     """Per-sample columns of the rollout batch from each trajectory's AgentLoopOutput: verl's __num_turns__,
-    tool_call_counts, turn_scores and tool_rewards, and pyrl's tool_error_counts, tool_seconds and generate_seconds
-    (the loop's metrics: the seconds it waited on tools and on the engine; the trainer's metrics read them); a loop
-    that does not report one (a user's) gets 0 or [] there."""
+    tool_call_counts, turn_scores, tool_rewards and tool_extra_fields (the loop's extra_fields), and pyrl's
+    tool_error_counts, tool_seconds and generate_seconds (the loop's metrics: the seconds it waited on tools and on
+    the engine; the trainer's metrics read them); a loop that does not report one (a user's) gets 0 or [] there."""
     def objects(values):
         out = np.empty(len(values), dtype=object)
         out[:] = values
@@ -197,7 +197,10 @@ def trajectory_columns(outputs: list) -> dict:
             "turn_scores": objects([list(e.get("turn_scores") or []) for e in extra]),
             "tool_rewards": objects([list(e.get("tool_rewards") or []) for e in extra]),
             # a loop's own score of its trajectory (None: the reward function scores it); see agent_loop_rm_scores
-            "agent_loop_reward_score": objects([output.reward_score for output in outputs])}
+            "agent_loop_reward_score": objects([output.reward_score for output in outputs]),
+            # verl's: each loop's extra_fields whole (the reward function's extra_info gets them; a loop that scores
+            # itself puts its reward_extra_info there)
+            "tool_extra_fields": objects([dict(e) for e in extra])}
 
 
 def with_agent_loop_prompts(rows, prompt_ids: list[list[int]], pad_token_id: int):
@@ -252,6 +255,19 @@ def agent_loop_rm_scores(reward_scores, lengths: list[int], response_length: int
     for i, (length, score) in enumerate(zip(lengths, scores)):
         rm_scores[i, min(length, response_length) - 1 if length else response_length - 1] = float(score)
     return rm_scores
+
+
+def agent_loop_reward_extra_info(extra_fields) -> dict[str, list]:
+    """reward_extra_info {name: a value per row} of a batch its loops scored: each trajectory's
+    extra_fields["reward_extra_info"] (verl 0.9.1's _postprocess), every row with the same names."""
+    infos = [dict((fields or {}).get("reward_extra_info") or {}) for fields in extra_fields]
+    names = list(dict.fromkeys(name for info in infos for name in info))
+    for i, info in enumerate(infos):
+        missing = [name for name in names if name not in info]
+        if missing:
+            raise ValueError(f"agent loop: row {i}'s extra_fields['reward_extra_info'] lacks {missing[:8]}, which "
+                             "other rows of the batch report: each row gives the same names")
+    return {name: [info[name] for info in infos] for name in names}
 
 
 def openai_call(call) -> dict:

@@ -7,8 +7,9 @@ list of passages, at extra_info.corpus_path); the best passage not yet retrieved
 reward_score: 1.0 where a retrieved passage is the row's gold one (extra_info.gold), else 0.0.
 
 extra_fields: retrieved (passage ids), turn_scores (each retrieval's overlap), tool_call_counts (retrievals, the
-column pyrl's trainer reads), and calls (each generate request's prompt_ids and the token_ids the server returned),
-for the test to check the plumbing against.
+column pyrl's trainer reads), calls (each generate request's prompt_ids and the token_ids the server returned),
+for the test to check the plumbing against, and reward_extra_info (acc and passages, verl's per-sample reward
+fields of a loop that scores itself).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class RetrievalAgentLoop(AgentLoopBase):
             turn_scores.append(float(overlap))
             user_turns += 1
 
+        found = int(extra_info["gold"]) in retrieved
         return AgentLoopOutput(
             prompt_ids=prompt_ids, response_ids=tokens[len(prompt_ids):], response_mask=mask,
-            response_logprobs=logprobs, reward_score=float(int(extra_info["gold"]) in retrieved),
+            response_logprobs=logprobs, reward_score=float(found),
             num_turns=1 + assistant_turns + user_turns, metrics=metrics,
             extra_fields={"retrieved": retrieved, "turn_scores": turn_scores, "tool_call_counts": len(retrieved),
-                          "calls": calls})
+                          "calls": calls, "reward_extra_info": {"acc": float(found), "passages": len(retrieved)}})
