@@ -3,9 +3,10 @@ token (verl's naive / batch / dapo managers, and verl 0.9.1's gdpo / rate_limite
 
 compute_score is called with verl's keywords: compute_score(data_source=, solution_str=, ground_truth=,
 extra_info=, **reward_kwargs) per sample, or compute_score(data_sources=, solution_strs=, ground_truths=,
-extra_infos=, **reward_kwargs) for the batch manager; an `async def` one is awaited. reward.num_workers > 1
-processes score the batch's samples in parallel (in order, the same numbers as one process); remote always scores
-in such processes, rate_limited in the driver, its calls concurrent under its limits.
+extra_infos=, **reward_kwargs) for the batch manager; an `async def` one's calls are awaited together in the driver
+(verl's reward loop gathers them: a judge behind a served reward model sees the batch at once). reward.num_workers > 1
+processes score a plain function's samples in parallel (in order, the same numbers as one process); remote always
+scores in such processes, rate_limited in the driver, its calls concurrent under its limits.
 
 A scorer that raises or runs past reward.timeout_s (rate_limited: reward.timeout) scores 0 for that sample (except
 pyrl.sandbox's SandboxUnavailable, which stops the run: code cannot be scored safely on this machine); the count goes
@@ -153,6 +154,33 @@ def pool_outcomes(fn: Callable, timeout_s: float, calls: list[dict], num_workers
     return outcomes
 
 
+def gather_outcomes(fn: Callable, timeout_s: float, calls: list[dict]) -> list[tuple]:
+    """attempt(fn, timeout_s, call) for every call of an `async def` scorer, awaited together, as verl 0.9.1's
+    reward loop gathers a batch's calls (a judge behind a served reward model sees them at once, for its engine to
+    batch); each within timeout_s. What the scorer counts (pyrl.rewards.counts) is the batch's, given with the first
+    outcome (concurrent calls' counts cannot be told apart)."""
+    async def one(call: dict) -> tuple:
+        try:
+            if timeout_s and timeout_s > 0:
+                return await asyncio.wait_for(fn(**call), timeout_s), None, None, {}
+            return await fn(**call), None, None, {}
+        except asyncio.TimeoutError:
+            return None, "timeouts", f"ScorerTimeout: over {timeout_s} s", {}
+        except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
+            raise
+        except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
+            return None, "errors", f"{type(e).__name__}: {e}", {}
+
+    async def every() -> list[tuple]:
+        return list(await asyncio.gather(*(one(call) for call in calls)))
+
+    with counts_module.recording() as counted:
+        outcomes = asyncio.run(every())
+    if outcomes:
+        outcomes[0] = (*outcomes[0][:3], counted)
+    return outcomes
+
+
 class RewardManager:
     """naive: one compute_score call per sample. Subclasses change how scores are computed or shaped."""
 
@@ -231,8 +259,11 @@ class RewardManager:
         return failed
 
     def run(self, calls: list[dict], counts, failed=0.0) -> list:
-        """compute_score(**call) for every call, in order: here, or spread over the worker processes."""
-        if self.num_workers <= 1 or len(calls) < 2:
+        """compute_score(**call) for every call, in order: here, or spread over the worker processes; an `async
+        def` one's calls awaited together here."""
+        if is_async_scorer(self.compute_score):
+            outcomes = gather_outcomes(self.compute_score, self.timeout_s, calls)
+        elif self.num_workers <= 1 or len(calls) < 2:
             outcomes = [attempt(self.compute_score, self.timeout_s, call) for call in calls]
         else:
             outcomes = pool_outcomes(self.compute_score, self.timeout_s, calls, self.num_workers)

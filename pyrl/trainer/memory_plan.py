@@ -440,8 +440,8 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
 def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capacity: int | None) -> tuple[list, list]:
     """(resident, reward-step transient) of a served reward model's engine in one process (pyrl.workers.
     reward_server; with tensor parallelism, one of a replica's vLLM workers): vLLM as any engine (vllm_terms); the hf
-    engine keeps its weights and builds a KV cache for the requests in flight (at most reward.num_workers, the
-    scoring processes or client threads)."""
+    engine keeps its weights and builds a KV cache for the requests it batches (at most rollout.max_num_seqs: an
+    async reward function sends a batch's calls at once)."""
     rollout = config.reward.reward_model.rollout
     key = "reward.reward_model.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
@@ -449,13 +449,13 @@ def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capac
     weights = engine_weights(shape, dtype, rollout, key, "reward model weights (served)")
     if rollout.name == "vllm":
         return vllm_terms(rollout, key, "reward model ", weights, setting, capacity)
-    in_flight = max(1, config.reward.num_workers)
+    in_flight = rollout.max_num_seqs
     if shape.kind == "sequence_classification":  # one request's forward at a time
         return [weights], [Term("reward model forward (one request)", layer_forward_bytes(shape, length, dtype),
                                 f"{key}.prompt_length + response_length")]
-    return [weights], [Term("reward model hf generate KV cache (requests in flight)",
+    return [weights], [Term("reward model hf generate KV cache (requests batched)",
                             kv_cache_bytes(shape, in_flight * length, dtype),
-                            f"reward.num_workers, {key}.response_length, {key}.name=vllm")]
+                            f"{key}.max_num_seqs, {key}.response_length, {key}.name=vllm")]
 
 
 LABELS = {"actor": "actor", "ref": "reference", "critic": "critic", "reward_model": "reward model"}  # in the table

@@ -49,6 +49,8 @@ log = logging.getLogger("pyrl")
 CHAT_ONLY_KEYS = ("messages", "chat_template_kwargs", "add_generation_prompt")
 # OpenAI request keys pyrl's server takes (besides the sampling ones); others are refused, naming them
 REQUEST_KEYS = ("model", "stream", "max_completion_tokens", "user")
+CLASSIFY_ROWS_PER_REQUEST = 16  # a classifier's rows per /classify request (ServedRewardModel.compute_rm_score)
+CLIENT_THREADS = 32  # its requests in flight at once
 OPENAI_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids", "ignore_eos", "n",
                    "repetition_penalty")
 
@@ -227,7 +229,9 @@ class RewardModelServer(Worker):
             self.loop = asyncio.new_event_loop()
             threading.Thread(target=self.loop.run_forever, name="pyrl-rm-loop", daemon=True).start()
             max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-            self.rollout = RolloutServer(self.engine, base, rollout.prompt_length, max_model_len)
+            # the hf engine batches what is pending: at most max_num_seqs (an async judge sends a batch's calls at once)
+            self.rollout = RolloutServer(self.engine, base, rollout.prompt_length, max_model_len,
+                                         max_batch=rollout.max_num_seqs)
         self.forward_lock = threading.Lock()  # one classifier forward at a time; sleep waits for it
         self.state_lock = threading.Lock()  # a request is admitted, or the server falls asleep, never both at once
         self.http = serve_http(self.handle)
@@ -579,8 +583,7 @@ class ServedRewardModel:
         self.router = Router(addresses) if len(addresses) > 1 else None
         self.router_address = self.router.address if self.router else addresses[0]
         self.seconds, self.tokens = [], {"prompt_tokens": 0, "completion_tokens": 0}
-        self.requests = concurrent.futures.ThreadPoolExecutor(max(1, config.reward.num_workers),
-                                                              thread_name_prefix="pyrl-rm-client")
+        self.requests = concurrent.futures.ThreadPoolExecutor(CLIENT_THREADS, thread_name_prefix="pyrl-rm-client")
 
     def wake_up(self) -> None:
         self.group.wake_up()
@@ -631,12 +634,17 @@ class ServedRewardModel:
         prompts = [self.rm_prompt(data.non_tensor_batch["raw_prompt"][i],
                                   data.batch["responses"][i, :n].tolist()) for i, n in enumerate(lengths)]
         payload = {"model": self.model_path, "use_activation": False}
-        answers = list(self.requests.map(
-            lambda text: post_json(self.router_address, "classify", {**payload, "input": text}), prompts))
+        # verl sends a request per row, all at once, for vLLM's server to batch; pyrl's server classifies a
+        # request's inputs in one engine call, so the rows go in chunks, the chunks at once (spread over replicas)
+        chunks = [prompts[start:start + CLASSIFY_ROWS_PER_REQUEST]
+                  for start in range(0, len(prompts), CLASSIFY_ROWS_PER_REQUEST)]
+        answers = [row for answer in self.requests.map(
+            lambda chunk: post_json(self.router_address, "classify", {**payload, "input": chunk}), chunks)
+                   for row in answer["data"]]
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         for i, (answer, n) in enumerate(zip(answers, lengths)):
             if n > 0:
-                scores[i, n - 1] = float(answer["data"][-1]["probs"][-1])
+                scores[i, n - 1] = float(answer["probs"][-1])
         return DataProto.from_dict({"rm_scores": scores})
 
     def close(self) -> None:

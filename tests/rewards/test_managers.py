@@ -1,3 +1,4 @@
+import asyncio
 import logging
 import time
 
@@ -125,6 +126,36 @@ def test_custom_reward_gets_verl_keywords_reward_kwargs_and_may_be_async(tokeniz
         fn = load_custom_function(str(path), name, {"scale": 2.0})
         scores, _, metrics = RewardManager(tokenizer, fn, strict=True)(data)
         assert scores.sum(-1).tolist() == [2.0, 0.0] and metrics["reward/scorer_errors"] == 0, name
+
+
+def test_an_async_scorers_calls_are_awaited_together_each_within_the_timeout(tokenizer):
+    """verl's reward loop gathers a batch's calls of an `async def` scorer (a judge behind a served reward model
+    sees them at once): every call is in flight before any returns, whatever reward.num_workers; a call past
+    reward.timeout_s or raising scores 0 and is counted, the others keep their scores; pyrl.rewards.counts sums."""
+    from pyrl.rewards import counts
+
+    in_flight, peak = [0], [0]
+
+    async def judge(data_source, solution_str, ground_truth, extra_info=None):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.05)
+        in_flight[0] -= 1
+        counts.add("judge_calls")
+        if solution_str.strip() == "8":
+            raise ConnectionError("the judge is down")
+        if solution_str.strip() == "9":
+            await asyncio.sleep(30)
+        return float(solution_str.strip() == ground_truth)
+
+    data = rollout(tokenizer, ["7", "8", "9", "6", "7", "5"], ["7"] * 6)
+    for workers in (1, 2):
+        peak[0] = 0
+        scores, _, metrics = RewardManager(tokenizer, judge, timeout_s=1.0, num_workers=workers)(data)
+        assert peak[0] == 6, workers
+        assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+        assert (metrics["reward/scorer_errors"], metrics["reward/scorer_timeouts"]) == (1, 1)
+        assert metrics["reward/judge_calls"] == 6  # every call counted before it failed or hung
 
 
 def test_worker_processes_score_in_order_with_failures_counted(tokenizer, tmp_path):

@@ -370,13 +370,13 @@ def test_a_served_reward_model_is_counted_where_it_runs(monkeypatch):
         "reward model forward (one request)": mp.layer_forward_bytes(rm, 48, 4)}
     for phase in result.running()[1:]:
         assert {t.name: t.bytes for t in phase.resident}["reward model weights (served)"] == rm.params * 4
-    # a generative judge on hf: a KV cache for the requests in flight (reward.num_workers of them)
+    # a generative judge on hf: a KV cache for the requests it batches (rollout.max_num_seqs at most)
     generative = mp.ModelShape.from_hf_config(TINY)
-    config.reward.num_workers = 3
+    config.reward.reward_model.rollout.max_num_seqs = 3
     result = mp.plan(config, resolve_run_plan(config), {"actor": shape, "reward_model": generative}, capacity=10 ** 12)
     reward = next(p for p in result.phases if p.name == "reward (served reward model)")
     assert {t.name: t.bytes for t in reward.transient} == {
-        "reward model hf generate KV cache (requests in flight)": mp.kv_cache_bytes(generative, 3 * 48, 4)}
+        "reward model hf generate KV cache (requests batched)": mp.kv_cache_bytes(generative, 3 * 48, 4)}
     # vLLM on GPUs: gpu_memory_utilization of the device while awake, nothing in the trainer's phases
     config = compose("preset=toy", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", *SERVED_RM,
                      "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.gpu_memory_utilization=0.3")

@@ -61,10 +61,10 @@ class _SteppedEngine(_EchoEngine):
         return finished
 
 
-def _serve(engine, trajectories, lockstep=False, seed=None):
+def _serve(engine, trajectories, lockstep=False, seed=None, max_batch=None):
     """Runs `trajectories` (async functions of (server, index)) as the batch driver does; returns the server."""
     server = RolloutServer(engine, SamplingSpec(max_tokens=8, do_sample=seed is not None, seed=seed), 16, 64,
-                           lockstep)
+                           lockstep, max_batch=max_batch)
 
     async def run():
         async def one(i, fn):
@@ -122,6 +122,18 @@ def test_lockstep_serves_the_rest_when_a_trajectory_ends():
     _, results = _serve(engine, [short, _tool_agent([0.01])], lockstep=True)
     assert results[0] == [2] and results[1][0] == [200, 201, 201, 202, 202]
     assert [len(prompts) for prompts, _, _ in engine.calls] == [2, 1]
+
+
+def test_a_batching_engine_takes_at_most_max_batch_requests_per_call():
+    """A served reward model's hf engine (max_batch: its rollout.max_num_seqs): an async judge's five calls, pending
+    at once, go in calls of 2, 2 and 1, each answered as its own."""
+    async def one_turn(server, i):
+        return (await server.generate(f"r{i}", prompt_ids=[10 * i], sampling_params={"max_tokens": 1})).token_ids
+
+    engine = _EchoEngine()
+    _, results = _serve(engine, [one_turn] * 5, max_batch=2)
+    assert results == [[10 * i + 1] for i in range(5)]
+    assert [prompts for prompts, _, _ in engine.calls] == [[[0], [10]], [[20], [30]], [[40]]]
 
 
 def test_continuous_batching_adds_requests_between_steps():

@@ -78,8 +78,10 @@ class RolloutServer:
     rollout config's, or validation's), which a request's sampling_params override key by key."""
 
     def __init__(self, engine: RolloutEngine, base: SamplingSpec, prompt_length: int, max_model_len: int,
-                 lockstep: bool = False):
+                 lockstep: bool = False, max_batch: int | None = None):
+        """max_batch: at most that many pending requests per engine call (batching engines; None: all of them)."""
         self.engine, self.base, self.lockstep = engine, dataclasses.replace(base, n=1), lockstep
+        self.max_batch = max_batch
         self.prompt_length, self.max_model_len = prompt_length, max_model_len
         self.pending: list[_Request] = []
         self.active: dict[str, _Request] = {}  # continuous batching: requests in the engine's running batch
@@ -178,7 +180,7 @@ class RolloutServer:
             await asyncio.sleep(0)  # the coroutines the last call's results woke submit their turns first
             if self.lockstep and len(self.pending) < self.running:
                 return  # the next request, or a trajectory's end, serves again
-            batch, self.pending = self.pending, []
+            batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:] if self.max_batch else []
             groups: dict[SamplingSpec, list[_Request]] = {}
             for request in batch:
                 groups.setdefault(dataclasses.replace(request.spec, max_tokens=1, seed=None), []).append(request)
