@@ -70,9 +70,10 @@ WORKLOADS = ("uniform", "longtail")
 # bf16) and rollout in bf16 (rollout.dtype, verl's default) against TRL's bf16=True (autocast: its training and its
 # HF generate compute in bf16); both keep float32 master weights and optimizer state
 PRECISIONS = ("fp32", "bf16")
-# smoke mode (CI) starts pyrl once per workload, ~30 s each: together they cover both engines, both padding
-# paths, EOS ignored and EOS-ended responses; TRL runs there too when it is installed (CI lacks it)
-SMOKE_SYSTEMS = {"uniform": ("pyrl-vllm", "pyrl-verl-defaults", "trl"), "longtail": ("pyrl-hf-padded", "trl")}
+# smoke mode (CI) starts pyrl once per workload, ~30 s each: together they cover both engines (verl's defaults:
+# vllm, packed), both padding paths, EOS ignored and EOS-ended responses; TRL runs there too when it is installed (CI
+# lacks it)
+SMOKE_SYSTEMS = {"uniform": ("pyrl-verl-defaults", "trl"), "longtail": ("pyrl-hf-padded", "trl")}
 # words of the tiny tokenizer's training text, so prompts tokenize like text, not like bytes
 WORDS = ["what", "is", "the", "sum", "of", "answer", "compute", "number", "please", "think", "step", "by", "and",
          "equals", "result", "add", "minus", "times", "target"]
