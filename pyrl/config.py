@@ -702,8 +702,9 @@ class DistillationConfig:
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
     n_gpus_per_node: int = 8  # the teacher's own pool (verl); pyrl: nnodes=0, the teacher in the actor's workers
     nnodes: int = 0
-    teacher_models: dict[str, TeacherModelConfig] = field(
-        default_factory=lambda: {"teacher_model": TeacherModelConfig()})
+    # entries typed Any: verl's `+distillation.teacher_models.<new>.key=...` adds one key at a time, which Hydra
+    # cannot do inside a dict of dataclasses; resolve_teacher_entries makes each a TeacherModelConfig
+    teacher_models: dict[str, Any] = field(default_factory=lambda: {"teacher_model": TeacherModelConfig()})
     teacher_key: str = "data_source"
 
 
@@ -818,6 +819,33 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "reward.reward_model.rollout.load_format": (("auto", "safetensors", "pt"), "the served model loads its own "
                                                                                "checkpoint"),
 }
+
+
+ROLLOUT_INTERPOLATED = ("name", "dtype", "prompt_length", "response_length", "temperature")  # TeacherInferenceConfig's
+
+
+def resolve_teacher_entries(config: PPOConfig) -> None:
+    """Teacher entries added on the command line (verl's `+distillation.teacher_models.<name>.key=...`) arrive as
+    plain dicts: each becomes a TeacherModelConfig, a key the schema lacks refused by name, its inference defaults
+    those of the default entry (name, dtype, prompt_length, response_length, temperature: the rollout's)."""
+    rollout = config.actor_rollout_ref.rollout
+    for name, entry in list(config.distillation.teacher_models.items()):
+        if isinstance(entry, TeacherModelConfig):
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"distillation.teacher_models.{name}: expected a teacher's keys (key, model_path, "
+                             f"num_replicas, inference.*), got {entry!r}")
+        entry = dict(entry)
+        inference = entry.pop("inference", None) or {}
+        for keys, schema, where in ((entry, TeacherModelConfig, name), (inference, TeacherInferenceConfig,
+                                                                          f"{name}.inference")):
+            known = [f.name for f in dataclasses.fields(schema)]
+            unknown = sorted(set(keys) - set(known))
+            if unknown:
+                raise ValueError(describe_unknown([(f"distillation.teacher_models.{where}.{unknown[0]}", known)]))
+        defaults = {key: getattr(rollout, key) for key in ROLLOUT_INTERPOLATED}
+        config.distillation.teacher_models[name] = TeacherModelConfig(
+            **entry, inference=TeacherInferenceConfig(**{**defaults, **dict(inference)}))
 
 
 def migrate_legacy_reward(config: PPOConfig) -> None:

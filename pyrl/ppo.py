@@ -17,7 +17,14 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pyrl.config import PPOConfig, check_known_keys, check_supported, migrate_legacy_reward, plus_dropped_for_known
+from pyrl.config import (
+    PPOConfig,
+    check_known_keys,
+    check_supported,
+    migrate_legacy_reward,
+    plus_dropped_for_known,
+    resolve_teacher_entries,
+)
 from pyrl.models import resolve_model_path
 from pyrl.plot import plot_run
 from pyrl.trainer.run_plan import ConfigValue, RunPlan, resolve_run_plan, trainer_pool
@@ -63,10 +70,11 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
         if model.tokenizer_path:
             model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
     if plan.runs("teacher"):  # on-policy distillation's teacher, loaded in the actor's workers
-        from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load torch
+        from pyrl.algos.distillation import teachers_of  # lazy: the algorithms load torch
 
-        name, teacher = teacher_of(config.distillation)
-        teacher.model_path = resolve_model_path(teacher.model_path, f"distillation.teacher_models.{name}.model_path")
+        for name, teacher in teachers_of(config.distillation):
+            teacher.model_path = resolve_model_path(teacher.model_path,
+                                                    f"distillation.teacher_models.{name}.model_path")
 
 
 def apply_rollout_correction_config(config: PPOConfig) -> None:
@@ -209,6 +217,7 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
 
     migrate_legacy_reward(config)
     migrate_deprecated_keys(config, trainer_pool(config.trainer).world_size)
+    resolve_teacher_entries(config)
     check_supported(config)
     if not config.actor_rollout_ref.model.path:
         raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "

@@ -142,8 +142,8 @@ NOT_READ_HERE = {
                                     "(tests/data/test_dataset.py filters and truncates)",
     "trainer.resume_from_path": "read with trainer.resume_mode=resume_path, as verl "
                                 "(tests/trainer/test_checkpoints.py)",
-    "distillation.teacher_key": "routes rows among several teachers, which pyrl refuses naming it (tests/algos/"
-                                "test_distillation_verl091.py); one teacher takes every row, as in verl 0.9.1",
+    "distillation.teacher_key": "routes rows among several teachers (tests/workers/test_distillation_worker.py); "
+                                "one teacher takes every row, as in verl 0.9.1",
 }
 if not VLLM:  # the one-step-off run generates with the hf engine
     NOT_READ_HERE.update({

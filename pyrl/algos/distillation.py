@@ -152,19 +152,32 @@ def finish_metrics(metrics: dict) -> dict:
 
 # ---- the config ----
 
-def teacher_of(distillation) -> tuple[str, object]:
-    """(entry name, TeacherModelConfig) of the run's one teacher: teacher_models.teacher_model, or the one entry
-    added beside it (verl drops teacher_model once others are added). With one teacher every row goes to it, as in
-    verl 0.9.1, whatever distillation.teacher_key says."""
+def teachers_of(distillation) -> list[tuple[str, object]]:
+    """[(entry name, TeacherModelConfig)] of the run's teachers, in the config's order: teacher_models.teacher_model
+    alone, or the entries added beside it (verl 0.9.1 drops teacher_model once others are added). One teacher takes
+    every row, whatever distillation.teacher_key says (as in verl); several take the rows whose teacher_key column
+    equals their `key` (route_rows)."""
     entries = dict(distillation.teacher_models)
     if len(entries) > 1:
         entries.pop("teacher_model", None)
-    if len(entries) != 1:
-        raise NotImplementedError(
-            f"distillation.teacher_models: {sorted(entries)}: several teachers routed by distillation.teacher_key="
-            f"{distillation.teacher_key} are not implemented; give one teacher "
-            f"(distillation.teacher_models.teacher_model.model_path)")
-    return next(iter(entries.items()))
+    return list(entries.items())
+
+
+def route_rows(distillation, keys) -> list[list[int]]:
+    """Each teacher's rows (indices, in teachers_of's order): with one teacher every row; with several the rows whose
+    distillation.teacher_key value is the teacher's key. A row whose value names no teacher stops the step, naming
+    it."""
+    teachers = teachers_of(distillation)
+    if len(teachers) == 1:
+        return [list(range(len(keys)))]
+    index = {str(teacher.key): i for i, (_, teacher) in enumerate(teachers)}
+    routes: list[list[int]] = [[] for _ in teachers]
+    for row, key in enumerate(keys):
+        if str(key) not in index:
+            raise ValueError(f"distillation: row {row}'s {distillation.teacher_key}={key!r} is no teacher's key "
+                             f"(distillation.teacher_models.*.key: {sorted(index)})")
+        routes[index[str(key)]].append(row)
+    return routes
 
 
 def teacher_fsdp_config(ref_fsdp_config, teacher):
@@ -215,7 +228,25 @@ def check_config(config) -> None:
                          "it here); leave it at 1.0")
     if loss.chunked_topk_chunk_size < 1:
         raise ValueError(f"{SECTION}.chunked_topk_chunk_size={loss.chunked_topk_chunk_size}: must be >= 1")
-    name, teacher = teacher_of(distillation)
+    teachers = teachers_of(distillation)
+    if not teachers:
+        raise ValueError("distillation.teacher_models is empty: distillation.enabled=true needs a teacher")
+    if len(teachers) > 1:
+        keys = [teacher.key for _, teacher in teachers]
+        unset = [name for name, teacher in teachers if teacher.key is None]
+        if unset:
+            raise ValueError(f"distillation.teacher_models.{unset[0]}.key: with several teachers each takes the rows "
+                             f"whose distillation.teacher_key ({distillation.teacher_key}) value is its key; set it")
+        repeated = sorted({str(k) for k in keys if [str(x) for x in keys].count(str(k)) > 1})
+        if repeated:
+            raise ValueError(f"distillation.teacher_models: several teachers have key {repeated[0]!r}; each key routes "
+                             "rows to one teacher")
+    for name, teacher in teachers:
+        check_teacher(name, teacher)
+
+
+def check_teacher(name: str, teacher) -> None:
+    """One teacher's settings (check_config)."""
     entry = f"distillation.teacher_models.{name}"
     if not teacher.model_path:
         raise ValueError(f"{entry}.model_path: distillation.enabled=true needs the teacher's model")
@@ -248,21 +279,21 @@ def check_config(config) -> None:
 
 
 def check_teacher_model(config, length: int, length_keys: str) -> None:
-    """The teacher reads the student's token ids and its top-k ids index the student's vocabulary: the same
+    """Each teacher reads the student's token ids and its top-k ids index the student's vocabulary: the same
     vocabulary size, and prompt + response within its context."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
-    name, teacher = teacher_of(config.distillation)
-    key = f"distillation.teacher_models.{name}.model_path"
     student = config.actor_rollout_ref.model
     trust = student.trust_remote_code
-    teacher_hf = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=trust)
     student_hf = AutoConfig.from_pretrained(student.path, trust_remote_code=trust, **dict(student.override_config))
-    if getattr(teacher_hf, "vocab_size", None) != getattr(student_hf, "vocab_size", None):
-        raise ValueError(f"{key}: the teacher's vocab_size {getattr(teacher_hf, 'vocab_size', None)} differs from the "
-                         f"student's {getattr(student_hf, 'vocab_size', None)} (actor_rollout_ref.model.path): it "
-                         f"scores the student's token ids, so the two share one tokenizer")
-    limit = getattr(teacher_hf, "max_position_embeddings", None)
-    if limit is not None and length > limit:
-        raise ValueError(f"{length_keys} = {length} exceeds {key}'s max_position_embeddings={limit} "
-                         f"({teacher.model_path})")
+    for name, teacher in teachers_of(config.distillation):
+        key = f"distillation.teacher_models.{name}.model_path"
+        teacher_hf = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=trust)
+        if getattr(teacher_hf, "vocab_size", None) != getattr(student_hf, "vocab_size", None):
+            raise ValueError(f"{key}: the teacher's vocab_size {getattr(teacher_hf, 'vocab_size', None)} differs "
+                             f"from the student's {getattr(student_hf, 'vocab_size', None)} (actor_rollout_ref.model."
+                             "path): it scores the student's token ids, so the two share one tokenizer")
+        limit = getattr(teacher_hf, "max_position_embeddings", None)
+        if limit is not None and length > limit:
+            raise ValueError(f"{length_keys} = {length} exceeds {key}'s max_position_embeddings={limit} "
+                             f"({teacher.model_path})")

@@ -484,38 +484,52 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     return RoleState(precision, shards, state, [t for t in state if "moments" not in t.name] if offloaded else state)
 
 
+@dataclass(frozen=True)
+class TeacherPass:
+    name: str  # its distillation.teacher_models entry
+    shape: ModelShape
+    precision: Precision
+    budget: int  # tokens per micro-batch (inference.max_num_batched_tokens)
+    knob: str
+
+
 @dataclass
 class TeacherState:
-    """On-policy distillation's teacher (pyrl.algos.distillation) in the actor's workers: frozen weights sharded
-    under ref.fsdp_config (computing in the teacher's inference.dtype), and its scoring pass (logits whole: their
-    top-k, or the sampled token's log-prob)."""
+    """On-policy distillation's teachers (pyrl.algos.distillation) in the actor's workers: frozen weights sharded
+    under ref.fsdp_config (computing in each teacher's inference.dtype), every teacher's held at once, and their
+    scoring passes, one after another (logits whole: their top-k, or the sampled token's log-prob)."""
     idle: list
-    shape: ModelShape | None = None
-    precision: Precision | None = None
-    budget: int = 0
-    knob: str = ""
+    passes: list = field(default_factory=list)  # [TeacherPass]
     topk: bool = False
 
-    def phase(self, idle: list, setting: Setting, length: int, rollout, rows: int) -> Phase:
-        mb = micro_batch(rows, None, True, self.budget, rollout.prompt_length, rollout.response_length)
-        return Phase("teacher", idle, forward_pass(self.shape, self.precision, setting, mb, length, "logits", False,
-                                                   self.knob))
+    def phases(self, idle: list, setting: Setting, length: int, rollout, rows: int) -> list[Phase]:
+        """A phase per teacher (each counted over all `rows`: with several teachers a bound on its share)."""
+        out = []
+        for t in self.passes:
+            mb = micro_batch(rows, None, True, t.budget, rollout.prompt_length, rollout.response_length)
+            out.append(Phase("teacher" if len(self.passes) == 1 else f"teacher ({t.name})", idle,
+                             forward_pass(t.shape, t.precision, setting, mb, length, "logits", False, t.knob)))
+        return out
 
 
 def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
+    """shapes: each teacher's under "teacher/<its entry name>"."""
     if not run.runs("teacher"):
         return TeacherState([])
-    from pyrl.algos.distillation import teacher_fsdp_config, teacher_of, uses_topk  # lazy: they load the ops
+    from pyrl.algos.distillation import teacher_fsdp_config, teachers_of, uses_topk  # lazy: they load the ops
 
-    name, model = teacher_of(config.distillation)
-    fsdp = teacher_fsdp_config(config.actor_rollout_ref.ref.fsdp_config, model)
-    precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
-    state = sharded_state(shapes["teacher"], precision, shard_group_size(fsdp.fsdp_size, setting.world),
-                          setting.world, False, fsdp.param_offload and setting.device == "cuda",
-                          "actor_rollout_ref.ref.fsdp_config", "teacher")
-    return TeacherState(state, shapes["teacher"], precision, model.inference.max_num_batched_tokens,
-                        f"distillation.teacher_models.{name}.inference.max_num_batched_tokens",
-                        uses_topk(config.distillation.distillation_loss))
+    teachers = teachers_of(config.distillation)
+    idle, passes = [], []
+    for name, model in teachers:
+        fsdp = teacher_fsdp_config(config.actor_rollout_ref.ref.fsdp_config, model)
+        precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
+        shape = shapes[f"teacher/{name}"]
+        idle += sharded_state(shape, precision, shard_group_size(fsdp.fsdp_size, setting.world), setting.world, False,
+                              fsdp.param_offload and setting.device == "cuda", "actor_rollout_ref.ref.fsdp_config",
+                              "teacher" if len(teachers) == 1 else f"teacher ({name})")
+        passes.append(TeacherPass(name, shape, precision, model.inference.max_num_batched_tokens,
+                                  f"distillation.teacher_models.{name}.inference.max_num_batched_tokens"))
+    return TeacherState(idle, passes, uses_topk(config.distillation.distillation_loss))
 
 
 def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "",
@@ -523,8 +537,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     """The phases of a PPO step on one rank of the run `run` (its RunPlan): a phase per micro-batched pass of its
     roles, in the step's order, and the one-step-off rollout's own processes (actor_rollout_ref.hybrid_engine=false)
     as one more phase (a rollout worker holds the engine alone). shapes: ModelShape by the role whose model it is
-    (Role.model_of: "actor", and "critic" / "reward_model" when they run). distributed=False: one process without a
-    process group (FSDP2 gathers nothing)."""
+    (Role.model_of: "actor", and "critic" / "reward_model" when they run; "teacher/<entry>" per teacher).
+    distributed=False: one process without a process group (FSDP2 gathers nothing)."""
     arr = config.actor_rollout_ref
     rollout = arr.rollout
     setting = Setting(run.trainer_pool.device, run.world_size, distributed)
@@ -559,7 +573,7 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     teacher_pending = run.runs("teacher")  # its phase in the step's order (the update pass always follows it)
     for role, micro in passes:
         if teacher_pending and PASSES.index(micro.step_pass) > PASSES.index("teacher"):
-            phases.append(teacher.phase(idle, setting, length, rollout, run.rows_per_rank))
+            phases += teacher.phases(idle, setting, length, rollout, run.rows_per_rank)
             teacher_pending = False
         shape, state = shapes[role.model_of or role.name], states[role.name]
         head = "logits" if role.kind == "causal_lm" else "value"
@@ -688,11 +702,12 @@ def memory_plan_of(config, run, capacity: Capacity | None = None) -> MemoryPlan:
         lora_from = model if kind != "sequence_classification" and role.kind != "served" else None
         shapes[role.model_of or role.name] = ModelShape.from_hf_config(hf, kind, model.trust_remote_code, lora_from)
     if run.runs("teacher"):  # on-policy distillation's teacher, in the actor's workers
-        from pyrl.algos.distillation import teacher_of  # lazy: the algorithms load the ops
+        from pyrl.algos.distillation import teachers_of  # lazy: the algorithms load the ops
 
         trust = config.actor_rollout_ref.model.trust_remote_code
-        hf = AutoConfig.from_pretrained(teacher_of(config.distillation)[1].model_path, trust_remote_code=trust)
-        shapes["teacher"] = ModelShape.from_hf_config(hf, "causal_lm", trust)
+        for name, teacher in teachers_of(config.distillation):
+            hf = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=trust)
+            shapes[f"teacher/{name}"] = ModelShape.from_hf_config(hf, "causal_lm", trust)
     capacity = capacity or run_capacity(config, run)
     return plan(config, run, shapes, capacity.bytes, capacity.note)
 

@@ -422,13 +422,17 @@ def resolve_run_plan(config) -> RunPlan:
         why.append(("reward", "reward model scores, then the reward function (reward.reward_model.enable)"))
     teacher = config.distillation.enabled
     if teacher:
-        from pyrl.algos.distillation import teacher_of, teacher_placement  # lazy: the algorithms load torch
+        from pyrl.algos.distillation import teacher_placement, teachers_of  # lazy: the algorithms load torch
 
-        name, model = teacher_of(config.distillation)
+        teachers = teachers_of(config.distillation)
         loss = config.distillation.distillation_loss
-        why.append(("teacher", f"runs: distillation.enabled, the teacher ({model.model_path}, distillation."
-                               f"teacher_models.{name}) scores the responses {teacher_placement(config.distillation)}"
-                               f" for loss_mode={loss.loss_mode}"
+        if len(teachers) == 1:
+            who = f"the teacher ({teachers[0][1].model_path}, distillation.teacher_models.{teachers[0][0]}) scores"
+        else:
+            who = (f"{len(teachers)} teachers score, each the rows whose {config.distillation.teacher_key} is its key ("
+                   + ", ".join(f"{t.key}: {t.model_path}" for _, t in teachers) + "),")
+        why.append(("teacher", f"runs: distillation.enabled, {who} the responses "
+                               f"{teacher_placement(config.distillation)} for loss_mode={loss.loss_mode}"
                                + (f" (top {loss.topk})" if loss.loss_mode == "forward_kl_topk" else "")))
     passes = [p for p in PASSES
               if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref) and (p != "teacher" or teacher)

@@ -89,17 +89,17 @@ class ActorRolloutRefWorker(Worker):
                                                     self.device)
             self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
+        self.teachers = []  # on-policy distillation: (TeacherModelConfig, policy, HF config, compute dtype) each
         if self.has_actor and self.distillation is not None:
-            _, teacher = distillation.teacher_of(self.distillation)
-            model = dataclasses.replace(self.config.model, path=teacher.model_path, tokenizer_path=None,
-                                        override_config={}, lora_rank=0, lora_adapter_path=None,
-                                        enable_gradient_checkpointing=False)
-            teacher_lm, self.teacher_policy = load_policy(model)
-            self.teacher_compute_dtype = fsdp.fsdp_wrap(self.teacher_policy, teacher_lm.model.layers,
-                                                        distillation.teacher_fsdp_config(self.config.ref.fsdp_config,
-                                                                                         teacher), self.device)
-            self.teacher_hf_config = teacher_lm.config
-            self.teacher_policy.requires_grad_(False)
+            for _, teacher in distillation.teachers_of(self.distillation):
+                model = dataclasses.replace(self.config.model, path=teacher.model_path, tokenizer_path=None,
+                                            override_config={}, lora_rank=0, lora_adapter_path=None,
+                                            enable_gradient_checkpointing=False)
+                teacher_lm, policy = load_policy(model)
+                dtype = fsdp.fsdp_wrap(policy, teacher_lm.model.layers, distillation.teacher_fsdp_config(
+                    self.config.ref.fsdp_config, teacher), self.device)
+                policy.requires_grad_(False)
+                self.teachers.append((teacher, policy, teacher_lm.config, dtype))
         if self.has_rollout:
             from transformers import AutoConfig  # lazy: transformers loads with the first model
 
@@ -306,18 +306,39 @@ class ActorRolloutRefWorker(Worker):
         teacher_topk_log_probs and teacher_topk_ids [B, R, k] (forward_kl_topk)."""
         batching.require_tokens("compute_teacher_log_probs", data, ["responses"])
         loss = self.distillation.distillation_loss
-        _, teacher = distillation.teacher_of(self.distillation)
         topk = loss.topk if distillation.uses_topk(loss) else 0
         chunk = distillation.topk_chunk_rows(loss)
-        self.teacher_policy.eval()
+        names = ("teacher_topk_log_probs", "teacher_topk_ids") if topk else ("teacher_log_probs",)
 
         def call(module, inputs):
             return module(inputs, 1.0, topk=topk, chunk_rows=chunk) if topk else (module(inputs, 1.0),)
 
-        outputs, mfu = self._forward(self.teacher_policy, self.teacher_hf_config, self.teacher_compute_dtype, data,
-                                     None, True, teacher.inference.max_num_batched_tokens, call)
-        names = ("teacher_topk_log_probs", "teacher_topk_ids") if topk else ("teacher_log_probs",)
-        return DataProto.from_dict(dict(zip(names, outputs)), meta_info={"metrics": {"perf/mfu/teacher": mfu}})
+        routes = distillation.route_rows(self.distillation, self._teacher_keys_of(data))
+        outputs, mfus = {}, []
+        for (teacher, policy, hf_config, dtype), rows in zip(self.teachers, routes):
+            # every rank runs every teacher (FSDP's collectives), one row standing in where it routed none
+            policy.eval()
+            scores, mfu = self._forward(policy, hf_config, dtype, data.select_idxs(rows or [0]), None, True,
+                                        teacher.inference.max_num_batched_tokens, call)
+            if not rows:
+                continue
+            mfus.append((mfu, len(rows)))
+            for name, score in zip(names, scores):
+                if name not in outputs:
+                    outputs[name] = torch.zeros((len(data), *score.shape[1:]), dtype=score.dtype)
+                outputs[name][rows] = score
+        mfu = sum(m * n for m, n in mfus) / max(1, sum(n for _, n in mfus))
+        return DataProto.from_dict(outputs, meta_info={"metrics": {"perf/mfu/teacher": mfu}})
+
+    def _teacher_keys_of(self, data: DataProto) -> list:
+        """Each row's distillation.teacher_key value (several teachers route by it; one takes every row)."""
+        if len(self.teachers) == 1:
+            return [None] * len(data)
+        column = self.distillation.teacher_key
+        if column not in data.non_tensor_batch:
+            raise ValueError(f"distillation.teacher_key={column}: the batch has no such column (its columns: "
+                             f"{sorted(data.non_tensor_batch)}); several teachers route the rows by it")
+        return list(data.non_tensor_batch[column])
 
     # ---- training ----
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -250,8 +250,13 @@ def test_defaults_pass_and_disabled_checks_nothing():
      r"inference.gpu_memory_utilization=0.9: verl's teacher server option"),
     (lambda c: setattr(c.distillation.teacher_models["teacher_model"].inference, "max_model_len", 100),
      r"max_model_len=100: the teacher needs room .* 1025"),
-    (lambda c: c.distillation.teacher_models.update(a=TeacherModelConfig(model_path="x"),
-                                                    b=TeacherModelConfig(model_path="y")), r"several teachers"),
+    (lambda c: c.distillation.teacher_models.update(a=TeacherModelConfig(model_path="x", key="gsm8k"),
+                                                    b=TeacherModelConfig(model_path="y")),
+     r"teacher_models.b.key: with several teachers each takes the rows whose distillation.teacher_key"),
+    (lambda c: c.distillation.teacher_models.update(a=TeacherModelConfig(model_path="x", key="gsm8k"),
+                                                    b=TeacherModelConfig(model_path="y", key="gsm8k")),
+     r"several teachers have key 'gsm8k'"),
+    (lambda c: c.distillation.teacher_models.clear(), r"teacher_models is empty"),
 ])
 def test_refusals_name_the_key(change, match):
     config = config_with()
@@ -271,4 +276,17 @@ def test_teacher_pool_of_its_own_is_refused():
 def test_one_added_teacher_replaces_the_default_entry():
     config = config_with()
     config.distillation.teacher_models["mine"] = TeacherModelConfig(model_path="pyrl:tiny")
-    assert D.teacher_of(config.distillation)[0] == "mine"
+    assert [name for name, _ in D.teachers_of(config.distillation)] == ["mine"]
+    assert D.route_rows(config.distillation, ["a", "b", "a"]) == [[0, 1, 2]]  # one teacher: every row, any key
+
+
+def test_several_teachers_take_the_rows_their_key_names():
+    config = config_with()
+    config.distillation.teacher_models.update(math=TeacherModelConfig(model_path="x", key="openai/gsm8k"),
+                                              geo=TeacherModelConfig(model_path="y", key="geometry3k"))
+    assert [name for name, _ in D.teachers_of(config.distillation)] == ["math", "geo"]  # teacher_model dropped
+    keys = ["geometry3k", "openai/gsm8k", "openai/gsm8k", "geometry3k", "openai/gsm8k"]
+    assert D.route_rows(config.distillation, keys) == [[1, 2, 4], [0, 3]]
+    assert D.route_rows(config.distillation, ["geometry3k"]) == [[], [0]]
+    with pytest.raises(ValueError, match=r"row 1's data_source='math500' is no teacher's key"):
+        D.route_rows(config.distillation, ["geometry3k", "math500"])

@@ -57,6 +57,35 @@ def test_distillation_adds_the_teacher_pass_in_the_actor_group():
                 "distillation.nnodes=1")
 
 
+def test_several_teachers_each_hold_their_weights_and_score_in_turn():
+    """verl 0.9.1's multi-teacher entries (the default teacher_model dropped): the plan names each teacher and its
+    key; the memory plan holds every teacher's weights beside the others and scores with one at a time."""
+    from pyrl.trainer.memory_plan import Capacity, memory_plan_of
+
+    plan, config = plan_of("distillation.enabled=true", "+distillation.teacher_models.a.model_path=pyrl:tiny",
+                           "+distillation.teacher_models.a.key=pyrl/toy_addition",
+                           "+distillation.teacher_models.b.model_path=pyrl:tiny-wide",
+                           "+distillation.teacher_models.b.key=x",
+                           "+distillation.teacher_models.b.inference.dtype=float32")
+    why = dict(plan.why)["teacher"]
+    assert "2 teachers score, each the rows whose data_source is its key (pyrl/toy_addition: " in why
+    a, b = (config.distillation.teacher_models[name] for name in "ab")  # typed, the rollout's inference defaults
+    assert (a.inference.name, a.inference.prompt_length, b.inference.dtype, b.inference.max_num_batched_tokens) == (
+        config.actor_rollout_ref.rollout.name, config.actor_rollout_ref.rollout.prompt_length, "float32", 8192)
+    with pytest.raises(ValueError, match=r"unknown config key: distillation.teacher_models.b.inference.bogus"):
+        plan_of("distillation.enabled=true", "+distillation.teacher_models.b.key=x",
+                "+distillation.teacher_models.b.inference.bogus=1")
+    from pyrl.ppo import resolve_model_paths
+
+    resolve_model_paths(config, plan)  # as the run does before the memory plan
+    memory = memory_plan_of(config, plan, Capacity(10 ** 12, "test"))
+    names = [p.name for p in memory.phases]
+    assert names.index("teacher (a)") + 1 == names.index("teacher (b)")
+    update = next(p for p in memory.phases if p.name == "update_actor")
+    held = {t.name.split(" weights")[0] for t in update.resident if t.name.startswith("teacher")}
+    assert held == {"teacher (a)", "teacher (b)"}
+
+
 @pytest.mark.parametrize("overrides, needs", [
     (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
     (["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],

@@ -195,3 +195,51 @@ def test_two_ranks_report_the_single_process_metrics(ray_session, teacher_path):
     assert len(names) == 11
     for name in names + ["actor/grad_norm"]:
         assert metrics[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+
+
+def two_teachers(teacher_path, tiny_path, *overrides):
+    """verl 0.9.1's multi-teacher config: rows of data_source "noisy" to the noisy teacher, "tiny" to pyrl:tiny."""
+    return make_config("distillation.enabled=true", f"distillation.distillation_loss.topk={K}",
+                       "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                       f"distillation.teacher_models.noisy.model_path={teacher_path}",
+                       "distillation.teacher_models.noisy.key=noisy",
+                       f"distillation.teacher_models.tiny.model_path={tiny_path}",
+                       "distillation.teacher_models.tiny.key=tiny", *overrides)
+
+
+def keyed(batch, keys):
+    import numpy as np
+
+    batch.non_tensor_batch["data_source"] = np.array(keys, dtype=object)
+    return batch
+
+
+def test_several_teachers_each_score_the_rows_their_key_names(ray_session, teacher_path, tiny_path):
+    """Each row's top-k is its own teacher's (float64 HF), chosen by data_source; on 2 ranks one rank routes no row
+    to a teacher (it still runs that teacher's collectives) and the scores are the single process's; a row whose
+    key is no teacher's stops the pass naming it."""
+    keys = ["noisy", "tiny", "tiny", "noisy", "noisy", "noisy", "noisy", "noisy"]  # rank 1's rows: all "noisy"
+    batch = keyed(random_batch(ROWS, seed=27), keys)
+    mask = batch.batch["response_mask"].bool()
+    single = worker(two_teachers(teacher_path, tiny_path))
+    assert len(single.teachers) == 2  # the default teacher_model entry dropped, as verl does
+    out = single.compute_teacher_log_probs(batch)
+    for path, rows in ((teacher_path, [0, 3, 4, 5, 6, 7]), (tiny_path, [1, 2])):
+        with torch.no_grad():
+            values, ids = hf_logits(path, batch)[1].log_softmax(-1).topk(K, dim=-1)
+        for r in rows:
+            assert torch.equal(out.batch["teacher_topk_ids"][r][mask[r]], ids[r][mask[r]]), (path, r)
+            torch.testing.assert_close(out.batch["teacher_topk_log_probs"][r][mask[r]].double(), values[r][mask[r]],
+                                       atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"row 2's data_source='math' is no teacher's key"):
+        single.compute_teacher_log_probs(keyed(random_batch(ROWS, seed=27), ["tiny", "noisy", "math"] + keys[3:]))
+    config = two_teachers(teacher_path, tiny_path)
+    wg = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, config.actor_rollout_ref, "actor", config.distillation)
+    try:
+        wg.init_model()
+        group = wg.compute_teacher_log_probs(batch.to_packed("attention_mask", keys=["input_ids", "position_ids"]))
+    finally:
+        wg.kill()
+    assert torch.equal(group.batch["teacher_topk_ids"][mask], out.batch["teacher_topk_ids"][mask])
+    torch.testing.assert_close(group.batch["teacher_topk_log_probs"], out.batch["teacher_topk_log_probs"], atol=1e-5,
+                               rtol=0)

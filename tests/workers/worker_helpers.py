@@ -11,7 +11,7 @@ def make_config(*overrides: str):
     """The typed config with dotlist overrides (as on a command line), resolved into dataclasses."""
     from omegaconf import OmegaConf
 
-    from pyrl.config import PPOConfig
+    from pyrl.config import PPOConfig, resolve_teacher_entries
 
     base = OmegaConf.structured(PPOConfig)
     # float32 compute everywhere (a bf16-capable CPU would otherwise run the sharded groups and the rollout in bf16):
@@ -23,7 +23,9 @@ def make_config(*overrides: str):
                        f"data.max_response_length={RESPONSE_WIDTH}", "actor_rollout_ref.rollout.name=hf",
                        "actor_rollout_ref.model.path=pyrl:tiny"]
     cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(defaults + list(overrides)))
-    return OmegaConf.to_object(cfg)
+    config = OmegaConf.to_object(cfg)
+    resolve_teacher_entries(config)  # teacher entries added by an override, typed (as pyrl.ppo.resolve_settings)
+    return config
 
 
 def random_batch(rows: int, seed: int, vocab: int = 300) -> DataProto:
