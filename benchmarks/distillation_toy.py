@@ -5,7 +5,9 @@ tiny student, which gains on held-out prompts; GRPO from the same student, same 
 
 1. The teacher: SFT of pyrl:tiny-wide (1.2M parameters) on pyrl:toy_addition_sft, 1600 steps
    (python -m pyrl.trainer.sft_trainer), exported as a Hugging Face model (kept in DIR and reused by a rerun).
-2. The student: the toy preset's own, pyrl:tiny-toy-sft (0.34M parameters, pyrl's warm-start).
+2. The student: the toy preset's own, pyrl:tiny-toy-sft (0.34M parameters, pyrl's warm-start), or with
+   --student-base MODEL a brief SFT of MODEL (--student-sft-steps, 250), e.g. pyrl:tiny-wide: a weak start of a
+   model that can learn the task (the 0.34M one does not learn it from token-level supervision: RESULTS.md).
 3. Each seed, `python -m pyrl.ppo preset=toy` (benchmarks/heldout_eval.py's runs: validation on the held-out test
    split, greedy, every 25 steps), the preset's recipe unchanged but for the loss: with distillation
    (forward_kl_topk over the teacher's top 32, no task rewards), and as is (GRPO on the task's rewards).
@@ -90,7 +92,9 @@ def plot(result: dict, path: str) -> None:
     ax.axhline(result["teacher_greedy"], color="k", lw=0.8, label="teacher (SFT, 1.2M)")
     ax.set_xlabel("step")
     ax.set_ylabel("held-out reward (greedy)")
-    ax.set_title("tiny student (0.34M, the toy preset's): on-policy distillation vs GRPO", fontsize=9)
+    student = result["student"]  # a builtin's name, or an SFT run's DIR/<run>/global_step_N/huggingface
+    name = os.path.basename(os.path.dirname(os.path.dirname(student))) if os.path.isdir(student) else student
+    ax.set_title(f"student {name}: on-policy distillation vs GRPO", fontsize=9)
     ax.legend(fontsize=7)
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("actor/distillation/loss")
@@ -109,6 +113,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=0, help="trainer.total_training_steps (default: the preset's)")
     parser.add_argument("--out", default="distillation_runs")
+    parser.add_argument("--student-base", default=None,
+                        help="a model to SFT briefly into the student (e.g. pyrl:tiny-wide, the teacher's architecture)"
+                             "; default: the toy preset's student, pyrl:tiny-toy-sft")
+    parser.add_argument("--student-sft-steps", type=int, default=250, help="the student's SFT steps (--student-base)")
     parser.add_argument("--quick", action="store_true", help="5 SFT steps, distillation only, 2 steps, one seed, 16 "
                                                              "held-out prompts")
     args = parser.parse_args()
@@ -116,6 +124,10 @@ def main() -> None:
     sft_steps = 5 if args.quick else 1600
     teacher, teacher_s = sft("teacher", "pyrl:tiny-wide", 2e-3, sft_steps, args.out)
     student = STUDENT
+    if args.student_base:  # a weak start of a model that can learn the task (the toy preset's 0.34M cannot: README)
+        steps = 5 if args.quick else args.student_sft_steps
+        student, _ = sft(f"student-{args.student_base.replace(':', '-').replace('/', '-')}-{steps}",
+                         args.student_base, 2e-3, steps, args.out)
     samples = 16 if args.quick else None
     result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "teacher_sft_seconds": round(teacher_s, 1), "student": student,
@@ -123,8 +135,9 @@ def main() -> None:
               "student_greedy": greedy_heldout(student, args.out, "student", samples)}
     print(f"greedy held-out reward: teacher {result['teacher_greedy']:.3f}, student {result['student_greedy']:.3f}",
           flush=True)
-    methods = {"distillation": DISTILL + [f"distillation.teacher_models.teacher_model.model_path={teacher}"],
-               "grpo": []}
+    student_path = [] if student == STUDENT else [f"actor_rollout_ref.model.path={student}"]
+    methods = {"distillation": student_path + DISTILL + [
+        f"distillation.teacher_models.teacher_model.model_path={teacher}"], "grpo": student_path}
     if args.quick:  # the smoke run: distillation only
         methods.pop("grpo")
     for method, extra in methods.items():
@@ -140,7 +153,7 @@ def main() -> None:
     with open(os.path.join(args.out, "distillation_toy.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot(result, os.path.join(args.out, "distillation_toy.png"))
-    print("\n| from the toy preset's student | seeds | held-out reward at step 0 | at the last step | gain | seconds |")
+    print("\n| from the student | seeds | held-out reward at step 0 | at the last step | gain | seconds |")
     print("|---|---|---|---|---|---|")
     for method in methods:
         runs = result[method]

@@ -26,7 +26,7 @@ SCRIPTS = {  # script and its smallest arguments -> a line its output must conta
                                "per-trajectory / lock-step:"),
     "memory_plan_accuracy.py": (["--quick"], "| h256-L4-V32k (21M) | 32 x (32+32) | True | True | old_log_prob |"),
     "heldout_eval.py": (["--preset", "toy", "--quick"], "| toy | 1 |"),
-    "distillation_toy.py": (["--quick"], "| distillation | 1 |"),
+    "distillation_toy.py": (["--quick", "--student-base", "pyrl:tiny-wide"], "| distillation | 1 |"),
     "micro_batch_sizes.py": (["--quick", "--rows", "4", "256"], "| 256 | "),
 }
 
