@@ -704,7 +704,8 @@ class DistillationConfig:
     nnodes: int = 0
     # entries typed Any: verl's `+distillation.teacher_models.<new>.key=...` adds one key at a time, which Hydra
     # cannot do inside a dict of dataclasses; resolve_teacher_entries makes each a TeacherModelConfig
-    teacher_models: dict[str, Any] = field(default_factory=lambda: {"teacher_model": TeacherModelConfig()})
+    teacher_models: dict[str, Any] = field(default_factory=lambda: {"teacher_model": TeacherModelConfig()},
+                                           metadata={"entries": TeacherModelConfig})
     teacher_key: str = "data_source"
 
 
@@ -839,10 +840,9 @@ def resolve_teacher_entries(config: PPOConfig) -> None:
         inference = entry.pop("inference", None) or {}
         for keys, schema, where in ((entry, TeacherModelConfig, name), (inference, TeacherInferenceConfig,
                                                                           f"{name}.inference")):
-            known = [f.name for f in dataclasses.fields(schema)]
-            unknown = sorted(set(keys) - set(known))
+            unknown = unknown_keys(keys, schema, f"distillation.teacher_models.{where}")
             if unknown:
-                raise ValueError(describe_unknown([(f"distillation.teacher_models.{where}.{unknown[0]}", known)]))
+                raise ValueError(describe_unknown(unknown))
         defaults = {key: getattr(rollout, key) for key in ROLLOUT_INTERPOLATED}
         config.distillation.teacher_models[name] = TeacherModelConfig(
             **entry, inference=TeacherInferenceConfig(**{**defaults, **dict(inference)}))
@@ -933,9 +933,31 @@ def unknown_keys(cfg, schema=None, path: str = "") -> list[tuple[str, list[str]]
             found.append((name, list(types)))
             continue
         value = cfg[key] if not hasattr(cfg, "_get_node") else cfg._get_node(key)
+        entries = ENTRY_SCHEMAS.get((schema, key))
         if dataclasses.is_dataclass(types[key]) and hasattr(value, "keys"):
             found += unknown_keys(value, types[key], name)
+        elif entries is not None and hasattr(value, "keys"):  # a dict of dataclasses typed Any (DistillationConfig's)
+            for entry in value.keys():
+                node = value[entry] if not hasattr(value, "_get_node") else value._get_node(entry)
+                if hasattr(node, "keys"):
+                    found += unknown_keys(node, entries, f"{name}.{entry}")
     return found
+
+
+def entry_schemas(schema) -> dict:
+    """{(dataclass, field): the dataclass of its entries} for the schema's dict fields whose entries are dataclasses
+    (field metadata "entries"), found through the nested dataclasses."""
+    out = {}
+    for f in dataclasses.fields(schema):
+        if "entries" in f.metadata:
+            out[(schema, f.name)] = f.metadata["entries"]
+    for kind in field_types(schema).values():
+        if dataclasses.is_dataclass(kind):
+            out.update(entry_schemas(kind))
+    return out
+
+
+ENTRY_SCHEMAS = entry_schemas(PPOConfig)
 
 
 def known_leaves(schema, prefix: str = "") -> set[str]:

@@ -396,6 +396,11 @@ def test_checkpoint_engine_takes_the_transports_pyrl_has(override, key):
     ("+critic.optim.warmup=1", r"unknown config key: critic\.optim\.warmup\b"),
     ("+reward_model.overlong_buffr.enable=true",
      r"reward_model\.overlong_buffr \(did you mean reward_model\.overlong_buffer\?\)"),
+    # inside the teacher entries (a dict typed Any, so that `+` can add whole teachers as verl's command lines do)
+    ("++distillation.teacher_models.teacher_model.model_pth=x",
+     r"distillation\.teacher_models\.teacher_model\.model_pth \(did you mean "),
+    ("+distillation.teacher_models.t2.inference.bogus=1", r"unknown config key: distillation\.teacher_models\.t2\."
+                                                          r"inference\.bogus\b"),
 ])
 def test_plus_overrides_go_through_the_key_check(override, message):
     """`+key=` / `++key=` add keys Hydra would refuse as `key=`: the composed config is checked against the schema."""
