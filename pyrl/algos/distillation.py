@@ -186,20 +186,44 @@ def teacher_fsdp_config(ref_fsdp_config, teacher):
     return dataclasses.replace(ref_fsdp_config, dtype=teacher.inference.dtype)
 
 
+def pool_devices(distillation) -> int:
+    """The devices of the teachers' own pool (distillation.n_gpus_per_node x nnodes); 0: none, the teachers score in
+    the actor's workers."""
+    return distillation.n_gpus_per_node * distillation.nnodes
+
+
+def replica_devices(teacher) -> int:
+    """The devices one replica of `teacher` spans in a pool: tensor x data parallel (verl's per_replica_world_size)."""
+    return teacher.inference.tensor_model_parallel_size * teacher.inference.data_parallel_size
+
+
+def teacher_replicas(distillation) -> list[tuple[str, object, int]]:
+    """[(entry name, TeacherModelConfig, replicas)] of the teachers' own pool, verl 0.9.1's rule: one teacher takes
+    the whole pool (pool / its replica's devices replicas), several take their num_replicas each, their devices
+    summing to the pool's (check_pool)."""
+    teachers = teachers_of(distillation)
+    if len(teachers) == 1:
+        name, teacher = teachers[0]
+        return [(name, teacher, pool_devices(distillation) // replica_devices(teacher))]
+    return [(name, teacher, teacher.num_replicas) for name, teacher in teachers]
+
+
 def teacher_placement(distillation) -> str:
-    """Where the teacher runs: in the actor's workers, as the reference model; verl's teacher pool of its own
-    (n_gpus_per_node x nnodes GPUs serving it, 8 x 0 = none by default) is not implemented."""
-    pool = distillation.n_gpus_per_node * distillation.nnodes
-    if pool:
-        raise NotImplementedError(
-            f"distillation.n_gpus_per_node x nnodes = {distillation.n_gpus_per_node} x {distillation.nnodes}: a "
-            "teacher pool of its own is not implemented; with distillation.nnodes=0 the teacher scores in the "
-            "actor's workers (colocated, as the reference model)")
-    return "in the actor's workers (distillation.nnodes=0: no pool of its own)"
+    """Where the teachers score (the run plan's words)."""
+    if not pool_devices(distillation):
+        return "in the actor's workers (distillation.nnodes=0: no pool of its own)"
+    return ("in a pool of their own (distillation.n_gpus_per_node x nnodes = "
+            f"{distillation.n_gpus_per_node} x {distillation.nnodes}: "
+            + ", ".join(f"{name} {replicas} replica(s) of {replica_devices(t)} device(s)"
+                        for name, t, replicas in teacher_replicas(distillation)) + ")")
 
 
 INFERENCE_READ = ("name", "dtype", "max_num_batched_tokens", "max_model_len", "prompt_length", "response_length",
                   "temperature")
+# read too by a vLLM teacher in a pool of its own (pyrl.workers.teacher_server), as verl's teacher server takes them
+VLLM_POOL_READ = ("gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size", "max_num_seqs",
+                  "load_format", "engine_kwargs", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats",
+                  "skip_tokenizer_init")
 
 
 def check_config(config) -> None:
@@ -242,30 +266,87 @@ def check_config(config) -> None:
             raise ValueError(f"distillation.teacher_models: several teachers have key {repeated[0]!r}; each key routes "
                              "rows to one teacher")
     for name, teacher in teachers:
-        check_teacher(name, teacher)
+        check_teacher(name, teacher, pooled=bool(pool_devices(distillation)))
+    check_pool(distillation)
 
 
-def check_teacher(name: str, teacher) -> None:
-    """One teacher's settings (check_config)."""
+def check_pool(distillation) -> None:
+    """The teachers' own pool (distillation.n_gpus_per_node x nnodes), as verl 0.9.1 lays it out: one teacher takes
+    it all in replicas of tensor x data parallel devices; several take num_replicas each, summing to the pool. pyrl
+    gives every replica one process (a server) holding its devices, so the teachers' replicas are of one size and a
+    replica stays on one node."""
+    if distillation.nnodes < 0 or distillation.n_gpus_per_node < 0:
+        raise ValueError(f"distillation.n_gpus_per_node={distillation.n_gpus_per_node}, nnodes={distillation.nnodes}:"
+                         " the teachers' pool is their product (0: no pool, the teachers score in the actor's "
+                         "workers)")
+    devices = pool_devices(distillation)
+    teachers = teachers_of(distillation)
+    if not devices:
+        for name, teacher in teachers:
+            if teacher.num_replicas not in (0, None):
+                raise ValueError(f"distillation.teacher_models.{name}.num_replicas={teacher.num_replicas}: replicas "
+                                 f"serve from the teachers' own pool, and distillation.n_gpus_per_node x nnodes = "
+                                 f"{distillation.n_gpus_per_node} x {distillation.nnodes} gives none (the teacher "
+                                 "scores in the actor's workers); set distillation.nnodes")
+        return
+    sizes = {name: replica_devices(teacher) for name, teacher in teachers}
+    if len(set(sizes.values())) > 1:
+        raise NotImplementedError(f"distillation.teacher_models: replicas of different sizes ({sizes}, inference."
+                                  "tensor_model_parallel_size x data_parallel_size) in one pool; pyrl gives each "
+                                  "replica a server process holding its devices, so the teachers' replicas are of one "
+                                  "size")
+    size = next(iter(sizes.values()))
+    if distillation.n_gpus_per_node % size:
+        raise ValueError(f"distillation.n_gpus_per_node={distillation.n_gpus_per_node}: a teacher replica spans {size}"
+                         " device(s) (inference.tensor_model_parallel_size x data_parallel_size), which must divide "
+                         "it: a replica stays on one node")
+    if len(teachers) == 1:
+        name, teacher = teachers[0]
+        replicas = devices // size
+        if teacher.num_replicas not in (0, None, replicas):
+            raise ValueError(f"distillation.teacher_models.{name}.num_replicas={teacher.num_replicas}: one teacher "
+                             f"takes the whole pool (n_gpus_per_node x nnodes = {devices} devices), {replicas} "
+                             f"replica(s) of {size}; leave it at 0 (verl sets it so)")
+        return
+    for name, teacher in teachers:
+        if not teacher.num_replicas or teacher.num_replicas < 1:
+            raise ValueError(f"distillation.teacher_models.{name}.num_replicas={teacher.num_replicas}: with several "
+                             "teachers in a pool each says how many replicas it serves with (>= 1)")
+    total = sum(teacher.num_replicas * size for _, teacher in teachers)
+    if total != devices:
+        raise ValueError(f"distillation.teacher_models: the teachers' num_replicas x replica devices sum to {total}; "
+                         f"they must fill the pool, distillation.n_gpus_per_node x nnodes = "
+                         f"{distillation.n_gpus_per_node} x {distillation.nnodes} = {devices} (as verl 0.9.1)")
+
+
+def check_teacher(name: str, teacher, pooled: bool = False) -> None:
+    """One teacher's settings (check_config). pooled: served from the teachers' own pool, where a vLLM teacher also
+    reads verl's server keys (VLLM_POOL_READ)."""
     entry = f"distillation.teacher_models.{name}"
     if not teacher.model_path:
         raise ValueError(f"{entry}.model_path: distillation.enabled=true needs the teacher's model")
-    if teacher.num_replicas not in (0, None):
-        raise NotImplementedError(f"{entry}.num_replicas={teacher.num_replicas}: teacher replicas serve from a pool "
-                                  "of their own, which is not implemented (the teacher runs in the actor's workers)")
     inference = teacher.inference
+    if inference.name not in ("vllm", "hf"):
+        raise NotImplementedError(f"{entry}.inference.name={inference.name!r}: vllm or hf")
+    read = INFERENCE_READ + (VLLM_POOL_READ if pooled and inference.name == "vllm" else ())
+    where = ("the teacher's pool serves it with pyrl's hf engine (set inference.name=vllm for vLLM's keys)" if pooled
+             else "pyrl's teacher scores in the actor's workers (distillation.nnodes=0)")
     defaults = TeacherInferenceConfig()
     for field in dataclasses.fields(inference):
-        if field.name in INFERENCE_READ:
+        if field.name in read:
             continue
         value, default = getattr(inference, field.name), getattr(defaults, field.name)
+        if field.name == "tensor_model_parallel_size" and pooled:
+            continue  # the replica's size (check_pool); the hf engine's one device below
         if value != default:
             raise NotImplementedError(
-                f"{entry}.inference.{field.name}={value!r}: verl's teacher server option; pyrl's teacher scores in "
-                f"the actor's workers, where it means nothing (leave it at {default!r})")
-    if inference.name not in ("vllm", "hf"):
-        raise NotImplementedError(f"{entry}.inference.name={inference.name!r}: vllm or hf (the teacher scores with "
-                                  "the trainer's forward either way)")
+                f"{entry}.inference.{field.name}={value!r}: verl's teacher server option; {where}, where it means "
+                f"nothing (leave it at {default!r})")
+    if pooled and (inference.tensor_model_parallel_size < 1
+                   or inference.name == "hf" and inference.tensor_model_parallel_size != 1):
+        raise ValueError(f"{entry}.inference.tensor_model_parallel_size={inference.tensor_model_parallel_size}: "
+                         + ("pyrl's hf engine runs a replica on one device; set it to 1, or inference.name=vllm"
+                            if inference.name == "hf" else "must be >= 1"))
     if inference.max_num_batched_tokens < 1:
         raise ValueError(f"{entry}.inference.max_num_batched_tokens={inference.max_num_batched_tokens}: must be >= 1")
     needed = (inference.prompt_length or 0) + (inference.response_length or 0) + 1

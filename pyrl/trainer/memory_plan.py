@@ -513,11 +513,14 @@ class TeacherState:
 
 
 def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
-    """shapes: each teacher's under "teacher/<its entry name>"."""
+    """shapes: each teacher's under "teacher/<its entry name>". In a pool of their own the teachers hold nothing in
+    the trainer's ranks (teacher_server_phases)."""
     if not run.runs("teacher"):
         return TeacherState([])
     from pyrl.algos.distillation import teacher_fsdp_config, teachers_of, uses_topk  # lazy: they load the ops
 
+    if run.teacher_pool is not None:
+        return TeacherState([], [], uses_topk(config.distillation.distillation_loss))
     teachers = teachers_of(config.distillation)
     idle, passes = [], []
     for name, model in teachers:
@@ -530,6 +533,35 @@ def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
         passes.append(TeacherPass(name, shape, precision, model.inference.max_num_batched_tokens,
                                   f"distillation.teacher_models.{name}.inference.max_num_batched_tokens"))
     return TeacherState(idle, passes, uses_topk(config.distillation.distillation_loss))
+
+
+def teacher_server_phases(config, run, shapes: dict, setting: Setting, capacity: int | None) -> list[Phase]:
+    """A phase per teacher served from the teachers' own pool (pyrl.workers.teacher_server), one replica's process:
+    vLLM as any engine (vllm_terms); the hf engine its weights and a forward over inference.max_num_batched_tokens
+    tokens (logits whole)."""
+    from pyrl.algos.distillation import teachers_of  # lazy: the algorithms load the ops
+
+    rollout = config.actor_rollout_ref.rollout
+    length = rollout.prompt_length + rollout.response_length
+    teachers = teachers_of(config.distillation)
+    phases = []
+    for name, teacher in teachers:
+        inference, key = teacher.inference, f"distillation.teacher_models.{name}.inference"
+        shape = shapes[f"teacher/{name}"]
+        dtype = element_bytes(runnable_dtype(inference.dtype, f"{key}.dtype", torch.device(setting.device)))
+        weights = engine_weights(shape, dtype, inference, key, "teacher weights (served)")
+        if inference.name == "vllm":
+            resident, transient = vllm_terms(inference, key, "teacher ", weights, setting, capacity)
+        else:
+            mb = micro_batch(run.rows_per_step, None, True, inference.max_num_batched_tokens, rollout.prompt_length,
+                             rollout.response_length)
+            resident, transient = [weights], forward_pass(shape, Precision(dtype, dtype), Setting(setting.device, 1,
+                                                                                               False),
+                                                          mb, length, "logits", False,
+                                                          f"{key}.max_num_batched_tokens")
+        phases.append(Phase("teacher server (its own pool)" + (f", {name}" if len(teachers) > 1 else ""), resident,
+                            transient))
+    return phases
 
 
 def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "",
@@ -600,6 +632,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     if served and run.reward_model_pool is not None:
         phases.append(Phase("reward model server (its own pool)", *served_reward_model_terms(
             config, shapes["reward_model"], setting, capacity)))
+    if run.runs("teacher") and run.teacher_pool is not None:
+        phases += teacher_server_phases(config, run, shapes, setting, capacity)
     if arr.actor.use_prefix_grouper:
         notes.append("actor.use_prefix_grouper shares prompts: fewer tokens than counted")
     return MemoryPlan(phases, capacity, capacity_note, notes)

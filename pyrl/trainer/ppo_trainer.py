@@ -29,6 +29,7 @@ from pyrl.trainer.one_step_off import OneStepOff, WeightPush
 from pyrl.trainer.tracking import Tracking, truncate_metrics
 from pyrl.workers.reward_server import ServedRewardModel
 from pyrl.workers.rollout.agent_loop import AGENT_LOOP_COLUMNS
+from pyrl.workers.teacher_server import score_batch
 
 log = logging.getLogger("pyrl")
 
@@ -345,8 +346,11 @@ class PPOTrainer:
                 batch.union(ref)
         if self.plan.runs("teacher"):  # on-policy distillation: the teacher's scores of the student's tokens
             with M.timer("teacher", timing):
-                scores = actor.compute_teacher_log_probs(packed_tokens(batch))
-                metrics.update(M.reduce_metrics(scores.meta_info.pop("metrics")))
+                if self.plan.teacher_pool is not None:  # the teachers' own servers
+                    scores = score_batch(self.workers.teacher, self.config.distillation, batch)
+                else:  # in the actor's workers
+                    scores = actor.compute_teacher_log_probs(packed_tokens(batch))
+                    metrics.update(M.reduce_metrics(scores.meta_info.pop("metrics")))
                 batch.union(scores)
         if self.plan.runs("values"):
             with M.timer("values", timing):

@@ -23,6 +23,9 @@ from pyrl.config import generation_batch_size, is_on_policy
 PASSES = ("generate", "reward", "old_log_prob", "ref", "teacher", "values", "advantage", "update_critic",
           "update_actor", "push_weights")
 ROLE_NAMES = ("actor", "rollout", "ref", "critic", "reward_model")  # the roles a plan may hold
+# a group's role that is no model role: distillation's teachers served from a pool of their own (their models are
+# distillation.teacher_models', colocated they are the actor group's)
+GROUP_ROLES = ROLE_NAMES + ("teacher",)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,9 @@ class RunPlan:
     old_log_probs_from: str = ""
     # a served reward model's own pool (reward.reward_model.enable_resource_pool); None: none, or colocated
     reward_model_pool: Pool | None = None
+    # distillation's teachers' own pool (distillation.n_gpus_per_node x nnodes); None: none, they score in the actor's
+    # workers
+    teacher_pool: Pool | None = None
 
     # ---- what the rest of the run asks ----
     def has(self, role: str) -> bool:
@@ -168,8 +174,8 @@ class RunPlan:
 
     def group_of(self, role: str) -> Group | None:
         """The group hosting `role`, None when the run has no such role."""
-        if role not in ROLE_NAMES:
-            raise KeyError(f"unknown role {role!r}; the roles are {ROLE_NAMES}")
+        if role not in GROUP_ROLES:
+            raise KeyError(f"unknown role {role!r}; the roles are {GROUP_ROLES}")
         return next((g for g in self.groups if role in g.roles), None)
 
     def runs(self, step_pass: str) -> bool:
@@ -178,11 +184,20 @@ class RunPlan:
         return step_pass in self.passes
 
     def pool(self, name: str) -> Pool:
-        pool = {"trainer": self.trainer_pool, "rollout": self.rollout_pool,
-                "reward_model": self.reward_model_pool}.get(name)
+        pool = {"trainer": self.trainer_pool, "rollout": self.rollout_pool, "reward_model": self.reward_model_pool,
+                "teacher": self.teacher_pool}.get(name)
         if pool is None:
             raise KeyError(f"the run has no {name} pool")
         return pool
+
+    def pools(self) -> tuple[Pool | None, ...]:
+        """The trainer's, the one-step-off rollout's, the served reward model's and the teachers' (None where absent)."""
+        return self.trainer_pool, self.rollout_pool, self.reward_model_pool, self.teacher_pool
+
+    def own_pools(self) -> list[Pool]:
+        """The pools of servers beside the trainer's (the served reward model's, the teachers'), placed after the
+        others on what they leave free."""
+        return [pool for pool in (self.reward_model_pool, self.teacher_pool) if pool is not None]
 
     @property
     def world_size(self) -> int:
@@ -217,7 +232,7 @@ class RunPlan:
 
     def describe(self) -> str:
         lines = ["run plan:"]
-        for pool in (self.trainer_pool, self.rollout_pool, self.reward_model_pool):
+        for pool in self.pools():
             if pool is not None:
                 lines.append(f"  {pool.describe()}")
         lines.append(f"  rows: {self.rows_per_step} per step, {self.rows_per_rank} per trainer rank")
@@ -311,6 +326,22 @@ def reward_model_pool(config) -> Pool | None:
     on_gpu = gpus_per_node(config.trainer) > 0
     # a server process per replica, holding its TP devices (vLLM starts a worker on each)
     return Pool("reward_model", section.nnodes, section.n_gpus_per_node // tp, tp if on_gpu else 0)
+
+
+def teacher_pool(config) -> Pool | None:
+    """Distillation's teachers' own pool (distillation.n_gpus_per_node x nnodes): a server process per teacher
+    replica, holding its devices (GPUs, or CPU processes when the trainer runs on CPU); None: no pool, the teachers
+    score in the actor's workers. The replicas' layout is pyrl.algos.distillation.teacher_replicas'."""
+    distillation = config.distillation
+    if not distillation.enabled:
+        return None
+    from pyrl.algos.distillation import pool_devices, replica_devices, teachers_of  # lazy: the algorithms load torch
+
+    if not pool_devices(distillation):
+        return None
+    size = replica_devices(teachers_of(distillation)[0][1])  # check_pool: every replica's
+    on_gpu = gpus_per_node(config.trainer) > 0
+    return Pool("teacher", distillation.nnodes, distillation.n_gpus_per_node // size, size if on_gpu else 0)
 
 
 def estimator_needs(config):
@@ -434,6 +465,7 @@ def resolve_run_plan(config) -> RunPlan:
         why.append(("teacher", f"runs: distillation.enabled, {who} the responses "
                                f"{teacher_placement(config.distillation)} for loss_mode={loss.loss_mode}"
                                + (f" (top {loss.topk})" if loss.loss_mode == "forward_kl_topk" else "")))
+    teachers_pool = teacher_pool(config)
     passes = [p for p in PASSES
               if (p != "old_log_prob" or source == "pass") and (p != "ref" or ref) and (p != "teacher" or teacher)
               and (p not in ("values", "update_critic") or critic)]
@@ -442,8 +474,11 @@ def resolve_run_plan(config) -> RunPlan:
         # colocated tensor-parallel replicas: each leader learns its group's devices from the others
         groups = tuple(dataclasses.replace(g, distributed=True) if g.name == "reward_model_server" else g
                        for g in groups)
+    if teachers_pool is not None:
+        worker, section = GROUP_WORKERS["teacher_server"]
+        groups += (Group("teacher_server", worker, section, (), "teacher", ("teacher",), distributed=False),)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
-                   config.data.train_batch_size * n, prompts, arr.rollout.seed, source, rm_pool)
+                   config.data.train_batch_size * n, prompts, arr.rollout.seed, source, rm_pool, teachers_pool)
 
 
 def resolve_generation_plan(config) -> RunPlan:
@@ -488,7 +523,8 @@ WORKERS = {
                      ConfigValue("actor_rollout_ref.model.path")),
 }
 # a group whose name is here is made by its entry instead (the served reward model's role runs in server processes)
-GROUP_WORKERS = {"reward_model_server": ("pyrl.workers.reward_server.RewardModelServer", "reward.reward_model")}
+GROUP_WORKERS = {"reward_model_server": ("pyrl.workers.reward_server.RewardModelServer", "reward.reward_model"),
+                 "teacher_server": ("pyrl.workers.teacher_server.TeacherServer", "distillation")}
 
 
 def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, ...]:

@@ -106,11 +106,13 @@ def start_ray(config, processes: int = 1) -> None:
 
 def own_cpu_pools(plan) -> list:
     """The pools beside the trainer's whose processes share the nodes' CPUs with it: the one-step-off rollout's, and
-    a served reward model's own pool when it runs on CPU."""
-    pools = [plan.rollout_pool]
-    if plan.reward_model_pool is not None and plan.reward_model_pool.gpus_per_process == 0:
-        pools.append(plan.reward_model_pool)
+    the servers' own pools (a served reward model's, the teachers') when they run on CPU."""
+    pools = [plan.rollout_pool] + [pool for pool in plan.own_pools() if pool.gpus_per_process == 0]
     return [pool for pool in pools if pool is not None]
+
+
+# the key that asks for each servers' pool (RunPlan.own_pools), for placement errors
+OWN_POOL_KEYS = {"reward_model": "reward.reward_model.enable_resource_pool", "teacher": "distillation.nnodes"}
 
 
 def shared_cpus_per_process(plan) -> int:
@@ -135,8 +137,8 @@ def build_workers(config, plan) -> Workers:
 
     trainer = plan.trainer_pool
     colocated = sum(group.pool == "trainer" for group in plan.groups)
-    others = sum(pool.world_size for pool in (plan.rollout_pool, plan.reward_model_pool) if pool is not None)
-    start_ray(config, trainer.world_size + others)  # the rollout's and the reward model's own workers too
+    others = sum(pool.world_size for pool in plan.pools()[1:] if pool is not None)
+    start_ray(config, trainer.world_size + others)  # the rollout's and the servers' own workers too
     # each node's CPUs (the cluster's count, not this machine's) shared by its processes
     pools = {"trainer": ResourcePool([trainer.processes_per_node] * trainer.nnodes,
                                      gpus_per_process=trainer.gpus_per_process, cpus_per_process=None,
@@ -154,21 +156,20 @@ def build_workers(config, plan) -> Workers:
         except ValueError:
             pools["trainer"].release()
             raise
-    if plan.reward_model_pool is not None:  # a served reward model's own pool, on what the others leave free
-        shape = plan.reward_model_pool
-        pools["reward_model"] = ResourcePool([shape.processes_per_node] * shape.nnodes,
-                                             gpus_per_process=shape.gpus_per_process,
-                                             cpus_per_process=pools["trainer"].cpus_per_process if
-                                             shape.gpus_per_process == 0 else 1)
+    for shape in plan.own_pools():  # the servers' own pools, on what the others leave free
+        pools[shape.name] = ResourcePool([shape.processes_per_node] * shape.nnodes,
+                                         gpus_per_process=shape.gpus_per_process,
+                                         cpus_per_process=pools["trainer"].cpus_per_process if
+                                         shape.gpus_per_process == 0 else 1)
         try:
-            pools["reward_model"].placement_groups()
+            pools[shape.name].placement_groups()
         except PlacementError as e:
             for pool in pools.values():
                 pool.release()
-            raise ValueError(f"reward.reward_model.enable_resource_pool: its pool, nnodes={shape.nnodes} x "
-                             f"n_gpus_per_node={shape.processes_per_node} "
-                             f"{'GPU' if shape.gpus_per_process else 'CPU'} server process(es), cannot be placed: "
-                             f"{e}") from None
+            raise ValueError(f"{OWN_POOL_KEYS[shape.name]}: its pool, nnodes={shape.nnodes} x "
+                             f"{shape.processes_per_node} {'GPU' if shape.gpus_per_process else 'CPU'} server "
+                             f"process(es) of {max(shape.gpus_per_process, 1)} device(s), cannot be placed: {e}") \
+                from None
     on_cpu = trainer.gpus_per_process == 0
     if on_cpu:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
         # nothing else runs: workers measuring it at once would each see a fraction of it
@@ -178,7 +179,7 @@ def build_workers(config, plan) -> Workers:
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
                **{name: pools[name].cpus_per_process if on_cpu and name in pools else None
-                  for name in ("rollout", "reward_model")}}
+                  for name in ("rollout", "reward_model", "teacher")}}
     groups = {}
     for group in plan.groups:
         worker = load_object(group.worker, f"the {group.name} group's worker class")

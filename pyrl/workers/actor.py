@@ -90,7 +90,8 @@ class ActorRolloutRefWorker(Worker):
             self.ref_hf_config = ref_lm.config
             self.ref_policy.requires_grad_(False)
         self.teachers = []  # on-policy distillation: (TeacherModelConfig, policy, HF config, compute dtype) each
-        if self.has_actor and self.distillation is not None:
+        # (none here when the teachers have a pool of their own: pyrl.workers.teacher_server)
+        if self.has_actor and self.distillation is not None and not distillation.pool_devices(self.distillation):
             for _, teacher in distillation.teachers_of(self.distillation):
                 model = dataclasses.replace(self.config.model, path=teacher.model_path, tokenizer_path=None,
                                             override_config={}, lora_rank=0, lora_adapter_path=None,

@@ -12,22 +12,6 @@ from pyrl.workers.actor import ActorRolloutRefWorker
 ROWS, K = 8, 5
 
 
-@pytest.fixture(scope="module")
-def teacher_path(tmp_path_factory, tiny_path):
-    """pyrl:tiny with noise on every weight: another model over the same vocabulary."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.5 * p.std().clamp(min=0.02))
-    path = str(tmp_path_factory.mktemp("teacher"))
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_path).save_pretrained(path)
-    return path
-
-
 def distill_config(teacher_path, *overrides):
     return make_config("distillation.enabled=true",
                        f"distillation.teacher_models.teacher_model.model_path={teacher_path}",
