@@ -222,8 +222,8 @@ INFERENCE_READ = ("name", "dtype", "max_num_batched_tokens", "max_model_len", "p
                   "temperature")
 # read too by a vLLM teacher in a pool of its own (pyrl.workers.teacher_server), as verl's teacher server takes them
 VLLM_POOL_READ = ("gpu_memory_utilization", "enforce_eager", "tensor_model_parallel_size", "max_num_seqs",
-                  "load_format", "engine_kwargs", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats",
-                  "skip_tokenizer_init")
+                  "load_format", "engine_kwargs", "enable_chunked_prefill", "enable_prefix_caching",
+                  "disable_log_stats", "skip_tokenizer_init")
 
 
 def check_config(config) -> None:
@@ -329,8 +329,11 @@ def check_teacher(name: str, teacher, pooled: bool = False) -> None:
     if inference.name not in ("vllm", "hf"):
         raise NotImplementedError(f"{entry}.inference.name={inference.name!r}: vllm or hf")
     read = INFERENCE_READ + (VLLM_POOL_READ if pooled and inference.name == "vllm" else ())
-    where = ("the teacher's pool serves it with pyrl's hf engine (set inference.name=vllm for vLLM's keys)" if pooled
-             else "pyrl's teacher scores in the actor's workers (distillation.nnodes=0)")
+    where = ("pyrl's vLLM teacher server does not take it (free_cache_engine: the pool holds the teacher alone, "
+             "its engine stays awake)" if pooled and inference.name == "vllm"
+             else "the teacher's pool serves it with pyrl's hf engine (inference.name=vllm takes vLLM's keys), where "
+             "it means nothing" if pooled
+             else "pyrl's teacher scores in the actor's workers (distillation.nnodes=0), where it means nothing")
     defaults = TeacherInferenceConfig()
     for field in dataclasses.fields(inference):
         if field.name in read:
@@ -340,8 +343,8 @@ def check_teacher(name: str, teacher, pooled: bool = False) -> None:
             continue  # the replica's size (check_pool); the hf engine's one device below
         if value != default:
             raise NotImplementedError(
-                f"{entry}.inference.{field.name}={value!r}: verl's teacher server option; {where}, where it means "
-                f"nothing (leave it at {default!r})")
+                f"{entry}.inference.{field.name}={value!r}: verl's teacher server option; {where} (leave it at "
+                f"{default!r})")
     if pooled and (inference.tensor_model_parallel_size < 1
                    or inference.name == "hf" and inference.tensor_model_parallel_size != 1):
         raise ValueError(f"{entry}.inference.tensor_model_parallel_size={inference.tensor_model_parallel_size}: "

@@ -191,7 +191,7 @@ class RunPlan:
         return pool
 
     def pools(self) -> tuple[Pool | None, ...]:
-        """The trainer's, the one-step-off rollout's, the served reward model's and the teachers' (None where absent)."""
+        """The trainer's, the one-step-off rollout's, the served reward model's, the teachers' (None where absent)."""
         return self.trainer_pool, self.rollout_pool, self.reward_model_pool, self.teacher_pool
 
     def own_pools(self) -> list[Pool]:

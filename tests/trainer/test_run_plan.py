@@ -52,9 +52,11 @@ def test_distillation_adds_the_teacher_pass_in_the_actor_group():
     assert "in the actor's workers" in dict(plan.why)["teacher"]
     actor = plan.group_of("actor")
     assert [a.key for a in actor.args[1:]] == ["distillation"]  # the worker gets the section, loads the teacher
-    with pytest.raises(NotImplementedError, match=r"n_gpus_per_node x nnodes = 8 x 1"):
-        plan_of("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
-                "distillation.nnodes=1")
+    assert plan.teacher_pool is None and plan.group_of("teacher") is None
+    # verl's pool (distillation.nnodes=1 x 8 devices): 4 tensor-parallel-2 replicas (tests/trainer/test_teacher_pool.py)
+    pooled, _ = plan_of("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
+                        "distillation.nnodes=1")
+    assert pooled.teacher_pool.world_size == 4 and "in a pool of their own" in dict(pooled.why)["teacher"]
 
 
 def test_several_teachers_each_hold_their_weights_and_score_in_turn():
@@ -171,6 +173,7 @@ def test_the_workers_are_found_by_role():
     groups = {g.name: object() for g in plan.groups}
     workers = Workers(groups, plan, pool=None)
     assert workers.actor is workers.rollout is groups["actor_rollout"] and workers.critic is groups["critic"]
-    assert workers.ref is None and workers.reward_model is None and workers.world_size == 1
-    with pytest.raises(AttributeError, match="no attribute or role 'teacher'"):
-        workers.teacher
+    assert workers.ref is None and workers.reward_model is None and workers.teacher is None
+    assert workers.world_size == 1
+    with pytest.raises(AttributeError, match="no attribute or role 'judge'"):
+        workers.judge

@@ -6,14 +6,15 @@ row goes to the teacher its data_source names, and one teacher's rows spread ove
 
 import pytest
 import torch
-from test_distillation_worker import K, ROWS, hf_logits, keyed
+from test_distillation_worker import ROWS, K, hf_logits, keyed
 from worker_helpers import hf_response_logprobs, make_config, random_batch
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.workers.teacher_server import ranks_of, replica_of, score_batch, spread, top_entries
 
-POOL = ["distillation.enabled=true", "distillation.nnodes=1", "distillation.n_gpus_per_node=1", "distillation.teacher_models.teacher_model.inference."
-        "tensor_model_parallel_size=1", f"distillation.distillation_loss.topk={K}"]
+POOL = ["distillation.enabled=true", "distillation.nnodes=1", "distillation.n_gpus_per_node=1",
+        "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1",
+        f"distillation.distillation_loss.topk={K}"]
 
 
 def pool_config(teacher_path, engine, *overrides):
