@@ -652,11 +652,12 @@ class DistillationLossConfig:
 
 @dataclass
 class TeacherInferenceConfig:
-    """verl 0.9.1's distillation.teacher_models.<name>.inference: how verl serves the teacher (a vLLM server of its
-    own). pyrl scores the student's tokens with the teacher in the actor's workers (pyrl.algos.distillation), so
-    the server's keys keep their defaults (others stop the run at start); dtype is the teacher's compute dtype,
-    max_num_batched_tokens its pass's token budget per micro-batch; max_model_len, prompt_length and
-    response_length are checked as verl; name vllm or hf (the same scores either way)."""
+    """verl 0.9.1's distillation.teacher_models.<name>.inference: how the teacher is served. In the actor's workers
+    (distillation.nnodes=0) dtype is the teacher's compute dtype and max_num_batched_tokens its pass's token budget
+    per micro-batch; the server keys keep their defaults (others stop the run at start). In the teachers' own pool
+    (pyrl.workers.teacher_server) name picks the engine (vllm, or pyrl's hf) and a vLLM teacher takes verl's server
+    keys too (pyrl.algos.distillation.VLLM_POOL_READ). max_model_len, prompt_length and response_length are checked
+    as verl."""
 
     name: Optional[str] = "${oc.select:actor_rollout_ref.rollout.name}"
     dtype: Optional[str] = "${oc.select:actor_rollout_ref.rollout.dtype}"
@@ -700,7 +701,7 @@ class DistillationConfig:
 
     enabled: bool = False
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
-    n_gpus_per_node: int = 8  # the teacher's own pool (verl); pyrl: nnodes=0, the teacher in the actor's workers
+    n_gpus_per_node: int = 8  # the teachers' own pool: n_gpus_per_node x nnodes devices; nnodes=0: none
     nnodes: int = 0
     # entries typed Any: verl's `+distillation.teacher_models.<new>.key=...` adds one key at a time, which Hydra
     # cannot do inside a dict of dataclasses; resolve_teacher_entries makes each a TeacherModelConfig

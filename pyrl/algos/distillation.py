@@ -1,6 +1,7 @@
 """On-policy distillation (verl 0.9.1's trainer/distillation/losses.py and fsdp/losses.py), one formula sheet.
 
-The student generates; the teacher scores the student's tokens (teacher pass, pyrl.workers.actor); for a response
+The student generates; the teacher scores the student's tokens (teacher pass: in the actor's workers,
+pyrl.workers.actor, or in the teachers' own pool, pyrl.workers.teacher_server); for a response
 token y_t after the context c_t:
 
   estimator modes (kl | k1 | abs | mse | k2 | low_var_kl | k3), the teacher's log-prob of the sampled token:
