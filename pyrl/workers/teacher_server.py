@@ -91,8 +91,6 @@ class TeacherServer(Worker):
         super().__init__()
         self.distillation = section
         self.name, self.teacher, self.replica = replica_of(section, self.rank)
-        loss = section.distillation_loss
-        self.topk = loss.topk if D.uses_topk(loss) else 0
         self.device = worker_device(self.local_rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -101,7 +99,8 @@ class TeacherServer(Worker):
         if inference.name == "vllm":
             from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: vllm is optional
 
-            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(inference, self.topk, self.replica),
+            topk = self.distillation.distillation_loss.topk or 0
+            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(inference, topk, self.replica),
                                      self.device, own_workers=True)
             self.model = None
         else:
@@ -120,9 +119,13 @@ class TeacherServer(Worker):
         return f"{self.name} replica {self.replica} ({self.teacher.inference.name}, {self.teacher.model_path})"
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
-    def score(self, sequences: list[list[int]], prompt_lengths: list[int]) -> list[tuple]:
+    def score(self, sequences: list[list[int]], prompt_lengths: list[int], topk: int) -> list[tuple]:
         """Per sequence (prompt + response token ids) the scores of its response tokens (those after
-        prompt_lengths[i]): (ids [r, k] int64, log-probs [r, k] float32) with top-k, else (None, log-probs [r])."""
+        prompt_lengths[i]): with topk k > 0 (ids [r, k] int64, log-probs [r, k] float32), else (None, the sampled
+        tokens' log-probs [r])."""
+        if topk < 0 or (self.engine is not None and topk > (self.distillation.distillation_loss.topk or 0)):
+            raise ValueError(f"teacher {self.name}: topk={topk}: 0 (the sampled tokens) up to distillation."
+                             f"distillation_loss.topk={self.distillation.distillation_loss.topk} (vLLM's max_logprobs)")
         if not sequences:
             return []
         for i, (sequence, prompt) in enumerate(zip(sequences, prompt_lengths)):
@@ -130,31 +133,31 @@ class TeacherServer(Worker):
                 raise ValueError(f"teacher {self.name}: sequence {i} has {len(sequence)} tokens and a prompt of "
                                  f"{prompt}: a prompt of at least one token, within the sequence")
         if self.engine is not None:
-            return self._vllm_scores(sequences, prompt_lengths)
-        return self._hf_scores(sequences, prompt_lengths)
+            return self._vllm_scores(sequences, prompt_lengths, topk)
+        return self._hf_scores(sequences, prompt_lengths, topk)
 
-    def _vllm_scores(self, sequences, prompt_lengths) -> list[tuple]:
+    def _vllm_scores(self, sequences, prompt_lengths, topk: int) -> list[tuple]:
         # lazy: vllm is optional
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=self.topk, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=topk, detokenize=False)
         outputs = self.engine.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                            use_tqdm=False)
         out = []
         for sequence, prompt, output in zip(sequences, prompt_lengths, outputs):
             positions = output.prompt_logprobs[prompt:]  # position j: the log-probs of token j given those before
-            if not self.topk:  # prompt_logprobs=0: the prompt's own token alone
+            if not topk:  # prompt_logprobs=0: the prompt's own token alone
                 logp = [float(position[token].logprob) for token, position in zip(sequence[prompt:], positions)]
                 out.append((None, torch.tensor(logp, dtype=torch.float32)))
                 continue
-            ids, logp = zip(*(top_entries(position, self.topk) for position in positions)) if positions else ((), ())
-            out.append((torch.tensor(ids, dtype=torch.int64).reshape(-1, self.topk),
-                        torch.tensor(logp, dtype=torch.float32).reshape(-1, self.topk)))
+            ids, logp = zip(*(top_entries(position, topk) for position in positions)) if positions else ((), ())
+            out.append((torch.tensor(ids, dtype=torch.int64).reshape(-1, topk),
+                        torch.tensor(logp, dtype=torch.float32).reshape(-1, topk)))
         return out
 
     @torch.no_grad()
-    def _hf_scores(self, sequences, prompt_lengths) -> list[tuple]:
+    def _hf_scores(self, sequences, prompt_lengths, topk: int) -> list[tuple]:
         budget = self.teacher.inference.max_num_batched_tokens
         out, start = [], 0
         while start < len(sequences):  # consecutive sequences within the token budget (at least one)
@@ -171,8 +174,8 @@ class TeacherServer(Worker):
             for i, sequence in enumerate(chunk):
                 prompt = prompt_lengths[start + i]
                 logp = logits[i, prompt - 1:len(sequence) - 1].float().log_softmax(-1)
-                if self.topk:
-                    values, top = logp.topk(self.topk, dim=-1)
+                if topk:
+                    values, top = logp.topk(topk, dim=-1)
                     out.append((top.cpu(), values.cpu()))
                 else:
                     targets = torch.tensor(sequence[prompt:], device=logp.device)
@@ -211,9 +214,9 @@ def score_batch(group, distillation, data: DataProto) -> DataProto:
     for routed, ranks in zip(D.route_rows(distillation, keys), ranks_of(distillation)):
         for rank, part in zip(ranks, spread(routed, [len(s) for s in sequences], len(ranks))):
             per_rank[rank] = part
-    answers = group.score([[sequences[i] for i in part] for part in per_rank],
-                          [[prompt_lengths[i] for i in part] for part in per_rank])
     topk = distillation.distillation_loss.topk if D.uses_topk(distillation.distillation_loss) else 0
+    answers = group.score([[sequences[i] for i in part] for part in per_rank],
+                          [[prompt_lengths[i] for i in part] for part in per_rank], [topk] * group.world_size)
     if topk:
         out = {"teacher_topk_log_probs": torch.zeros((rows, width, topk), dtype=torch.float32),
                "teacher_topk_ids": torch.zeros((rows, width, topk), dtype=torch.int64)}

@@ -52,21 +52,21 @@ def test_a_served_teacher_scores_as_float64_transformers(ray_session, teacher_pa
     atol = 1e-5 if engine == "hf" else 1e-4  # vLLM's CPU kernels sum in another order
     batch = random_batch(ROWS, seed=31)
     mask = batch.batch["response_mask"].bool()
-    for loss_mode in ("forward_kl_topk", "k3"):
-        config = pool_config(teacher_path, engine, f"distillation.distillation_loss.loss_mode={loss_mode}",
-                             "distillation.teacher_models.teacher_model.inference.dtype=float32")
-        wg = served(config)
-        try:
-            out = score_batch(wg, config.distillation, batch)
-        finally:
-            wg.kill()
-        if loss_mode == "forward_kl_topk":
-            assert out.batch["teacher_topk_log_probs"].shape == batch.batch["responses"].shape + (K,)
-            assert_topk_equals_hf(out, teacher_path, batch, range(ROWS), atol)
-        else:
-            logp, _ = hf_response_logprobs(teacher_path, batch)
-            torch.testing.assert_close(out.batch["teacher_log_probs"][mask].double(), logp[mask], atol=atol, rtol=0)
-            assert not out.batch["teacher_log_probs"][~mask].any()
+    configs = {loss_mode: pool_config(teacher_path, engine, f"distillation.distillation_loss.loss_mode={loss_mode}",
+                                      "distillation.teacher_models.teacher_model.inference.dtype=float32")
+               for loss_mode in ("forward_kl_topk", "k3")}
+    wg = served(configs["forward_kl_topk"])  # one server answers both (the top k, or the sampled token's)
+    try:
+        topk, sampled = (score_batch(wg, configs[mode].distillation, batch) for mode in ("forward_kl_topk", "k3"))
+        with pytest.raises(Exception, match=r"topk=-1: 0 \(the sampled tokens\) up to"):
+            wg.score([[[1, 2]]], [[1]], [-1])
+    finally:
+        wg.kill()
+    assert topk.batch["teacher_topk_log_probs"].shape == batch.batch["responses"].shape + (K,)
+    assert_topk_equals_hf(topk, teacher_path, batch, range(ROWS), atol)
+    logp, _ = hf_response_logprobs(teacher_path, batch)
+    torch.testing.assert_close(sampled.batch["teacher_log_probs"][mask].double(), logp[mask], atol=atol, rtol=0)
+    assert not sampled.batch["teacher_log_probs"][~mask].any()
 
 
 def test_two_teachers_route_by_key_and_one_spreads_over_its_replicas(ray_session, teacher_path, tiny_path):
