@@ -94,12 +94,18 @@ def attempt(fn: Callable, timeout_s: float, call: dict) -> tuple:
         try:
             with time_limit(timeout_s):
                 return call_scorer(fn, **call), None, None, counted
-        except ScorerTimeout:
-            return None, "timeouts", f"ScorerTimeout: over {timeout_s} s", counted
-        except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
-            raise
         except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
-            return None, "errors", f"{type(e).__name__}: {e}", counted
+            return (*failure(e, timeout_s, isinstance(e, ScorerTimeout)), counted)
+
+
+def failure(error: Exception, timeout_s: float, timed_out: bool) -> tuple[None, str, str]:
+    """A failed scorer call's (None, "timeouts" | "errors", "Type: message"). SandboxUnavailable is raised again: the
+    machine cannot score code safely, a setting to change, never a 0 score."""
+    if isinstance(error, SandboxUnavailable):
+        raise error
+    if timed_out:
+        return None, "timeouts", f"ScorerTimeout: over {timeout_s} s"
+    return None, "errors", f"{type(error).__name__}: {error}"
 
 
 _POOLS: dict[int, concurrent.futures.ProcessPoolExecutor] = {}
@@ -164,12 +170,8 @@ def gather_outcomes(fn: Callable, timeout_s: float, calls: list[dict]) -> list[t
             if timeout_s and timeout_s > 0:
                 return await asyncio.wait_for(fn(**call), timeout_s), None, None, {}
             return await fn(**call), None, None, {}
-        except asyncio.TimeoutError:
-            return None, "timeouts", f"ScorerTimeout: over {timeout_s} s", {}
-        except SandboxUnavailable:  # the machine cannot score code safely: a setting to change, never a 0 score
-            raise
         except Exception as e:  # noqa: BLE001 - any scorer failure is counted, not fatal (unless strict)
-            return None, "errors", f"{type(e).__name__}: {e}", {}
+            return (*failure(e, timeout_s, isinstance(e, asyncio.TimeoutError)), {})
 
     async def every() -> list[tuple]:
         return list(await asyncio.gather(*(one(call) for call in calls)))
