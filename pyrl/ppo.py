@@ -69,7 +69,7 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
             config.reward.reward_model.model_path = model.path
         if model.tokenizer_path:
             model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
-    if plan.runs("teacher"):  # on-policy distillation's teacher, loaded in the actor's workers
+    if plan.runs("teacher"):  # on-policy distillation's teachers (in the actor's workers or their own servers)
         from pyrl.algos.distillation import teachers_of  # lazy: the algorithms load torch
 
         for name, teacher in teachers_of(config.distillation):
