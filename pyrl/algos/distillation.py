@@ -213,7 +213,7 @@ def teacher_placement(distillation) -> str:
     """Where the teachers score (the run plan's words)."""
     if not pool_devices(distillation):
         return "in the actor's workers (distillation.nnodes=0: no pool of its own)"
-    return ("in a pool of their own (distillation.n_gpus_per_node x nnodes = "
+    return ("in the teachers' own pool (distillation.n_gpus_per_node x nnodes = "
             f"{distillation.n_gpus_per_node} x {distillation.nnodes}: "
             + ", ".join(f"{name} {replicas} replica(s) of {replica_devices(t)} device(s)"
                         for name, t, replicas in teacher_replicas(distillation)) + ")")

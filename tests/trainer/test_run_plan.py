@@ -56,7 +56,7 @@ def test_distillation_adds_the_teacher_pass_in_the_actor_group():
     # verl's pool (distillation.nnodes=1 x 8 devices): 4 tensor-parallel-2 replicas (tests/trainer/test_teacher_pool.py)
     pooled, _ = plan_of("distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
                         "distillation.nnodes=1")
-    assert pooled.teacher_pool.world_size == 4 and "in a pool of their own" in dict(pooled.why)["teacher"]
+    assert pooled.teacher_pool.world_size == 4 and "in the teachers' own pool" in dict(pooled.why)["teacher"]
 
 
 def test_several_teachers_each_hold_their_weights_and_score_in_turn():
