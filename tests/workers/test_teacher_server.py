@@ -22,12 +22,17 @@ def pool_config(teacher_path, engine, *overrides):
                        f"distillation.teacher_models.teacher_model.inference.name={engine}", *overrides)
 
 
+def served_processes(config) -> int:
+    from pyrl.trainer.run_plan import teacher_pool
+
+    return teacher_pool(config).world_size
+
+
 def served(config):
     """The run's teacher servers (TeacherServer x the pool's processes) on CPU."""
-    from pyrl.trainer.run_plan import teacher_pool
     from pyrl.workers.teacher_server import TeacherServer
 
-    wg = WorkerGroup(ResourcePool([teacher_pool(config).world_size]), TeacherServer, config.distillation,
+    wg = WorkerGroup(ResourcePool([served_processes(config)]), TeacherServer, config.distillation,
                      group_name="teacher_server", init_distributed=False)
     wg.init_model()
     return wg
@@ -45,16 +50,21 @@ def assert_topk_equals_hf(out, path, batch, rows, atol):
         assert not out.batch["teacher_topk_ids"][r][~mask[r]].any()
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_a_served_teacher_scores_as_float64_transformers(ray_session, teacher_path, engine):
+@pytest.mark.parametrize("engine, tensor_parallel", [("hf", 1), ("vllm", 1), ("vllm", 2)])
+def test_a_served_teacher_scores_as_float64_transformers(ray_session, teacher_path, engine, tensor_parallel):
+    """tensor_parallel 2 (verl's default replica): one server process, vLLM's own worker per device (on CPU two
+    workers sharing the cores)."""
     if engine == "vllm":
         pytest.importorskip("vllm")
     atol = 1e-5 if engine == "hf" else 1e-4  # vLLM's CPU kernels sum in another order
     batch = random_batch(ROWS, seed=31)
     mask = batch.batch["response_mask"].bool()
+    replica = [f"distillation.n_gpus_per_node={tensor_parallel}",
+               f"distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size={tensor_parallel}"]
     configs = {loss_mode: pool_config(teacher_path, engine, f"distillation.distillation_loss.loss_mode={loss_mode}",
-                                      "distillation.teacher_models.teacher_model.inference.dtype=float32")
+                                      "distillation.teacher_models.teacher_model.inference.dtype=float32", *replica)
                for loss_mode in ("forward_kl_topk", "k3")}
+    assert served_processes(configs["k3"]) == 1
     wg = served(configs["forward_kl_topk"])  # one server answers both (the top k, or the sampled token's)
     try:
         topk, sampled = (score_batch(wg, configs[mode].distillation, batch) for mode in ("forward_kl_topk", "k3"))
