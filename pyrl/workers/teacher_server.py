@@ -53,7 +53,7 @@ def ranks_of(distillation) -> list[list[int]]:
     return out
 
 
-def teacher_engine_config(inference, topk: int, seed: int):
+def teacher_engine_config(inference, topk: int, seed: int, trust_remote_code: bool = False):
     """pyrl's vLLM engine settings (pyrl.config.RolloutConfig) for a teacher replica, as verl prepares its teacher
     server: room for the student's prompt and whole response plus one token, the raw log-probs, max_logprobs >= k
     (engine_kwargs.vllm.max_logprobs, set to k where unset), and no sleep (the pool is the teacher's alone)."""
@@ -62,6 +62,8 @@ def teacher_engine_config(inference, topk: int, seed: int):
     vllm_kwargs = dict(inference.engine_kwargs.get("vllm") or {})
     if vllm_kwargs.get("max_logprobs") is None:
         vllm_kwargs["max_logprobs"] = max(topk, 1)
+    if trust_remote_code:  # the student's model.trust_remote_code, as the colocated teacher loads with it
+        vllm_kwargs.setdefault("trust_remote_code", True)
     return RolloutConfig(
         name="vllm", dtype=inference.dtype, gpu_memory_utilization=inference.gpu_memory_utilization,
         tensor_model_parallel_size=inference.tensor_model_parallel_size,
@@ -85,11 +87,12 @@ def top_entries(position: dict, k: int) -> tuple[list[int], list[float]]:
 
 
 class TeacherServer(Worker):
-    """One replica of one teacher in the teachers' own pool (module docstring). section: the distillation config."""
+    """One replica of one teacher in the teachers' own pool (module docstring). section: the distillation config;
+    trust_remote_code: the student's (actor_rollout_ref.model.trust_remote_code), as the colocated teacher loads."""
 
-    def __init__(self, section):
+    def __init__(self, section, trust_remote_code: bool = False):
         super().__init__()
-        self.distillation = section
+        self.distillation, self.trust_remote_code = section, trust_remote_code
         self.name, self.teacher, self.replica = replica_of(section, self.rank)
         self.device = worker_device(self.local_rank)
 
@@ -100,8 +103,8 @@ class TeacherServer(Worker):
             from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: vllm is optional
 
             topk = self.distillation.distillation_loss.topk or 0
-            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(inference, topk, self.replica),
-                                     self.device, own_workers=True)
+            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(
+                inference, topk, self.replica, self.trust_remote_code), self.device, own_workers=True)
             self.model = None
         else:
             from transformers import AutoModelForCausalLM  # lazy: transformers loads with the model
@@ -111,7 +114,8 @@ class TeacherServer(Worker):
             key = f"distillation.teacher_models.{self.name}.inference.dtype"
             self.engine = None
             self.model = AutoModelForCausalLM.from_pretrained(
-                self.teacher.model_path, dtype=runnable_dtype(inference.dtype, key, self.device))
+                self.teacher.model_path, dtype=runnable_dtype(inference.dtype, key, self.device),
+                trust_remote_code=self.trust_remote_code)
             self.model.to(self.device).eval().requires_grad_(False)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

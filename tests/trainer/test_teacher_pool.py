@@ -95,7 +95,25 @@ def test_the_plan_and_the_memory_plan_place_the_teachers_pool():
     (["distillation.nnodes=1", "distillation.n_gpus_per_node=2",
       "distillation.teacher_models.teacher_model.inference.free_cache_engine=false"],
      r"inference.free_cache_engine=False: verl.s teacher server option; pyrl.s vLLM teacher server does not take"),
+    (["distillation.nnodes=1", "distillation.n_gpus_per_node=0"],
+     r"distillation.nnodes=1 asks for the teachers' own pool, and distillation.n_gpus_per_node=0 gives it no device"),
+    (["distillation.nnodes=1", "distillation.n_gpus_per_node=2",
+      "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=0"],
+     r"inference.tensor_model_parallel_size=0: must be >= 1"),
+    (["distillation.nnodes=1", "distillation.n_gpus_per_node=2",
+      "+distillation.teacher_models.teacher_model.inference.engine_kwargs.vllm.max_logprobs=2"],
+     r"engine_kwargs.vllm.max_logprobs=2 is below distillation.distillation_loss.topk=4"),
 ])
 def test_pool_settings_pyrl_cannot_honour_stop_at_start(overrides, error):
     with pytest.raises((ValueError, NotImplementedError), match=error):
         plan_of(*overrides)
+
+
+def test_a_vllm_teacher_pool_without_vllm_stops_at_start(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"teacher_model.inference.name=vllm, but vLLM is not installed here"):
+        plan_of("distillation.nnodes=1", "distillation.n_gpus_per_node=2",
+                "distillation.teacher_models.teacher_model.inference.name=vllm")
