@@ -265,12 +265,12 @@ def test_refusals_name_the_key(change, match):
         D.check_config(config)
 
 
-def test_teacher_pool_of_its_own_is_refused():
+def test_a_pool_lays_out_the_teachers_replicas_as_verl():
     config = config_with()
     assert "actor's workers" in D.teacher_placement(config.distillation)  # verl's default: 8 x 0
-    config.distillation.nnodes = 1
-    with pytest.raises(NotImplementedError, match=r"n_gpus_per_node x nnodes = 8 x 1: a teacher pool of its own"):
-        D.teacher_placement(config.distillation)
+    config.distillation.nnodes = 1  # one teacher takes the pool: 8 devices / verl's default TP 2 = 4 replicas
+    assert [(name, replicas) for name, _, replicas in D.teacher_replicas(config.distillation)] == [("teacher_model", 4)]
+    assert "teacher_model 4 replica(s) of 2 device(s)" in D.teacher_placement(config.distillation)
 
 
 def test_one_added_teacher_replaces_the_default_entry():
