@@ -164,6 +164,18 @@ def teachers_of(distillation) -> list[tuple[str, object]]:
     return list(entries.items())
 
 
+def teacher_keys_of(distillation, data) -> list:
+    """Each row of `data` (a DataProto)'s distillation.teacher_key value, which route_rows routes by; with one teacher
+    every row is its (None each). Several teachers and no such column stop the step, naming the key."""
+    if len(teachers_of(distillation)) == 1:
+        return [None] * len(data)
+    column = distillation.teacher_key
+    if column not in data.non_tensor_batch:
+        raise ValueError(f"distillation.teacher_key={column}: the batch has no such column (its columns: "
+                         f"{sorted(data.non_tensor_batch)}); several teachers route the rows by it")
+    return list(data.non_tensor_batch[column])
+
+
 def route_rows(distillation, keys) -> list[list[int]]:
     """Each teacher's rows (indices, in teachers_of's order): with one teacher every row; with several the rows whose
     distillation.teacher_key value is the teacher's key. A row whose value names no teacher stops the step, naming

@@ -12,15 +12,19 @@ soon as greedy decoding gets a target share of the validation prompts right.
 
 RL needs a policy that sometimes succeeds: from random weights the reward is 0 everywhere and GRPO has no
 signal. The warm-start plays the role of pretraining; it stops at a low bar so that what an RL run shows
-afterwards is RL's improvement. Both share one loop (supervised_warm_start). Deterministic from the seed,
-cached like the tiny model (made in a temp dir, renamed into place)."""
+afterwards is RL's improvement. Each is one or two runs of pyrl's SFT trainer (pyrl.trainer.sft_trainer, its
+keys in sft_until) in a Python process of their own, stopped by an evaluation after each checkpoint. Deterministic
+from the seed, cached like the tiny model (made in a temp dir, renamed into place, one maker at a time)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -28,8 +32,9 @@ from pyrl.models.tiny import TinyModelSpec, _write_once, default_cache_dir, tiny
 
 log = logging.getLogger("pyrl")
 
-VERSION = 3  # the toy warm-start's; bumped when its result changes (names its cache directory); 3: toy task v2
-TOOL_VERSION = 1  # the tool warm-start's
+VERSION = 4  # the toy warm-start's; bumped when its result changes (names its cache directory); 3: toy task v2;
+# 4: made by pyrl's SFT trainer (was a loop of its own)
+TOOL_VERSION = 2  # the tool warm-start's; 2: made by pyrl's SFT trainer
 
 
 def _chat_prompts(tokenizer, questions) -> list[list[int]]:
@@ -57,109 +62,140 @@ def greedy_reward(model, tokenizer, questions, truths, max_new_tokens: int = 8) 
     return sum(compute_score(t, y) for t, y in zip(texts, truths)) / len(truths)
 
 
-def supervised_warm_start(model, examples, evaluate, done, *, seed: int, max_steps: int, pad_token_id: int, name: str,
-                          goal: str, score=None, progress: bool = True, batch_size: int = 128, lr: float = 3e-3,
-                          eval_every: int = 25, log_every: int = 250) -> tuple[int, dict, bool]:
-    """Supervised fine-tuning of `model` in place until done(evaluate(model)); returns (steps, metrics, reached).
+def conversations_file(path: str, conversations, tools=None) -> str:
+    """The conversations as an SFT data file (data.messages_key "messages", data.tools_key "tools")."""
+    # lazy: pyarrow loads only when a warm-start runs
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    examples: (input_ids, labels) token lists of equal length, labels -100 where no loss is taken. Each step
-    draws batch_size examples with replacement (a generator seeded by `seed`), right-pads them, and takes one
-    AdamW step (lr, gradients clipped to norm 1). Every eval_every steps (and at max_steps) evaluate(model) ->
-    {label: value}; training stops once done(metrics). If max_steps pass first, the model of the best
-    score(metrics) seen (default: the first value) is kept, with a warning naming `goal`. Progress: a bar on a
-    terminal, otherwise a log line every log_every steps."""
-    # lazy: torch and tqdm load only when a warm-start runs
+    pq.write_table(pa.Table.from_pylist([{"messages": c, **({"tools": tools} if tools else {})}
+                                         for c in conversations]), path)
+    return path
+
+
+def sft_until(name: str, goal: str, *, base: str, train_file: str, evaluate, done, work_dir: str, seed: int,
+              max_steps: int, eval_every: int, score=None, batch_size: int = 128, lr: float = 3e-3,
+              log_every: int = 250, progress: bool = True) -> tuple[str, int, dict, bool]:
+    """A run of pyrl's SFT trainer (python -m pyrl.trainer.sft_trainer, run_sft) in this process, from the model in
+    `base` on the conversations of `train_file` (the loss on the assistant turns), until done(evaluate(model)).
+
+    The trainer's keys: data.train_batch_size=batch_size (drawn in shuffled epochs, trainer.seed=seed), AdamW at a
+    constant optim.lr=lr (weight decay 0.01, gradients clipped to norm 1: verl's defaults), float32, one CPU worker
+    (the same model on every machine), trainer.total_training_steps=max_steps, a checkpoint with its hf_model every
+    eval_every steps (trainer.save_freq), no gradient checkpointing (a tiny model). After each checkpoint
+    (SFTTrainer.fit's after_save) evaluate(model) -> {label: value} on its Hugging Face model; the run stops once
+    done(metrics). If max_steps pass first, the model of the best score(metrics) seen (default: the first value) is
+    kept, with a warning naming `goal`. Returns (the kept model's directory under work_dir, steps, its metrics,
+    reached). Progress: a log line every log_every steps."""
+    # lazy: torch, transformers, Hydra's compose and the trainer load only when a warm-start runs
     import torch
-    from tqdm import tqdm
+    from hydra import compose, initialize_config_module
+    from transformers import AutoModelForCausalLM
+
+    from pyrl.config import typed_config
+    from pyrl.trainer.sft_trainer import SFTConfig, run_sft
 
     score = score or (lambda m: next(iter(m.values())))
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    metrics, step, reached, best = {}, 0, False, (float("-inf"), None, {})
-    # a bar on a terminal; in a log file (CI, nohup) a plain line every log_every steps instead of redraws
-    on_terminal = sys.stderr.isatty()
-    bar = tqdm(total=max_steps, desc=f"{name} (SFT)", disable=not progress or not on_terminal, leave=False)
-    for step in range(1, max_steps + 1):
-        rows = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
-        width = max(len(examples[i][0]) for i in rows)
-        input_ids = torch.full((batch_size, width), pad_token_id)
-        labels = torch.full((batch_size, width), -100)
-        mask = torch.zeros_like(input_ids)
-        for j, i in enumerate(rows):  # right padding
-            ids, targets = examples[i]
-            input_ids[j, :len(ids)], mask[j, :len(ids)] = torch.tensor(ids), 1
-            labels[j, :len(ids)] = torch.tensor(targets)
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        bar.update()
-        if step % eval_every == 0 or step == max_steps:
-            metrics = evaluate(model)
-            bar.set_postfix(loss=f"{loss.item():.3f}", **{f"val_{k}".replace(" ", "_"): f"{v:.3f}"
-                                                          for k, v in metrics.items()})
-            if progress and not on_terminal and step % log_every == 0:
-                log.info("%s (SFT): step %d, loss %.3f, greedy validation %s (%s)", name, step, loss.item(),
-                         ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), goal)
-            if done(metrics):
-                reached = True
-                break
-            if score(metrics) > best[0]:
-                best = (score(metrics), {k: v.clone() for k, v in model.state_dict().items()}, metrics)
-    bar.close()
-    if not reached:
+    overrides = [f"model.path={base}", f"data.train_files={train_file}", f"data.train_batch_size={batch_size}",
+                 f"optim.lr={lr}", "engine.dtype=float32", "model.enable_gradient_checkpointing=false",
+                 "trainer.device=cpu", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=1",
+                 f"trainer.total_training_steps={max_steps}",
+                 f"trainer.save_freq={eval_every}", "trainer.max_ckpt_to_keep=1", "trainer.resume_mode=disable",
+                 f"trainer.seed={seed}", f"trainer.default_local_dir={os.path.join(work_dir, 'run')}",
+                 "trainer.logger=[]",
+                 "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+    with initialize_config_module("pyrl.configs", version_base=None):
+        config = typed_config(compose("sft_trainer_engine", overrides=overrides), SFTConfig)
+    kept = os.path.join(work_dir, "kept")
+    state = {"score": float("-inf"), "metrics": {}, "steps": 0, "reached": False}
+
+    def after_save(step: int, step_dir: str) -> bool:
+        hf_dir = os.path.join(step_dir, "huggingface")
+        metrics = evaluate(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32))
+        reached = bool(done(metrics))
+        state["steps"] = step
+        if progress and (step % log_every == 0 or reached or step == max_steps):
+            log.info("%s (SFT trainer): step %d, greedy validation %s (%s)", name, step,
+                     ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()), goal)
+        if reached or score(metrics) > state["score"]:
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(hf_dir, kept)
+            state.update(score=score(metrics), metrics=metrics, reached=reached)
+        return reached
+
+    run_sft(config, after_save)
+    if not state["reached"]:
         warnings.warn(f"{name}: {goal} not reached after {max_steps} steps (best validation: "
-                      f"{', '.join(f'{k} {v:.3f}' for k, v in best[2].items())}); keeping the best model seen")
-        model.load_state_dict(best[1])
-        metrics = best[2]
-    return step, metrics, reached
+                      f"{', '.join(f'{k} {v:.3f}' for k, v in state['metrics'].items())}); keeping the best model seen",
+                      WarmStartWarning)
+    return kept, state["steps"], state["metrics"], state["reached"]
 
 
-def _save(root: str, path: str, model, tokenizer, info: dict) -> None:
-    """The model, its tokenizer and `info` (pyrl_warm_start.json) into `path`, through a temporary directory."""
-    def write(tmp: str) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        with open(os.path.join(tmp, "pyrl_warm_start.json"), "w") as f:
-            json.dump(info, f)
+def _finish(kept: str, out: str, info: dict) -> None:
+    """The kept model (with its tokenizer and generation config, as the trainer's hf_model has them) and `info`
+    (pyrl_warm_start.json) into `out`."""
+    shutil.copytree(kept, out, dirs_exist_ok=True)
+    with open(os.path.join(out, "pyrl_warm_start.json"), "w") as f:
+        json.dump(info, f)
 
-    _write_once(root, path, write)
+
+WARNINGS_FILE = ".pyrl_warnings.json"  # what a warm-start's own process warned, handed back to its caller
+
+
+def _in_own_process(maker: str, kwargs: dict, out: str) -> None:
+    """MAKERS[maker](out, work, **kwargs) in a fresh Python process (main), then its warnings
+    repeated here. The SFT trainer starts a local Ray instance and its workers there, apart from whatever Ray the
+    caller runs (a run's driver, a test session's cluster); RAY_ADDRESS is not passed on, so it never joins one."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    command = [sys.executable, "-c", "import sys; from pyrl.models.warm_start import main; main(sys.argv)", maker,
+               json.dumps(kwargs), out]
+    code = subprocess.run(command, env=env).returncode
+    if code:
+        raise RuntimeError(f"pyrl's {maker} warm-start (a run of pyrl.trainer.sft_trainer in its own process) failed "
+                           f"with exit code {code}; its output is above. Command: {' '.join(command)}")
+    path = os.path.join(out, WARNINGS_FILE)
+    with open(path) as f:
+        messages = json.load(f)
+    os.remove(path)
+    for message in messages:
+        warnings.warn(message, stacklevel=3)
 
 
 def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: int = 4000, cache_dir: str | None = None,
                         progress: bool = True) -> str:
-    """The warm-started model's directory. Checked every 25 steps; the accuracy jumps within a few hundred
-    steps once the model finds the digit alignment (~1,300 steps here), so the check catches it on the way
-    up. If max_steps pass first, the best model seen is kept, with a warning."""
-    # lazy: torch, transformers and pyrl.data (torch) load only when a warm-start runs
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pyrl.data.toy import toy_answer, toy_pairs, toy_prompt
-
+    """The warm-started model's directory: pyrl's SFT trainer on the toy task's conversations
+    (pyrl:toy_addition_sft's train split: each question and its right answer), from the tiny model, checked every 25
+    steps by greedy decoding on the validation split. The accuracy climbs within a few hundred steps once the model
+    finds the digit alignment, so the check catches it on the way up. If max_steps pass first, the best model seen
+    is kept, with a warning."""
     root = cache_dir or default_cache_dir()
     base = tiny_model_path(TinyModelSpec(seed=seed), cache_dir=root)
     path = f"{base}-toy-sft-v{VERSION}-r{target_reward:g}"
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    train, val, _ = toy_pairs(seed)  # the test split is never looked at
-    val_questions, val_truths = [toy_prompt(a, b) for a, b in val], [str(a + b) for a, b in val]
-    prompts = _chat_prompts(tokenizer, [toy_prompt(a, b) for a, b in train])
-    answers = [tokenizer(toy_answer(a, b) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-               for a, b in train]
-    examples = [(p + a, [-100] * len(p) + a) for p, a in zip(prompts, answers)]  # the loss on the answer only
-    steps, metrics, _ = supervised_warm_start(
-        model, examples, lambda m: {"reward": greedy_reward(m, tokenizer, val_questions, val_truths)},
-        lambda metrics: metrics["reward"] >= target_reward, seed=seed, max_steps=max_steps,
-        pad_token_id=tokenizer.pad_token_id, name="toy warm-start", goal=f"target {target_reward:g}", progress=progress)
-    _save(root, path, model, tokenizer,
-          {"steps": steps, "val_reward": metrics["reward"], "target_reward": target_reward, "seed": seed})
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        _write_once(root, path, lambda out: _in_own_process("toy", {
+            "target_reward": target_reward, "seed": seed, "max_steps": max_steps, "base": base, "root": root,
+            "progress": progress}, out))
     return path
+
+
+def _make_toy(out: str, work: str, *, target_reward: float, seed: int, max_steps: int, base: str, root: str,
+              progress: bool) -> None:
+    # lazy: transformers and pyrl.data (torch) load only when a warm-start runs
+    from transformers import AutoTokenizer
+
+    from pyrl.data.toy import toy_pairs, toy_prompt, toy_sft_task_files
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    _, val, _ = toy_pairs(seed)  # the test split is never looked at
+    val_questions, val_truths = [toy_prompt(a, b) for a, b in val], [str(a + b) for a, b in val]
+    kept, steps, metrics, _ = sft_until(
+        "toy warm-start", f"target {target_reward:g}", base=base,
+        train_file=toy_sft_task_files(seed, cache_dir=root).train,
+        evaluate=lambda m: {"reward": greedy_reward(m, tokenizer, val_questions, val_truths)},
+        done=lambda metrics: metrics["reward"] >= target_reward, work_dir=work, seed=seed, max_steps=max_steps,
+        eval_every=25, progress=progress)
+    _finish(kept, out, {"steps": steps, "val_reward": metrics["reward"], "target_reward": target_reward,
+                        "seed": seed})
 
 
 def assistant_mask(tokenizer, ids: list[int]) -> list[int]:
@@ -280,100 +316,90 @@ def _tool_paths(cache_dir, seed: int, suffix: str) -> tuple[str, str, str]:
     return root, base, f"{base}-{suffix}"
 
 
-def _tool_start(base: str):
-    """(tokenizer, float32 model, tools, examples) for a tool warm-start from the model in `base`; examples(
-    conversations) -> SFT examples with the loss on the assistant turns only."""
-    # lazy: torch, transformers and pyrl.data (torch) load only when a warm-start runs
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pyrl.data.tool_calc import calculator_schema
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    tools = [calculator_schema()]
-
-    def examples(conversations):
-        return [(ids, [t if m else -100 for t, m in zip(ids, mask)])
-                for ids, mask in conversation_tokens(tokenizer, conversations, tools)]
-
-    return tokenizer, model, tools, examples
-
-
 def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: int = 1000,
                          cache_dir: str | None = None, progress: bool = True, train_size: int = 20000,
-                         val_size: int = 256) -> str:
-    """The tool task's warm-started model's directory: the tiny model's tools=True variant after supervised
-    training on demonstrations of pyrl.data.tool_calc's train split (whole conversations, the loss on the
-    assistant turns only), in two stages, each checked on the validation split by ToolCallEvaluator:
+                         val_size: int = 256, batch_size: int = 128) -> str:
+    """The tool task's warm-started model's directory: the tiny model's tools=True variant after two runs of pyrl's
+    SFT trainer on demonstrations of pyrl.data.tool_calc's train split (whole conversations, the loss on the
+    assistant turns only), each checked on the validation split by ToolCallEvaluator:
 
     1. skill: every demonstration calls the calculator; until greedy success >= SKILL_SUCCESS (the model has
        learned to copy the operands into the call and the result into the answer; ~110 steps);
-    2. habit: demonstrations of a teacher that calls the calculator only sometimes (pyrl.data.tool_calc.TOOL_USE_*:
-       80% of the prompts whose first operand is >= 900, 20% of the others; otherwise a guessed answer), until
-       greedy success >= target_success with a greedy tool-call rate <= MAX_CALL_RATE (~150 steps: the greedy
-       policy then calls the tool for the first operands >= 900, about 15% of the prompts, and guesses elsewhere).
+    2. habit, from stage 1's model with a fresh optimizer: demonstrations of a teacher that calls the calculator only
+       sometimes (pyrl.data.tool_calc.TOOL_USE_*: 80% of the prompts whose first operand is >= 900, 20% of the
+       others; otherwise a guessed answer), until greedy success >= target_success with a greedy tool-call rate
+       <= MAX_CALL_RATE (the greedy policy then calls the tool for the first operands >= 900, about 15% of the
+       prompts, and guesses elsewhere).
 
     Why not stop one stage of tool demonstrations at a low greedy success: the skill appears abruptly (greedy
     success 0 to 1 within ~10 steps) and a model caught on the way has flat distributions: at greedy success 0.21
     it succeeded in 0.05% of samples at temperature 1, so GRPO's groups would almost never hold a success. After
-    stage 2 the model calls the tool in ~25-30% of samples and is right almost every time it does: RL has to
+    stage 2 the model calls the tool in a minority of samples and is right almost every time it does: RL has to
     learn to call it everywhere.
 
-    At most max_steps per stage; if a stage's goal is not reached, its best model is kept, with a warning.
+    batch_size conversations per step. At most max_steps per stage; if a stage's goal is not reached, its best
+    model is kept, with a warning.
     pyrl_warm_start.json beside the weights records steps, greedy success, tool-call rate and answer rate, the
     same sampled, and the time taken."""
-    # lazy: pyrl.data loads torch, only when a warm-start runs
-    from pyrl.data.tool_calc import tool_calc_demonstration, tool_calc_mixed, tool_calc_pairs
-
     root, base, path = _tool_paths(cache_dir, seed, f"tool-sft-v{TOOL_VERSION}-r{target_success:g}")
-    if (train_size, val_size) != (20000, 256):
-        path += f"-train{train_size}-val{val_size}"
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
+    if (train_size, val_size, batch_size) != (20000, 256, 128):
+        path += f"-train{train_size}-val{val_size}-batch{batch_size}"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        _write_once(root, path, lambda out: _in_own_process("tool", {
+            "target_success": target_success, "seed": seed, "max_steps": max_steps, "base": base,
+            "progress": progress, "train_size": train_size, "val_size": val_size, "batch_size": batch_size}, out))
+    return path
+
+
+def _make_tool(out: str, work: str, *, target_success: float, seed: int, max_steps: int, base: str, progress: bool,
+               train_size: int, val_size: int, batch_size: int) -> None:
+    # lazy: transformers and pyrl.data (torch) load only when a warm-start runs
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pyrl.data.tool_calc import calculator_schema, tool_calc_demonstration, tool_calc_mixed, tool_calc_pairs
+
     start = time.perf_counter()
-    tokenizer, model, tools, examples = _tool_start(base)
+    tokenizer, tools = AutoTokenizer.from_pretrained(base), [calculator_schema()]
     train, val, _ = tool_calc_pairs(seed, train_size, val_size)  # the test split is never looked at
-    demos = examples([tool_calc_demonstration(a, b) for a, b in train])
-    conversations, used = tool_calc_mixed(train, seed)
-    guesses = iter(examples([c for c, tool in zip(conversations, used) if not tool]))
-    mixed = [demo if tool else next(guesses) for demo, tool in zip(demos, used)]
     evaluate = ToolCallEvaluator(tokenizer, val, tools)
-    common = dict(max_steps=max_steps, pad_token_id=tokenizer.pad_token_id, progress=progress, log_every=50)
-    skill_steps, _, _ = supervised_warm_start(
-        model, demos, evaluate, lambda m: m["success"] >= SKILL_SUCCESS, seed=seed, eval_every=5,
-        name="tool warm-start 1/2, tool demonstrations", goal=f"success >= {SKILL_SUCCESS:g}", **common)
+    common = dict(evaluate=evaluate, max_steps=max_steps, progress=progress, log_every=50, batch_size=batch_size)
+    skill, skill_steps, _, _ = sft_until(
+        "tool warm-start 1/2, tool demonstrations", f"success >= {SKILL_SUCCESS:g}", base=base,
+        train_file=conversations_file(os.path.join(work, "skill.parquet"),
+                                      [tool_calc_demonstration(a, b) for a, b in train], tools),
+        done=lambda m: m["success"] >= SKILL_SUCCESS, work_dir=os.path.join(work, "skill"), seed=seed, eval_every=5,
+        **common)
 
     def habit_done(m):
         return m["success"] >= target_success and m["tool-call rate"] <= MAX_CALL_RATE
 
-    habit_steps, metrics, _ = supervised_warm_start(
-        model, mixed, evaluate, habit_done, seed=seed + 1, eval_every=10,
-        score=lambda m: m["success"] if m["tool-call rate"] <= MAX_CALL_RATE else -m["tool-call rate"],
-        name="tool warm-start 2/2, mixed demonstrations",
-        goal=f"success >= {target_success:g} with tool-call rate <= {MAX_CALL_RATE:g}", **common)
-    sampled = evaluate.sampled(model, seed=seed)
+    kept, habit_steps, metrics, _ = sft_until(
+        "tool warm-start 2/2, mixed demonstrations",
+        f"success >= {target_success:g} with tool-call rate <= {MAX_CALL_RATE:g}", base=skill,
+        train_file=conversations_file(os.path.join(work, "habit.parquet"), tool_calc_mixed(train, seed)[0], tools),
+        done=habit_done, work_dir=os.path.join(work, "habit"), seed=seed + 1, eval_every=10,
+        score=lambda m: m["success"] if m["tool-call rate"] <= MAX_CALL_RATE else -m["tool-call rate"], **common)
+    sampled = evaluate.sampled(AutoModelForCausalLM.from_pretrained(kept), seed=seed)
     seconds = time.perf_counter() - start
-    log.info("tool warm-start (SFT): %d + %d steps in %.0f s; greedy validation success %.3f, tool-call rate %.3f; "
-             "sampled success %.3f, tool-call rate %.3f", skill_steps, habit_steps, seconds, metrics["success"],
-             metrics["tool-call rate"], sampled["success"], sampled["tool-call rate"])
-    _save(root, path, model, tokenizer, {
+    log.info("tool warm-start (SFT trainer): %d + %d steps in %.0f s; greedy validation success %.3f, tool-call "
+             "rate %.3f; sampled success %.3f, tool-call rate %.3f", skill_steps, habit_steps, seconds,
+             metrics["success"], metrics["tool-call rate"], sampled["success"], sampled["tool-call rate"])
+    _finish(kept, out, {
         "steps": skill_steps + habit_steps, "skill_steps": skill_steps, "habit_steps": habit_steps,
         "success": metrics["success"], "call_rate": metrics["tool-call rate"], "answer_rate": metrics["answer rate"],
         "sampled_success": sampled["success"], "sampled_call_rate": sampled["tool-call rate"],
         "sampled_answer_rate": sampled["answer rate"], "target_success": target_success, "seed": seed,
         "train_size": train_size, "val_size": val_size, "seconds": round(seconds, 1)})
-    return path
 
 
-TRANSFER_VERSION = 1  # the transfer warm-start's
+TRANSFER_VERSION = 2  # the transfer warm-start's; 2: made by pyrl's SFT trainer
 
 
 def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_steps: int = 1000,
                                   cache_dir: str | None = None, progress: bool = True, train_size: int = 20000,
-                                  val_size: int = 256) -> str:
-    """The tool task's transfer variant (preset=tool_calc_transfer): the tiny tool model after supervised training
-    on demonstrations of the calculator on sums and differences of the task's operands
+                                  val_size: int = 256, batch_size: int = 128) -> str:
+    """The tool task's transfer variant (preset=tool_calc_transfer): the tiny tool model after a run of pyrl's SFT
+    trainer on demonstrations of the calculator on sums and differences of the task's operands
     (pyrl.data.tool_calc.tool_transfer_problems), never on products, until greedy success on a validation set
     of sums and differences >= SKILL_SUCCESS (every such demonstration calls the tool). products:
 
@@ -386,40 +412,74 @@ def tool_transfer_warm_start_path(seed: int = 0, products: str = "absent", max_s
     What it does on products, the RL task, is measured and recorded, not trained: pyrl_warm_start.json holds the
     greedy and sampled success, tool-call rate and answer rate on the products' validation split, beside the same
     on sums and differences."""
-    # lazy: pyrl.data loads torch, only when a warm-start runs
+    from pyrl.data.tool_calc import check_transfer_products  # lazy: pyrl.data loads torch
+
+    check_transfer_products(products)  # before the cache lookup: a misspelt value must not find another variant
+    suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")
+    if (train_size, val_size, batch_size) != (20000, 256, 128):
+        suffix += f"-train{train_size}-val{val_size}-batch{batch_size}"
+    root, base, path = _tool_paths(cache_dir, seed, suffix)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        _write_once(root, path, lambda out: _in_own_process("tool_transfer", {
+            "seed": seed, "products": products, "max_steps": max_steps, "base": base, "progress": progress,
+            "train_size": train_size, "val_size": val_size, "batch_size": batch_size}, out))
+    return path
+
+
+def _make_transfer(out: str, work: str, *, seed: int, products: str, max_steps: int, base: str, progress: bool,
+                   train_size: int, val_size: int, batch_size: int) -> None:
+    # lazy: transformers and pyrl.data (torch) load only when a warm-start runs
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from pyrl.data.tool_calc import (
-        check_transfer_products,
+        calculator_schema,
         tool_calc_pairs,
         tool_transfer_conversations,
         tool_transfer_problems,
     )
 
-    check_transfer_products(products)  # before the cache lookup: a misspelt value must not find another variant
-    suffix = f"tool-transfer-sft-v{TRANSFER_VERSION}" + ("-guess" if products == "guessed" else "")
-    if (train_size, val_size) != (20000, 256):
-        suffix += f"-train{train_size}-val{val_size}"
-    root, base, path = _tool_paths(cache_dir, seed, suffix)
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
     start = time.perf_counter()
-    tokenizer, model, tools, examples = _tool_start(base)
+    tokenizer, tools = AutoTokenizer.from_pretrained(base), [calculator_schema()]
     train, val = tool_transfer_problems(seed, train_size, val_size)
-    conversations = tool_transfer_conversations(train, products, seed)
-    evaluate = ToolCallEvaluator(tokenizer, val, tools)
-    steps, metrics, _ = supervised_warm_start(
-        model, examples(conversations), evaluate,
-        lambda m: m["success"] >= SKILL_SUCCESS, seed=seed, eval_every=5, max_steps=max_steps,
-        pad_token_id=tokenizer.pad_token_id, progress=progress, log_every=50,
-        name=f"tool transfer warm-start (products {products}), sums and differences",
-        goal=f"success >= {SKILL_SUCCESS:g}")
+    kept, steps, metrics, _ = sft_until(
+        f"tool transfer warm-start (products {products}), sums and differences", f"success >= {SKILL_SUCCESS:g}",
+        base=base, train_file=conversations_file(os.path.join(work, "train.parquet"),
+                                                 tool_transfer_conversations(train, products, seed), tools),
+        evaluate=ToolCallEvaluator(tokenizer, val, tools), done=lambda m: m["success"] >= SKILL_SUCCESS,
+        work_dir=os.path.join(work, "run"), seed=seed, eval_every=5, max_steps=max_steps, progress=progress,
+        log_every=50, batch_size=batch_size)
+    model = AutoModelForCausalLM.from_pretrained(kept)
     on_products = ToolCallEvaluator(tokenizer, tool_calc_pairs(seed, val_size=val_size)[1], tools)
     greedy, sampled = on_products(model), on_products.sampled(model, seed=seed)
     seconds = time.perf_counter() - start
-    log.info("tool transfer warm-start (SFT, products %s): %d steps in %.0f s; sums and differences: greedy success "
-             "%.3f; products: greedy success %.3f, tool-call rate %.3f; sampled success %.3f, tool-call rate %.3f",
-             products, steps, seconds, metrics["success"], greedy["success"], greedy["tool-call rate"],
+    log.info("tool transfer warm-start (SFT trainer, products %s): %d steps in %.0f s; sums and differences: greedy "
+             "success %.3f; products: greedy success %.3f, tool-call rate %.3f; sampled success %.3f, tool-call rate "
+             "%.3f", products, steps, seconds, metrics["success"], greedy["success"], greedy["tool-call rate"],
              sampled["success"], sampled["tool-call rate"])
-    _save(root, path, model, tokenizer, {
-        "steps": steps, "seed": seed, "products": products, "seconds": round(seconds, 1),
-        "sums_and_differences": metrics, "products_greedy": greedy, "products_sampled": sampled})
-    return path
+    _finish(kept, out, {"steps": steps, "seed": seed, "products": products, "seconds": round(seconds, 1),
+                        "sums_and_differences": metrics, "products_greedy": greedy, "products_sampled": sampled})
+
+
+class WarmStartWarning(UserWarning):
+    """A warm-start's goal not reached (its best model kept): handed from its own process to the caller."""
+
+
+MAKERS = {"toy": _make_toy, "tool": _make_tool, "tool_transfer": _make_transfer}
+
+
+def main(argv: list[str]) -> None:
+    """argv [_, MAKER, KWARGS_JSON, OUT]: MAKERS[MAKER] writes the warm-started model into the
+    directory OUT (_in_own_process runs it), its WarmStartWarnings into OUT/WARNINGS_FILE."""
+    maker, kwargs, out = argv[1], json.loads(argv[2]), argv[3]
+    logging.basicConfig(level=logging.INFO if kwargs.get("progress", True) else logging.WARNING,
+                        format="[pyrl] %(message)s")
+    with (tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out)), prefix=".tmp-sft-") as work,
+          warnings.catch_warnings(record=True) as caught):
+        warnings.simplefilter("always", WarmStartWarning)
+        MAKERS[maker](out, work, **kwargs)
+    with open(os.path.join(out, WARNINGS_FILE), "w") as f:
+        json.dump([str(w.message) for w in caught if issubclass(w.category, WarmStartWarning)], f)
+    for w in caught:  # the others as Python would have shown them
+        if not issubclass(w.category, WarmStartWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+

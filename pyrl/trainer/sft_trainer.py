@@ -313,10 +313,15 @@ class SFTTrainer:
             tokens += batch_tokens
         return {"val/loss": total / max(tokens, 1)}
 
+    def step_dir(self) -> str:
+        from pyrl.trainer import checkpoints  # lazy: torch
+
+        return checkpoints.step_dir(self.run_dir, self.global_step)
+
     def save(self) -> None:
         from pyrl.trainer import checkpoints  # lazy: torch
 
-        step_dir = checkpoints.step_dir(self.run_dir, self.global_step)
+        step_dir = self.step_dir()
         shutil.rmtree(step_dir, ignore_errors=True)
         os.makedirs(step_dir)
         self.workers.actor.save_checkpoint(os.path.join(step_dir, "actor"))
@@ -349,7 +354,9 @@ class SFTTrainer:
         truncate_metrics(self.run_dir, self.global_step)
         log.info("resumed from %s (step %d)", path, self.global_step)
 
-    def fit(self, tracker) -> dict:
+    def fit(self, tracker, after_save=None) -> dict:
+        """after_save(step, step_dir) -> stop: called after each checkpoint is written; a true answer ends the run
+        there (pyrl's warm-starts stop at a greedy validation target this way, pyrl.models.warm_start)."""
         trainer = self.config.trainer
         last = {}
         while self.global_step < self.total_steps:
@@ -376,6 +383,8 @@ class SFTTrainer:
             last = metrics
             if is_last or freq_hit(trainer.save_freq, self.global_step, epoch_end):
                 self.save()
+                if after_save is not None and after_save(self.global_step, self.step_dir()):
+                    break
         return last
 
 
@@ -392,8 +401,8 @@ def tokenized(dataset, num_workers: int) -> list:
     return [sample for chunk in loader for sample in chunk]
 
 
-def run_sft(config: SFTConfig) -> dict:
-    """The whole SFT run; returns the last step's metrics."""
+def run_sft(config: SFTConfig, after_save=None) -> dict:
+    """The whole SFT run; returns the last step's metrics. after_save: SFTTrainer.fit's."""
     # lazy: torch, Ray and the models load only when a run starts
     from pyrl.data.sft_dataset import MultiTurnSFTDataset
     from pyrl.models import resolve_model_path
@@ -432,15 +441,18 @@ def run_sft(config: SFTConfig) -> dict:
     ppo.actor_rollout_ref.actor.optim.total_training_steps = steps
     ppo_module.WORKERS_STARTED = True
     workers = build_workers(ppo, plan)
-    trainer = SFTTrainer(config, workers, tokenizer, train, val)
-    trainer.resume()
-    tracker = Tracking(config.trainer.logger, trainer.run_dir, config.trainer.project_name,
-                       config.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(config)),
-                       trainer.total_steps, initial_step=trainer.global_step, columns=CONSOLE_COLUMNS)
     try:
-        return trainer.fit(tracker)
+        trainer = SFTTrainer(config, workers, tokenizer, train, val)
+        trainer.resume()
+        tracker = Tracking(config.trainer.logger, trainer.run_dir, config.trainer.project_name,
+                           config.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(config)),
+                           trainer.total_steps, initial_step=trainer.global_step, columns=CONSOLE_COLUMNS)
+        try:
+            return trainer.fit(tracker, after_save)
+        finally:
+            tracker.close()
     finally:
-        tracker.close()
+        workers.shutdown()
 
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="sft_trainer_engine", version_base=None)

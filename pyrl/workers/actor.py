@@ -314,7 +314,7 @@ class ActorRolloutRefWorker(Worker):
         def call(module, inputs):
             return module(inputs, 1.0, topk=topk, chunk_rows=chunk) if topk else (module(inputs, 1.0),)
 
-        routes = distillation.route_rows(self.distillation, self._teacher_keys_of(data))
+        routes = distillation.route_rows(self.distillation, distillation.teacher_keys_of(self.distillation, data))
         outputs, mfus = {}, []
         for (teacher, policy, hf_config, dtype), rows in zip(self.teachers, routes):
             # every rank runs every teacher (FSDP's collectives), one row standing in where it routed none
@@ -330,16 +330,6 @@ class ActorRolloutRefWorker(Worker):
                 outputs[name][rows] = score
         mfu = sum(m * n for m, n in mfus) / max(1, sum(n for _, n in mfus))
         return DataProto.from_dict(outputs, meta_info={"metrics": {"perf/mfu/teacher": mfu}})
-
-    def _teacher_keys_of(self, data: DataProto) -> list:
-        """Each row's distillation.teacher_key value (several teachers route by it; one takes every row)."""
-        if len(self.teachers) == 1:
-            return [None] * len(data)
-        column = self.distillation.teacher_key
-        if column not in data.non_tensor_batch:
-            raise ValueError(f"distillation.teacher_key={column}: the batch has no such column (its columns: "
-                             f"{sorted(data.non_tensor_batch)}); several teachers route the rows by it")
-        return list(data.non_tensor_batch[column])
 
     # ---- training ----
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

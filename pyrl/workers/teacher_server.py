@@ -35,13 +35,12 @@ log = logging.getLogger("pyrl")
 
 def replica_of(distillation, rank: int) -> tuple[str, object, int]:
     """(entry name, TeacherModelConfig, replica index) served by the pool's process `rank`."""
-    first = 0
-    for name, teacher, replicas in D.teacher_replicas(distillation):
-        if rank < first + replicas:
-            return name, teacher, rank - first
-        first += replicas
-    raise ValueError(f"teacher server rank {rank}: the pool's {first} replicas are fewer (distillation.teacher_models"
-                     f"' num_replicas)")
+    replicas = D.teacher_replicas(distillation)
+    for (name, teacher, _), ranks in zip(replicas, ranks_of(distillation)):
+        if rank in ranks:
+            return name, teacher, ranks.index(rank)
+    raise ValueError(f"teacher server rank {rank}: the pool's {sum(r for _, _, r in replicas)} replicas are fewer "
+                     f"(distillation.teacher_models' num_replicas)")
 
 
 def ranks_of(distillation) -> list[list[int]]:
@@ -208,14 +207,9 @@ def score_batch(group, distillation, data: DataProto) -> DataProto:
     prompt_width = mask.shape[1] - width
     sequences = [data.batch["input_ids"][i][mask[i]].tolist() for i in range(rows)]
     prompt_lengths = mask[:, :prompt_width].sum(-1).tolist()
-    keys = [None] * rows  # one teacher takes every row
-    if len(D.teachers_of(distillation)) > 1:
-        if distillation.teacher_key not in data.non_tensor_batch:
-            raise ValueError(f"distillation.teacher_key={distillation.teacher_key}: the batch has no such column (its "
-                             f"columns: {sorted(data.non_tensor_batch)}); several teachers route the rows by it")
-        keys = list(data.non_tensor_batch[distillation.teacher_key])
     per_rank: list[list[int]] = [[] for _ in range(group.world_size)]
-    for routed, ranks in zip(D.route_rows(distillation, keys), ranks_of(distillation)):
+    routes = D.route_rows(distillation, D.teacher_keys_of(distillation, data))
+    for routed, ranks in zip(routes, ranks_of(distillation)):
         for rank, part in zip(ranks, spread(routed, [len(s) for s in sequences], len(ranks))):
             per_rank[rank] = part
     topk = distillation.distillation_loss.topk if D.uses_topk(distillation.distillation_loss) else 0

@@ -1,4 +1,5 @@
-"""The tool task's warm-start: its exact two-stage evaluator, the shared SFT loop, and a smoke run (a few steps)."""
+"""The warm-starts: the tool task's exact two-stage evaluator, the SFT trainer run they share (stopped at a goal), and
+smoke runs (a few steps)."""
 
 import json
 import os
@@ -8,12 +9,7 @@ import torch
 
 from pyrl.data.tool_calc import calculator_schema, tool_calc_pairs
 from pyrl.models.tiny import TinyModelSpec, make_tokenizer
-from pyrl.models.warm_start import (
-    ToolCallEvaluator,
-    supervised_warm_start,
-    tool_transfer_warm_start_path,
-    tool_warm_start_path,
-)
+from pyrl.models.warm_start import ToolCallEvaluator, tool_transfer_warm_start_path, tool_warm_start_path
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,36 +72,53 @@ def test_evaluator_is_exact_on_scripted_answers(tok):
     assert model.training  # left as it was
 
 
-def test_sft_loop_stops_at_its_goal_or_keeps_the_best(tok):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def test_sft_trainer_run_stops_at_its_goal_or_keeps_the_best(tmp_path):
+    """sft_until: a run of the SFT trainer evaluated after each checkpoint (every eval_every steps and the last):
+    it stops at the first model whose metrics meet the goal and keeps that one; otherwise it runs max_steps and
+    keeps the best one seen, with a warning. The kept directory is that step's hf_model, weight for weight."""
+    import ray
+    from safetensors.torch import load_file
 
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=16)
-    model = Qwen2ForCausalLM(config)
-    examples = [([5, 6, 7, 8], [-100, -100, 7, 8]), ([9, 10, 11], [-100, 10, 11])]
-    calls = []
+    from pyrl.data.toy import toy_answer, toy_prompt
+    from pyrl.models.tiny import tiny_model_path
+    from pyrl.models.warm_start import WarmStartWarning, conversations_file, sft_until
 
-    def evaluate(m):
-        calls.append({k: v.clone() for k, v in m.state_dict().items()})
-        return {"score": [0.1, 0.5, 0.2][len(calls) - 1]}
+    started_ray = not ray.is_initialized()
+    base = tiny_model_path(TinyModelSpec(), cache_dir=str(tmp_path / "cache"))
+    train = conversations_file(str(tmp_path / "train.parquet"), [
+        [{"role": "user", "content": toy_prompt(a, b)}, {"role": "assistant", "content": toy_answer(a, b)}]
+        for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16)]])
+    seen = []
 
-    steps, metrics, reached = supervised_warm_start(model, examples, evaluate, lambda m: m["score"] >= 0.5, seed=0,
-                                                    max_steps=100, pad_token_id=0, name="t", goal="g",
-                                                    eval_every=3, progress=False, batch_size=4)
-    assert (steps, metrics, reached, len(calls)) == (6, {"score": 0.5}, True, 2)
-    calls.clear()
-    with pytest.warns(UserWarning, match="t: g not reached after 8 steps"):
-        steps, metrics, reached = supervised_warm_start(model, examples, evaluate, lambda m: False, seed=0,
-                                                        max_steps=8, pad_token_id=0, name="t", goal="g",
-                                                        eval_every=3, progress=False, batch_size=4)
-    assert (steps, metrics, reached, len(calls)) == (8, {"score": 0.5}, False, 3)  # evaluated at 3, 6 and 8
-    assert all(torch.equal(v, calls[1][k]) for k, v in model.state_dict().items())  # the best one's weights
+    def evaluate(model):
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        return {"score": [0.1, 0.5, 0.2][len(seen) - 1]}
+
+    common = dict(base=base, train_file=train, evaluate=evaluate, seed=0, eval_every=3, batch_size=4, progress=False)
+    try:
+        kept, steps, metrics, reached = sft_until("t", "g", done=lambda m: m["score"] >= 0.5, max_steps=100,
+                                                  work_dir=str(tmp_path / "a"), **common)
+        assert (steps, metrics, reached, len(seen)) == (6, {"score": 0.5}, True, 2)
+        assert any(not torch.equal(seen[0][k], seen[1][k]) for k in seen[0])  # it trained between
+        weights = load_file(os.path.join(kept, "model.safetensors"))
+        assert all(torch.equal(weights[k], seen[1][k]) for k in weights)
+        seen.clear()
+        with pytest.warns(WarmStartWarning, match="t: g not reached after 8 steps"):
+            kept, steps, metrics, reached = sft_until("t", "g", done=lambda m: False, max_steps=8,
+                                                      work_dir=str(tmp_path / "b"), **common)
+        assert (steps, metrics, reached, len(seen)) == (8, {"score": 0.5}, False, 3)  # evaluated at 3, 6 and 8
+        weights = load_file(os.path.join(kept, "model.safetensors"))
+        assert all(torch.equal(weights[k], seen[1][k]) for k in weights)  # the best one's weights
+        assert {"config.json", "tokenizer.json", "generation_config.json"} <= set(os.listdir(kept))
+    finally:
+        if started_ray:
+            ray.shutdown()
 
 
 def test_tool_warm_start_smoke(tmp_path):
     """A few steps on a few examples: both stages stop at max_steps (with warnings), the model is saved with its
     tokenizer and a record, and found in the cache the second time."""
-    kwargs = dict(max_steps=2, cache_dir=str(tmp_path), progress=False, train_size=64, val_size=8)
+    kwargs = dict(max_steps=2, cache_dir=str(tmp_path), progress=False, train_size=64, val_size=8, batch_size=16)
     with pytest.warns(UserWarning, match="not reached after 2 steps"):
         path = tool_warm_start_path(**kwargs)
     assert tool_warm_start_path(**kwargs) == path and "-tool-sft-" in path
@@ -139,10 +152,12 @@ def test_transfer_warm_start_smoke_and_what_it_shows(tmp_path):
                 assert len(c) == 2 and compute_score(c[1]["content"], a * b) == 0.0
     with pytest.raises(ValueError, match="products='some'"):
         tool_transfer_conversations(problems, "some")
-    kwargs = dict(max_steps=2, cache_dir=str(tmp_path), progress=False, train_size=64, val_size=8, products="guessed")
+    kwargs = dict(max_steps=2, cache_dir=str(tmp_path), progress=False, train_size=64, val_size=8, batch_size=16,
+                  products="guessed")
     with pytest.warns(UserWarning, match="not reached after 2 steps"):
         path = tool_transfer_warm_start_path(**kwargs)
-    assert tool_transfer_warm_start_path(**kwargs) == path and path.endswith("-tool-transfer-sft-v1-guess-train64-val8")
+    assert tool_transfer_warm_start_path(**kwargs) == path
+    assert path.endswith("-tool-transfer-sft-v2-guess-train64-val8-batch16")
     with pytest.raises(ValueError, match="products='guesed'"):  # checked before the cache lookup
         tool_transfer_warm_start_path(**{**kwargs, "products": "guesed"})
     info = json.load(open(os.path.join(path, "pyrl_warm_start.json")))
