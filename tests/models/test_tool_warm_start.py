@@ -73,9 +73,10 @@ def test_evaluator_is_exact_on_scripted_answers(tok):
 
 
 def test_sft_trainer_run_stops_at_its_goal_or_keeps_the_best(tmp_path):
-    """sft_until: a run of the SFT trainer evaluated after each checkpoint (every eval_every steps and the last):
-    it stops at the first model whose metrics meet the goal and keeps that one; otherwise it runs max_steps and
-    keeps the best one seen, with a warning. The kept directory is that step's hf_model, weight for weight."""
+    """sft_until: a run of the SFT trainer evaluated every eval_every steps and at the last: it stops at the first
+    evaluation whose metrics meet the goal and keeps the earliest checkpoint since the previous evaluation that meets
+    it; otherwise it runs max_steps and keeps the best one evaluated, with a warning. The kept directory is that
+    step's hf_model, weight for weight."""
     import ray
     from safetensors.torch import load_file
 
@@ -88,11 +89,11 @@ def test_sft_trainer_run_stops_at_its_goal_or_keeps_the_best(tmp_path):
     train = conversations_file(str(tmp_path / "train.parquet"), [
         [{"role": "user", "content": toy_prompt(a, b)}, {"role": "assistant", "content": toy_answer(a, b)}]
         for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16)]])
-    seen = []
+    seen, scores = [], [0.1, 0.5, 0.2]
 
     def evaluate(model):
         seen.append({k: v.clone() for k, v in model.state_dict().items()})
-        return {"score": [0.1, 0.5, 0.2][len(seen) - 1]}
+        return {"score": scores[len(seen) - 1]}
 
     common = dict(base=base, train_file=train, evaluate=evaluate, seed=0, eval_every=3, batch_size=4, progress=False)
     try:
@@ -110,6 +111,17 @@ def test_sft_trainer_run_stops_at_its_goal_or_keeps_the_best(tmp_path):
         weights = load_file(os.path.join(kept, "model.safetensors"))
         assert all(torch.equal(weights[k], seen[1][k]) for k in weights)  # the best one's weights
         assert {"config.json", "tokenizer.json", "generation_config.json"} <= set(os.listdir(kept))
+        # checkpoints every 2 steps, evaluations every 4: the goal met at step 8 is looked for at step 6 (after
+        # step 4's evaluation), which meets it too and is kept; the run stops at step 8
+        seen.clear()
+        scores[:] = [0.1, 0.9, 0.6]
+        kept, steps, metrics, reached = sft_until("t", "g", done=lambda m: m["score"] >= 0.5, max_steps=100,
+                                                  work_dir=str(tmp_path / "c"), **{**common, "eval_every": 4},
+                                                  save_every=2)
+        assert (steps, metrics, reached, len(seen)) == (6, {"score": 0.6}, True, 3)
+        weights = load_file(os.path.join(kept, "model.safetensors"))
+        assert all(torch.equal(weights[k], seen[2][k]) for k in weights)
+        assert any(not torch.equal(seen[1][k], seen[2][k]) for k in seen[1])
     finally:
         if started_ray:
             ray.shutdown()
