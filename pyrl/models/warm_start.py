@@ -189,7 +189,7 @@ def _in_own_process(maker: str, kwargs: dict, out: str) -> None:
         messages = json.load(f)
     os.remove(path)
     for message in messages:
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(message, WarmStartWarning, stacklevel=3)
 
 
 def toy_warm_start_path(target_reward: float = 0.15, seed: int = 0, max_steps: int = 1000, cache_dir: str | None = None,
