@@ -19,7 +19,10 @@ def test_lora_rollout_log_probs_match_the_trainer(engine, tmp_path, ray_session)
         pytest.importorskip("vllm")
     from pyrl.ppo import run_ppo
 
-    config = compose(*SMALL, *LORA, *FP32, f"actor_rollout_ref.rollout.name={engine}",
+    # 32 prompts: the 8 of SMALL's first batches drew no right answer from the toy warm-start at seed 0 (no
+    # advantage, no update, nothing for the KL check to see)
+    config = compose(*SMALL, *LORA, *FP32, f"actor_rollout_ref.rollout.name={engine}", "data.train_batch_size=32",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=16",
                      "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.ppo_epochs=2",
                      "actor_rollout_ref.actor.use_kl_loss=true", "trainer.total_training_steps=3",
                      f"trainer.default_local_dir={tmp_path}")
