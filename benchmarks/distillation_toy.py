@@ -6,8 +6,8 @@ tiny student, which gains on held-out prompts; GRPO from the same student, same 
 1. The teacher: SFT of pyrl:tiny-wide (1.2M parameters) on pyrl:toy_addition_sft, 1600 steps
    (python -m pyrl.trainer.sft_trainer), exported as a Hugging Face model (kept in DIR and reused by a rerun).
 2. The student: the toy preset's own, pyrl:tiny-toy-sft (0.34M parameters, pyrl's warm-start), or with
-   --student-base MODEL a brief SFT of MODEL (--student-sft-steps, 250), e.g. pyrl:tiny-wide: a weak start of a
-   model that can learn the task (the 0.34M one does not learn it from token-level supervision: RESULTS.md).
+   --student-base MODEL a brief SFT of MODEL (--student-sft-steps, 250), e.g. pyrl:tiny-wide: a weak start of the
+   teacher's own architecture.
 3. Each seed, `python -m pyrl.ppo preset=toy` (benchmarks/heldout_eval.py's runs: validation on the held-out test
    split, greedy, every 25 steps), the preset's recipe unchanged but for the loss: with distillation
    (forward_kl_topk over the teacher's top 32, no task rewards), and as is (GRPO on the task's rewards).
@@ -124,7 +124,7 @@ def main() -> None:
     sft_steps = 5 if args.quick else 1600
     teacher, teacher_s = sft("teacher", "pyrl:tiny-wide", 2e-3, sft_steps, args.out)
     student = STUDENT
-    if args.student_base:  # a weak start of a model that can learn the task (the toy preset's 0.34M cannot: README)
+    if args.student_base:  # a weak start of the teacher's architecture
         steps = 5 if args.quick else args.student_sft_steps
         student, _ = sft(f"student-{args.student_base.replace(':', '-').replace('/', '-')}-{steps}",
                          args.student_base, 2e-3, steps, args.out)
