@@ -15,8 +15,8 @@ signal. The warm-start plays the role of pretraining; it stops at a low bar so t
 afterwards is RL's improvement. Each is one or two runs of pyrl's SFT trainer (pyrl.trainer.sft_trainer, its
 keys in sft_until) in a Python process of their own, stopped by an evaluation after each checkpoint. Deterministic
 from the seed on one machine (another CPU's rounding takes another trajectory: the toy recipe meets its target for
-trainer seeds 0-4, the tool recipe on both machines tried; benchmarks/RESULTS.md), cached like the tiny model (made in a temp dir, renamed into
-place, one maker at a time)."""
+trainer seeds 0-4, the tool recipe on both machines tried; benchmarks/RESULTS.md), cached like the tiny model
+(made in a temp dir, renamed into place, one maker at a time)."""
 
 from __future__ import annotations
 
