@@ -3,7 +3,8 @@ package name is pyrl's): a retrieval agent over a small local corpus.
 
 The model answers; its answer (with the question) is the query for a word-overlap search over the corpus (a JSON
 list of passages, at extra_info.corpus_path); the best passage not yet retrieved is appended as a user message
-(ct_merge_context_msg: mask 0) and the model answers again, extra_info.rounds times, within the response length.
+(ct_merge_context_msg: mask 0) and the model answers again, extra_info.rounds times, within the response length,
+each answer at most extra_info.max_turn_tokens tokens (default: what is left of the response).
 reward_score: 1.0 where a retrieved passage is the row's gold one (extra_info.gold), else 0.0.
 
 extra_fields: retrieved (passage ids), turn_scores (each retrieval's overlap), tool_call_counts (retrievals, the
@@ -47,6 +48,7 @@ class RetrievalAgentLoop(AgentLoopBase):
         with open(extra_info["corpus_path"]) as f:
             corpus = json.load(f)
         rounds = int(extra_info["rounds"])
+        max_turn_tokens = int(extra_info.get("max_turn_tokens", self.response_length))
         messages = list(kwargs["raw_prompt"])
         question = messages[-1]["content"]
 
@@ -59,7 +61,7 @@ class RetrievalAgentLoop(AgentLoopBase):
         assistant_turns = user_turns = 0
         request_id = uuid4().hex
         while True:
-            params = {**sampling_params, "max_tokens": self.response_length - len(mask)}
+            params = {**sampling_params, "max_tokens": min(max_turn_tokens, self.response_length - len(mask))}
             with simple_timer("generate_sequences", metrics):
                 output = await self.server_manager.generate(request_id=request_id, prompt_ids=tokens,
                                                             sampling_params=params)
