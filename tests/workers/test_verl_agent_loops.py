@@ -163,13 +163,13 @@ def test_verl_loop_gives_pyrls_trajectories(model, compared, pyrl_name):
 
 
 # ---- a loop of our own ----
-RETRIEVAL_RESPONSE = 256
+RETRIEVAL_RESPONSE, RETRIEVAL_TURN_TOKENS = 256, 40  # the response's length, each answer's cap (extra_info)
 
 
 @pytest.fixture(scope="module")
 def retrieval(model, tmp_path_factory):
     """Six greedy rows through the retrieval agent: a corpus with the gold fact of rows 0, 2, 4 and distractors;
-    rows asking for 2 or 1 retrieval rounds. Answers of at most 40 tokens in a response of 256: room for two rounds
+    rows asking for 2 or 1 retrieval rounds. Answers of at most RETRIEVAL_TURN_TOKENS in a response of RETRIEVAL_RESPONSE: room for two rounds
     whatever the model says (a warm-started model built on another machine may not end an answer by itself)."""
     import verl_agent_loops.retrieval_agent_loop  # noqa: F401 (registers retrieval_agent)
 
@@ -181,8 +181,8 @@ def retrieval(model, tmp_path_factory):
     corpus_path = tmp_path_factory.mktemp("corpus") / "corpus.json"
     corpus_path.write_text(json.dumps(corpus))
     rows = [{"agent_name": "retrieval_agent", "raw_prompt": messages(a, b),
-             "extra_info": {"corpus_path": str(corpus_path), "rounds": 2 if i < 4 else 1, "max_turn_tokens": 40,
-                            "gold": i // 2 if i % 2 == 0 else -1}}
+             "extra_info": {"corpus_path": str(corpus_path), "rounds": 2 if i < 4 else 1,
+                            "max_turn_tokens": RETRIEVAL_TURN_TOKENS, "gold": i // 2 if i % 2 == 0 else -1}}
             for i, (a, b) in enumerate(pairs)]
     runner = make_runner(model, f"data.max_response_length={RETRIEVAL_RESPONSE}")
     return corpus, rows, runner.run(rows, dict(SAMPLING_PARAMS), spec(RETRIEVAL_RESPONSE)).outputs
@@ -222,9 +222,9 @@ def test_a_users_loop_sees_the_servers_tokens_with_its_context_masked(model, ret
         for call, (start, end, _) in zip(calls, generated):
             assert call["prompt_ids"] == full[:p + start] and call["token_ids"] == o.response_ids[start:end]
         # each context run: the passage as the template renders a user turn after the turn's end-of-turn token
-        # (after an answer the loop cut at max_turn_tokens, as ct_merge_context_msg closes it: the passage is there)
+        # (after an answer the loop cut at max_turn_tokens, with no end-of-turn token, only that the passage is there)
         for (start, end, _), (turn_start, _, _), passage in zip(context, generated, retrieved):
-            if start - turn_start < 40:
+            if start - turn_start < RETRIEVAL_TURN_TOKENS:
                 whole_turns += 1
                 assert o.response_ids[start - 1] == tokenizer.eos_token_id
                 want = chat.turn_separator + chat.user_message({"role": "user", "content": corpus[passage]}, None)
