@@ -169,8 +169,9 @@ RETRIEVAL_RESPONSE, RETRIEVAL_TURN_TOKENS = 256, 40  # the response's length, ea
 @pytest.fixture(scope="module")
 def retrieval(model, tmp_path_factory):
     """Six greedy rows through the retrieval agent: a corpus with the gold fact of rows 0, 2, 4 and distractors;
-    rows asking for 2 or 1 retrieval rounds. Answers of at most RETRIEVAL_TURN_TOKENS in a response of RETRIEVAL_RESPONSE: room for two rounds
-    whatever the model says (a warm-started model built on another machine may not end an answer by itself)."""
+    rows asking for 2 or 1 retrieval rounds. Answers of at most RETRIEVAL_TURN_TOKENS in a response of
+    RETRIEVAL_RESPONSE: room for two rounds whatever the model says (a warm-started model built on another machine
+    may not end an answer by itself)."""
     import verl_agent_loops.retrieval_agent_loop  # noqa: F401 (registers retrieval_agent)
 
     from pyrl.data.tool_calc import tool_calc_pairs
