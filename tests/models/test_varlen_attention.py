@@ -92,12 +92,13 @@ def test_matmul_attention_equals_sdpa(length, heads):
 def test_buckets_cover_every_token_once():
     lengths = torch.tensor([5, 0, 40, 31, 1, 39, 30, 12])
     attention = VarlenAttention.from_lengths(lengths, CPU)
-    seen = torch.cat([gather[valid] for gather, valid in attention.buckets])
+    seen = torch.cat([bucket.gather[bucket.valid] for bucket in attention.buckets])
     assert sorted(seen.tolist()) == list(range(int(lengths.sum())))
     assert torch.equal(seen[attention.inverse], torch.arange(int(lengths.sum())))
-    for gather, valid in attention.buckets:
-        real = valid.sum(-1)
+    for bucket in attention.buckets:
+        real = bucket.valid.sum(-1)
         assert real.min() >= varlen_attention.BUCKET_RATIO * real.max()
+        assert torch.equal(bucket.given, bucket.valid.reshape(-1).nonzero().reshape(-1))
     assert VarlenAttention.from_lengths(torch.tensor([6, 6]), CPU).inverse is None  # equal lengths: no gather
 
 

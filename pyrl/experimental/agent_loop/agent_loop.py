@@ -147,7 +147,9 @@ class ContinuousTokens:
         else:
             raise ValueError(f"continuous tokens: pyrl merges either tool messages or one user message per turn, "
                              f"got roles {[m.get('role') for m in appended]}")
-        # a turn that stopped at its end-of-turn token lacks what the template puts after it (Qwen's newline)
+        # a turn that stopped at its end-of-turn token lacks what the template puts after it (Qwen's newline); a
+        # turn cut at max_tokens gets nothing inserted, not even the end-of-turn token, as in verl 0.9.1's
+        # QwenContinuousTokenBuilder (the model then reads `...answer<|im_start|>user`, masked out of the loss)
         ended = bool(runtime_token_ids) and runtime_token_ids[-1] == self.chat.eos_token_id and bool(tokens)
         inserted = list(self.chat.turn_separator) if ended else []
         return MergeResult(token_ids=list(runtime_token_ids) + inserted + tokens, appended_token_count=len(tokens),
