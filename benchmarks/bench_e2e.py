@@ -20,7 +20,8 @@ gen (rollout), old_log_prob (the forward pass for the old log-probs; 0 where the
 TRL does in this on-policy setting), update (forward, backward, optimizer), sync (pyrl's weight push
 into the rollout engine), other (reward, advantages, the rest); the mean prompt and response lengths
 show that both sides did the same work; "update MFU" is the update's model FLOPs (verl 0.9.1's count, every prompt
-once per sample) over its time and the matmul peak measured at the start of the same invocation (update_mfu);
+once per sample) over its time and the matmul peak measured just before that run (update_mfu: this machine's
+throughput drifts by tens of percent within an invocation, so one peak measured at the start can read above 1);
 "verl perf/mfu/actor" is pyrl's own metric; "/ TRL" is the step time over TRL's. The script runs every system
 --rounds times (default 3), each round in a rotated order, and reports each system's median (min-max) over its
 runs; a ratio to TRL is claimed only when the two ranges do not overlap ("within noise" otherwise). Absolute
@@ -420,10 +421,9 @@ def summarize(steps: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in steady) for key in steady[0]} if steady else {}
 
 
-@functools.cache
 def matmul_peak(precision: str) -> float:
     """The best FLOP/s of 2048^3 matmuls on all cores in the precision's compute dtype, measured now: the MFU
-    columns' denominator, from the same run as the times."""
+    column's denominator, measured before each run it divides."""
     import torch
 
     from pyrl.workers.perf import matmul_rate
@@ -489,6 +489,7 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
     steps = 2 if smoke else int(os.environ.get("PYRL_BENCH_STEPS", 6))
     prep = _prepared(workload, smoke, steps, str(tmp_path_factory.getbasetemp() / "e2e-data"))
     result: dict = {}
+    peak = matmul_peak(prep.precision)
 
     def run():
         result.update(run_system(system, prep, str(tmp_path / "run")))
@@ -500,7 +501,7 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
         pytest.xfail(f"TRL vLLM colocate: {result['error'][:300]}")
     assert "error" not in result, result["error"]
     result["summary"] = summarize(result["steps"])
-    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], matmul_peak(prep.precision))
+    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peak)
     benchmark.extra_info.update({f"median_{k}": v for k, v in result["summary"].items()})
     benchmark.extra_info["steps"] = result["steps"]
     print("\n" + rounds_table({(workload, system): [result]}))
@@ -525,13 +526,13 @@ def main(argv=None) -> None:
         return
     root = tempfile.mkdtemp(prefix="bench-e2e-")
     systems = args.systems.split(",")
-    peak = matmul_peak(args.precision)
-    print(f"matmul peak measured now: {peak / 1e9:.0f} GFLOP/s ({args.precision})", flush=True)
     results: dict = {}
+    peaks = []
     for workload in args.workload.split(","):
         prep = prepare(make_workload(workload, args.smoke), args.steps, os.path.join(root, "data"), args.precision)
         for round_index in range(args.rounds):
             for system in rotated(systems, round_index):
+                peaks.append(matmul_peak(args.precision))
                 start = time.perf_counter()
                 try:
                     result = run_system(system, prep, os.path.join(root, workload, f"{system}-{round_index}"))
@@ -539,15 +540,18 @@ def main(argv=None) -> None:
                     result = {"error": str(e)}
                 if result.get("steps") and "error" not in result:
                     result["summary"] = summarize(result["steps"])
-                    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peak)
+                    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peaks[-1])
+                result["matmul_peak"] = peaks[-1]
                 results.setdefault((workload, system), []).append(result)
-                print(f"{workload} round {round_index + 1}/{args.rounds} {system}: {time.perf_counter() - start:.0f} s"
+                seconds = time.perf_counter() - start
+                print(f"{workload} round {round_index + 1}/{args.rounds} {system}: {seconds:.0f} s, "
+                      f"peak {peaks[-1] / 1e9:.0f} GFLOP/s"
                       + (f", {result['summary']['step']:.2f} s/step" if "summary" in result
                          else f", failed: {result.get('error', '')[-300:]}"), flush=True)
     print(f"\n{args.steps} steps per run, each run's median over steps 2..{args.steps}, seconds, {args.precision}, "
-          f"{args.rounds} interleaved rounds; runs in {root}; update MFU against the matmul peak measured in this run, "
-          f"{peak / 1e9:.0f} GFLOP/s (verl perf/mfu/actor: pyrl's own metric, against its cached peak, and counting "
-          f"shared prompts once)\n")
+          f"{args.rounds} interleaved rounds; runs in {root}; each run's update MFU against the matmul peak measured "
+          f"just before it, {min(peaks) / 1e9:.0f}-{max(peaks) / 1e9:.0f} GFLOP/s (verl perf/mfu/actor: pyrl's own "
+          f"metric, against its cached peak, and counting shared prompts once)\n")
     print(rounds_table(results))
     if args.out:
         with open(args.out, "w") as f:

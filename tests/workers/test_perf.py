@@ -47,3 +47,25 @@ def test_mfu_is_flops_over_time_over_peak(monkeypatch):
     got = perf.mfu(CONFIG, [7, 30], 0.5, torch.device("cpu"), torch.float32)
     assert got == pytest.approx(perf.model_flops(CONFIG, [7, 30]) / 0.5 / 2e9)
     assert perf.model_flops(CONFIG, [], tokens=0) == 0
+
+
+def test_cpu_peak_is_the_best_matmul_size_measured_once_per_machine(monkeypatch, tmp_path):
+    """The CPU peak is the better of the 1024^3 and 2048^3 matmul rates (AMX bf16 reaches its rate only on the
+    larger), measured on the first call and read from PYRL_CACHE_DIR after; an entry of the former 1024-only
+    benchmark (no peak-v2 in its key) is not reused."""
+    monkeypatch.setenv("PYRL_CACHE_DIR", str(tmp_path))
+    cores = perf.os.cpu_count() or 1
+    stale = f"cpu:{perf._cpu_model()}:{cores}:bfloat16"
+    (tmp_path / "peak_flops.json").write_text(perf.json.dumps({stale: 1.0}))
+    calls = []
+
+    def rate(device, dtype, threads=None, size=1024, seconds=0.5):
+        calls.append((dtype, threads, size))
+        return {1024: 3e9, 2048: 5e9}[size]
+
+    monkeypatch.setattr(perf, "matmul_rate", rate)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert perf.peak_flops(torch.device("cpu"), torch.bfloat16) == 5e9
+    assert calls == [(torch.bfloat16, cores, 1024), (torch.bfloat16, cores, 2048)]
+    assert perf.peak_flops(torch.device("cpu"), torch.bfloat16) == 5e9 and len(calls) == 2  # cached
+    assert perf.json.loads((tmp_path / "peak_flops.json").read_text())[stale] == 1.0  # left as it was
