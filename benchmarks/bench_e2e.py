@@ -20,8 +20,9 @@ gen (rollout), old_log_prob (the forward pass for the old log-probs; 0 where the
 TRL does in this on-policy setting), update (forward, backward, optimizer), sync (pyrl's weight push
 into the rollout engine), other (reward, advantages, the rest); the mean prompt and response lengths
 show that both sides did the same work; "update MFU" is the update's model FLOPs (verl 0.9.1's count, every prompt
-once per sample) over its time and the matmul peak measured just before that run (update_mfu: this machine's
-throughput drifts by tens of percent within an invocation, so one peak measured at the start can read above 1);
+once per sample) over its time and the best matmul rate measured in the invocation, before every run (update_mfu:
+this machine's throughput drifts by tens of percent within an invocation, and other load only lowers a reading,
+so a single peak measured at the start could read low and an MFU above 1);
 "verl perf/mfu/actor" is pyrl's own metric; "/ TRL" is the step time over TRL's. The script runs every system
 --rounds times (default 3), each round in a rotated order, and reports each system's median (min-max) over its
 runs; a ratio to TRL is claimed only when the two ranges do not overlap ("within noise" otherwise). Absolute
@@ -422,8 +423,8 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def matmul_peak(precision: str) -> float:
-    """The best FLOP/s of 2048^3 matmuls on all cores in the precision's compute dtype, measured now: the MFU
-    column's denominator, measured before each run it divides."""
+    """The best FLOP/s of 2048^3 matmuls on all cores in the precision's compute dtype, measured now (the script
+    measures it before every run and divides by the best reading)."""
     import torch
 
     from pyrl.workers.perf import matmul_rate
@@ -527,9 +528,10 @@ def main(argv=None) -> None:
     root = tempfile.mkdtemp(prefix="bench-e2e-")
     systems = args.systems.split(",")
     results: dict = {}
-    peaks = []
+    preps, peaks = {}, []
     for workload in args.workload.split(","):
-        prep = prepare(make_workload(workload, args.smoke), args.steps, os.path.join(root, "data"), args.precision)
+        prep = preps[workload] = prepare(make_workload(workload, args.smoke), args.steps, os.path.join(root, "data"),
+                                         args.precision)
         for round_index in range(args.rounds):
             for system in rotated(systems, round_index):
                 peaks.append(matmul_peak(args.precision))
@@ -540,7 +542,6 @@ def main(argv=None) -> None:
                     result = {"error": str(e)}
                 if result.get("steps") and "error" not in result:
                     result["summary"] = summarize(result["steps"])
-                    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peaks[-1])
                 result["matmul_peak"] = peaks[-1]
                 results.setdefault((workload, system), []).append(result)
                 seconds = time.perf_counter() - start
@@ -548,10 +549,15 @@ def main(argv=None) -> None:
                       f"peak {peaks[-1] / 1e9:.0f} GFLOP/s"
                       + (f", {result['summary']['step']:.2f} s/step" if "summary" in result
                          else f", failed: {result.get('error', '')[-300:]}"), flush=True)
+    for key, runs in results.items():
+        for result in runs:
+            if "summary" in result:
+                result["summary"]["update_mfu"] = update_mfu(preps[key[0]], result["summary"], max(peaks))
     print(f"\n{args.steps} steps per run, each run's median over steps 2..{args.steps}, seconds, {args.precision}, "
-          f"{args.rounds} interleaved rounds; runs in {root}; each run's update MFU against the matmul peak measured "
-          f"just before it, {min(peaks) / 1e9:.0f}-{max(peaks) / 1e9:.0f} GFLOP/s (verl perf/mfu/actor: pyrl's own "
-          f"metric, against its cached peak, and counting shared prompts once)\n")
+          f"{args.rounds} interleaved rounds; runs in {root}; update MFU against the best matmul rate of the readings "
+          f"taken before every run, {max(peaks) / 1e9:.0f} GFLOP/s (readings {min(peaks) / 1e9:.0f}-"
+          f"{max(peaks) / 1e9:.0f}; verl perf/mfu/actor: pyrl's own metric, against its cached peak, and counting "
+          f"shared prompts once)\n")
     print(rounds_table(results))
     if args.out:
         with open(args.out, "w") as f:
