@@ -490,7 +490,7 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
     steps = 2 if smoke else int(os.environ.get("PYRL_BENCH_STEPS", 6))
     prep = _prepared(workload, smoke, steps, str(tmp_path_factory.getbasetemp() / "e2e-data"))
     result: dict = {}
-    peak = matmul_peak(prep.precision)
+    peak = None if smoke else matmul_peak(prep.precision)  # this test's own reading (the script takes the best)
 
     def run():
         result.update(run_system(system, prep, str(tmp_path / "run")))
@@ -502,7 +502,8 @@ def test_e2e_step_time(benchmark, tmp_path, tmp_path_factory, workload, system):
         pytest.xfail(f"TRL vLLM colocate: {result['error'][:300]}")
     assert "error" not in result, result["error"]
     result["summary"] = summarize(result["steps"])
-    result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peak)
+    if peak is not None:
+        result["summary"]["update_mfu"] = update_mfu(prep, result["summary"], peak)
     benchmark.extra_info.update({f"median_{k}": v for k, v in result["summary"].items()})
     benchmark.extra_info["steps"] = result["steps"]
     print("\n" + rounds_table({(workload, system): [result]}))
@@ -525,6 +526,8 @@ def main(argv=None) -> None:
     if args.trl_worker:
         _trl_worker_main(args.trl_worker)
         return
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     root = tempfile.mkdtemp(prefix="bench-e2e-")
     systems = args.systems.split(",")
     results: dict = {}

@@ -26,7 +26,9 @@ sample also the prompt's. The gather's backward sums what every sample sends the
 
 The gathers are ``index_select`` on flat indices, not advanced or boolean indexing: their backward is then an
 ``index_add_``, 3-5x faster on CPU than the accumulating ``index_put_`` the indexing forms backpropagate by (it was
-6% of a shared-prompt fp32 update on 2 cores; benchmarks/RESULTS.md).
+6% of a shared-prompt fp32 update on 2 cores; benchmarks/RESULTS.md). On CUDA ``index_add_`` sums by atomics, so
+the gradient of a prompt shared by several samples may differ in its last bits from run to run (as flash-attention's
+backward already does).
 """
 
 from __future__ import annotations
@@ -51,8 +53,7 @@ class Bucket(NamedTuple):
     """b sequences of up to L tokens attended as one right-padded [b, L] batch."""
 
     gather: torch.Tensor  # [b, L] int64: the row token at each position (padding reads token 0)
-    valid: torch.Tensor  # [b, L] bool: the positions whose output this bucket gives
-    given: torch.Tensor  # [n] int64: the valid positions' flat index into [b * L]
+    given: torch.Tensor  # [n] int64: the flat index into [b * L] of the positions whose output this bucket gives
 
 
 @dataclass
@@ -96,7 +97,7 @@ class VarlenAttention:
     def _build(cls, tokens, cu, owned_from, cu_seqlens, device) -> "VarlenAttention":
         lengths = cu[1:] - cu[:-1]
         buckets = _buckets(tokens, cu, lengths, owned_from)
-        order = torch.cat([bucket.gather[bucket.valid] for bucket in buckets]) if buckets else tokens[:0]
+        order = torch.cat([b.gather.reshape(-1)[b.given] for b in buckets]) if buckets else tokens[:0]
         total = int(tokens.max()) + 1 if tokens.numel() else 0
         if len(order) != total or (total and int(torch.bincount(order, minlength=total).max()) != 1):
             raise ValueError("packed attention: every token of the row must be given by exactly one sequence")
@@ -126,8 +127,8 @@ def _buckets(tokens: torch.Tensor, cu: torch.Tensor, lengths: torch.Tensor, owne
         columns = torch.arange(longest, dtype=torch.int64)
         real = columns[None, :] < lengths[rows][:, None]
         gather = torch.where(real, tokens[(cu[rows][:, None] + columns[None, :]).clamp(max=max(len(tokens) - 1, 0))], 0)
-        valid = real & (columns[None, :] >= owned_from[rows][:, None])
-        buckets.append(Bucket(gather, valid, valid.reshape(-1).nonzero().reshape(-1)))
+        given = real & (columns[None, :] >= owned_from[rows][:, None])
+        buckets.append(Bucket(gather, given.reshape(-1).nonzero().reshape(-1)))
         start = end
     return buckets
 
@@ -174,8 +175,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         rows, length = bucket.gather.shape
         qb, kb, vb = (t.index_select(0, bucket.gather.reshape(-1)).view(rows, length, *t.shape[1:]).transpose(1, 2)
                       for t in (q, k, v))  # [b, H, L, D]
-        out = causal_attention(qb, kb, vb, scaling, dropout).transpose(1, 2).reshape(rows * length, *q.shape[1:])
-        pieces.append(out.index_select(0, bucket.given))
+        pieces.append(causal_attention(qb, kb, vb, scaling, dropout).transpose(1, 2).flatten(0, 1)
+                      .index_select(0, bucket.given))
     return torch.cat(pieces).index_select(0, attention_mask.inverse).unsqueeze(0), None
 
 

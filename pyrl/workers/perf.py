@@ -78,7 +78,7 @@ def mfu(hf_config, seqlens, seconds: float, device: torch.device, dtype: torch.d
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     """This rank's peak FLOP/s in `dtype` (see the module docstring)."""
-    name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    name = "bfloat16" if dtype in (torch.bfloat16, torch.float16) else "float32"  # GPUs: fp16's dense peak is bf16's
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
         for fragment, peaks in CUDA_PEAK_TFLOPS.items():
@@ -87,7 +87,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         return _cached_peak(f"cuda:{device_name}:{name}", lambda: matmul_rate(device, dtype))
     cores = os.cpu_count() or 1
     # "peak-v2": entries of the 1024^3-only benchmark (bf16 read ~2x low) are measured again
-    machine = _cached_peak(f"cpu:{_cpu_model()}:{cores}:{name}:peak-v2",
+    machine = _cached_peak(f"cpu:{_cpu_model()}:{cores}:{str(dtype).removeprefix('torch.')}:peak-v2",
                            lambda: max(matmul_rate(device, dtype, threads=cores, size=size) for size in (1024, 2048)))
     return machine * min(torch.get_num_threads(), cores) / cores
 

@@ -76,6 +76,54 @@ def test_packed_attention_matches_per_sequence_float64(lengths, heads, kv_heads,
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"d{name}: {m}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_prefixes_match_each_sample_run_alone_in_float64(device, dtype):
+    """Prompts held once for their samples (from_shared_prefixes, actor.use_prefix_grouper): every sample's outputs,
+    and the prompt's (given by its first sample), equal each sample run alone as prompt + own tokens in float64;
+    the prompt's key and value gradients are the sum over its samples. Prompts of 6 (3 samples of 4, 1 and 9 tokens)
+    and 1 (2 samples of 2 and 5), so the sequences fall into more than one bucket."""
+    device = torch.device(device)
+    prompts, samples = [6, 1], [[4, 1, 9], [2, 5]]
+    tokens, lengths, owned_from, at, alone = [], [], [], 0, []  # alone: each sample's row tokens, in order
+    for prompt, own in zip(prompts, samples):
+        prompt_tokens = torch.arange(at, at + prompt)
+        at += prompt
+        for i, n in enumerate(own):
+            mine = torch.arange(at, at + n)
+            at += n
+            tokens.append(torch.cat([prompt_tokens, mine]))
+            lengths.append(prompt + n)
+            owned_from.append(0 if i == 0 else prompt)
+            alone.append(tokens[-1])
+    attention = VarlenAttention.from_shared_prefixes(torch.cat(tokens), torch.tensor(lengths),
+                                                     torch.tensor(owned_from), device)
+    assert len(attention.buckets) > 1
+    q, k, v = packed_inputs([at], 8, 2, dtype, device=device)
+    out, _ = varlen_attention.varlen_attention_forward(
+        _Module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=0.3,
+        **attention.as_kwargs())
+    out = out[0]
+    # the reference: each sample's sequence gathered from the row and run alone; the row's token t is given by the
+    # first sequence holding it
+    index = torch.cat(alone).to(device)
+    ref_all = reference(q[index], k[index], v[index], torch.tensor(lengths), 0.3)
+    first = {}
+    for position, token in enumerate(index.tolist()):
+        first.setdefault(token, position)
+    ref = ref_all[torch.tensor([first[t] for t in range(at)], device=device)]
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
+    grads = torch.autograd.grad((out.double() * weight).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    for name, got, want in zip("qkv", grads, ref_grads):
+        want = want.double()
+        if dtype == torch.bfloat16:
+            tol = dict(atol=max(2e-2 * float(want.abs().max()), 1e-5), rtol=2e-2)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m: f"d{name}: {m}")
+
+
 @pytest.mark.parametrize("length", [1, 37, CPU_MATMUL_ATTENTION_MAX_LEN])
 @pytest.mark.parametrize("heads", [8, 2])
 def test_matmul_attention_equals_sdpa(length, heads):
@@ -92,13 +140,12 @@ def test_matmul_attention_equals_sdpa(length, heads):
 def test_buckets_cover_every_token_once():
     lengths = torch.tensor([5, 0, 40, 31, 1, 39, 30, 12])
     attention = VarlenAttention.from_lengths(lengths, CPU)
-    seen = torch.cat([bucket.gather[bucket.valid] for bucket in attention.buckets])
+    seen = torch.cat([bucket.gather.reshape(-1)[bucket.given] for bucket in attention.buckets])
     assert sorted(seen.tolist()) == list(range(int(lengths.sum())))
     assert torch.equal(seen[attention.inverse], torch.arange(int(lengths.sum())))
     for bucket in attention.buckets:
-        real = bucket.valid.sum(-1)
+        real = torch.bincount(bucket.given // bucket.gather.shape[1], minlength=bucket.gather.shape[0])
         assert real.min() >= varlen_attention.BUCKET_RATIO * real.max()
-        assert torch.equal(bucket.given, bucket.valid.reshape(-1).nonzero().reshape(-1))
     assert VarlenAttention.from_lengths(torch.tensor([6, 6]), CPU).inverse is None  # equal lengths: no gather
 
 
