@@ -437,6 +437,19 @@ def engine_terms(config, shape: ModelShape, setting: Setting, capacity: int | No
                             f"{key}.calculate_log_probs=false or {key}.name=vllm")]
 
 
+def hf_engine_uses_actor_weights(config, actor: RoleState, setting: Setting) -> bool:
+    """Whether the actor's workers' hf engine generates with the actor's own tensors (no copy of its own; the
+    actor's test, ActorRolloutRefWorker._engine_can_use_actor_weights, on the config): the actor's weights whole on
+    one rank, in the engine's dtype, on its device, no LoRA, no rollout tensor parallelism."""
+    arr = config.actor_rollout_ref
+    device = torch.device(setting.device)
+    fsdp = arr.actor.fsdp_config
+    return (arr.rollout.name == "hf" and arr.rollout.tensor_model_parallel_size == 1 and actor.shards == 1
+            and not uses_lora(arr.model) and not (fsdp.param_offload and setting.device == "cuda")
+            and runnable_dtype(arr.rollout.dtype, "actor_rollout_ref.rollout.dtype", device)
+            == torch_dtype(fsdp.model_dtype, "actor_rollout_ref.actor.fsdp_config.model_dtype"))
+
+
 def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capacity: int | None) -> tuple[list, list]:
     """(resident, reward-step transient) of a served reward model's engine in one process (pyrl.workers.
     reward_server; with tensor parallelism, one of a replica's vLLM workers): vLLM as any engine (vllm_terms); the hf
@@ -584,6 +597,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
     if run.rollout_pool is None:  # the hybrid engine: each rank's
         engine_resident, engine_rollout = engine_terms(config, shapes["actor"], setting, capacity,
                                                        run.prompts_per_rank)
+        if hf_engine_uses_actor_weights(config, states["actor"], setting):
+            engine_resident = []  # the engine's parameters are the actor's own tensors
     else:  # the rollout's own workers (one-step-off): their engine is not in these ranks, see the last phase
         engine_resident, engine_rollout = [], []
     teacher = teacher_state(config, run, shapes, setting)

@@ -37,6 +37,7 @@ from pyrl.workers.rollout.agent_loop import (
     with_agent_loop_prompts,
 )
 from pyrl.workers.rollout.base import prompt_token_lists
+from pyrl.workers.rollout.hf_engine import HFEngine
 from pyrl.workers.rollout.tensor_parallel import LeaderEngine, TensorParallelGroup
 from pyrl.workers.update import UpdatePlan, run_update
 
@@ -118,6 +119,7 @@ class ActorRolloutRefWorker(Worker):
                                       self.tp_group.name if self.tp_group else "")
             if self.tp_group is not None and self.tp_group.is_leader:
                 self.engine = LeaderEngine(self.engine, self.tp_group)
+            self.engine_uses_actor_weights = self._engine_can_use_actor_weights()
         torch.manual_seed(derive_seed(self.config.actor.data_loader_seed, "dropout", rank=self.rank))
 
     # ---- rollout ----
@@ -125,8 +127,22 @@ class ActorRolloutRefWorker(Worker):
     def update_weights(self) -> dict:
         """Push the actor's current weights into the rollout engine (in memory, tensor by tensor)."""
         start = time.perf_counter()
-        loaded = self.engine.load_weights(self._state_items(self.policy, "lm.", self.engine.dtype))
+        if self.engine_uses_actor_weights:  # the engine's parameters are the actor's: nothing is copied
+            self.engine.use_weights(fsdp.local_state_items(self.policy, "lm."))
+            loaded = 0
+        else:
+            loaded = self.engine.load_weights(self._state_items(self.policy, "lm.", self.engine.dtype))
         return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_bytes": loaded}
+
+    def _engine_can_use_actor_weights(self) -> bool:
+        """The hf engine generates with the actor's own tensors where they are its whole weights as the engine
+        computes them: this rank holds them whole (one rank), in the engine's dtype, on its device, and no LoRA
+        (whose pushed weights are merged copies)."""
+        if not (self.has_actor and isinstance(self.engine, HFEngine) and self.peft_model is None
+                and fsdp.holds_whole_weights(self.policy)):
+            return False
+        return all(t.dtype == self.engine.dtype and t.device.type == self.device.type
+                   for _, t in fsdp.local_state_items(self.policy))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def engine_dtype(self) -> torch.dtype:

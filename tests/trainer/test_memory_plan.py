@@ -100,6 +100,12 @@ def test_plan_resident_state_and_phases_by_hand():
     terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["old_log_prob"].resident}
     assert terms["actor weights"] == shape.params * 4 and terms["actor AdamW moments"] == 2 * shape.params * 4
     assert terms["reference weights"] == shard
+    # and the hf engine generates with the actor's own whole tensors: no copy of its own (in the engine's dtype only)
+    assert "rollout engine weights" not in terms
+    config.actor_rollout_ref.rollout.dtype = "bfloat16"
+    result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
+    terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["old_log_prob"].resident}
+    assert terms["rollout engine weights"] == shape.params * 2
 
 
 def test_lora_plan_counts_the_adapters_and_no_reference_copy():

@@ -7,6 +7,7 @@ import torch
 from worker_helpers import (
     PROMPT_WIDTH,
     check_rollout_fields,
+    hf_greedy,
     hf_response_logprobs,
     make_config,
     random_batch,
@@ -14,6 +15,7 @@ from worker_helpers import (
 )
 
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
+from pyrl.workers import fsdp
 from pyrl.workers.actor import ActorRolloutRefWorker
 from pyrl.workers.precision import cpu_has_bf16
 
@@ -101,7 +103,9 @@ def test_update_on_two_ranks_equals_single_process(group, train_batch):
 
 
 def test_generate_fields_are_consistent(group):
-    group.update_weights()
+    pushed = [push["perf/update_weights_bytes"] for push in group.update_weights()]
+    # each rank of groups of one holds the weights whole: its hf engine generates with them, nothing is copied
+    assert all(bytes_ == 0 if group.hybrid else bytes_ > 0 for bytes_ in pushed), pushed
     prompts = rollout_prompts(4, seed=5)
     prompts.meta_info["n"] = 2
     out = group.generate_sequences(prompts)
@@ -110,6 +114,32 @@ def test_generate_fields_are_consistent(group):
     logp = group.compute_log_prob(out).batch["old_log_probs"]
     mask = out.batch["response_mask"].bool()
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
+
+
+def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path):
+    """One process, the engine in the actor's dtype: the engine's parameters are the actor's tensors, so the
+    optimizer's steps reach it with no push, and it generates what transformers does from the exported weights."""
+    worker = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor_rollout")
+    worker.init_model()
+    assert worker.update_weights()["perf/update_weights_bytes"] == 0
+    engine = worker.engine.model.state_dict()
+    before = {name: tensor.clone() for name, tensor in engine.items()}
+    batch = random_batch(ROWS, seed=7)
+    batch.union(worker.compute_log_prob(batch).select(["old_log_probs"], meta_info_keys=[]))
+    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"]
+    batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(8))
+    worker.update_actor(batch)  # no push after it
+    actor = dict(fsdp.local_state_items(worker.policy, "lm."))
+    assert actor.keys() == engine.keys()
+    for name, tensor in actor.items():
+        assert engine[name].data_ptr() == tensor.data_ptr() and torch.equal(engine[name], tensor), name
+    assert max((engine[k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the step moved them
+    prompts = rollout_prompts(4, seed=6)
+    prompts.meta_info["do_sample"] = False
+    out = worker.generate_sequences(prompts)
+    worker.export_hf(str(tmp_path / "hf"))
+    got = [row[:n].tolist() for row, n in zip(out.batch["responses"], out.batch["response_mask"].sum(-1).tolist())]
+    assert got == hf_greedy(str(tmp_path / "hf"), prompts, max_new_tokens=out.batch["responses"].shape[1])
 
 
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):

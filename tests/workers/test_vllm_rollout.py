@@ -6,7 +6,7 @@ import sys
 import pytest
 import ray
 import torch
-from worker_helpers import check_rollout_fields, make_config, random_batch, rollout_prompts
+from worker_helpers import check_rollout_fields, hf_greedy, make_config, random_batch, rollout_prompts
 
 from pyrl.controller import ResourcePool, WorkerGroup
 from pyrl.protocol import DataProto
@@ -60,21 +60,6 @@ def vllm_group(request, ray_session):
     wg.init_model()
     yield wg
     wg.kill()
-
-
-def hf_greedy(model_dir, prompts, max_new_tokens):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    out = model.generate(input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
-                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    eos = model.generation_config.eos_token_id
-    eos = {eos} if isinstance(eos, int) else set(eos)
-    rows = []
-    for row in out[:, prompts.batch["input_ids"].shape[1]:].tolist():
-        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        rows.append(row[:end])
-    return rows
 
 
 def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):

@@ -89,3 +89,19 @@ def check_rollout_fields(out, prompts, n):
     pos = out.batch["position_ids"]
     assert torch.equal(pos[:, PROMPT_WIDTH:], pos[:, PROMPT_WIDTH - 1:PROMPT_WIDTH] + torch.arange(1, width + 1))
     assert (out.batch["rollout_log_probs"] <= 0).all()
+
+
+def hf_greedy(model_dir, prompts, max_new_tokens):
+    """transformers' own greedy responses from the model saved in model_dir, each cut after its first EOS."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = model.generate(input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
+                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    rows = []
+    for row in out[:, prompts.batch["input_ids"].shape[1]:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:end])
+    return rows

@@ -1,5 +1,8 @@
-"""The hf engine: transformers `generate` (KV cache) on an unsharded copy of the policy that takes the
-actor's weights in place each step. Slower than vLLM; needs nothing but transformers."""
+"""The hf engine: transformers `generate` (KV cache) on the policy's weights. Where the actor holds them whole in
+the engine's dtype and device (one rank, no LoRA), the engine's parameters are the actor's tensors themselves
+(`use_weights`: no second copy, nothing to push; verl's hf rollout generates with the actor's module too);
+otherwise an unsharded copy that takes the actor's weights in place each step (`load_weights`). Slower than vLLM;
+needs nothing but transformers."""
 
 from __future__ import annotations
 
@@ -86,6 +89,23 @@ class HFEngine(RolloutEngine):
             params[name].copy_(tensor)
             loaded += tensor.numel() * tensor.element_size()
         return loaded
+
+    def use_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Make the engine's parameters these tensors themselves, not copies: the actor's own whole weights, which
+        its optimizer updates in place, so the engine generates with the current weights and the process holds
+        one copy of them. Called again at each push, so that a tensor the actor replaced is taken up."""
+        params = self.model.state_dict(keep_vars=True)  # tied weights appear under each name
+        named = dict(named_tensors)
+        if named.keys() != params.keys():
+            raise KeyError(f"hf engine: the actor's weights and the rollout model's differ in names: "
+                           f"{sorted(named.keys() ^ params.keys())[:5]}")
+        for name, tensor in named.items():
+            param = params[name]
+            if (tensor.shape, tensor.dtype, tensor.device) != (param.shape, param.dtype, param.device):
+                raise ValueError(f"hf engine: the actor's {name!r} is {tuple(tensor.shape)} {tensor.dtype} on "
+                                 f"{tensor.device}, the rollout model's {tuple(param.shape)} {param.dtype} on "
+                                 f"{param.device}: it cannot be used in place")
+            param.data = tensor.detach()
 
 
 class SeededSampling(LogitsProcessor):
