@@ -202,14 +202,17 @@ def norm_bytes_per_hidden(dtype_bytes: int) -> int:
     return 12 if dtype_bytes == 4 else 4 + 2 * dtype_bytes
 
 
-def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0) -> int:
+def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0,
+                      gated_mlp: bool = False) -> int:
     """A decoder layer's activations kept for backward: two RMSNorms, q/k/v after rotary (k, v at the KV heads'
     width), the attention output and its reshaped copy (o_proj's input), and the MLP's gate, its activation, up
-    and their product (SwiGLU: 4 x intermediate). matmul_attention_len > 0: the CPU matmul attention for short
-    bf16 sequences of that length also keeps float32 q, k, v and the [heads, L, L] probabilities."""
+    and their product (SwiGLU: 4 x intermediate; gated_mlp, pyrl.models.gated_mlp: the gate and up only).
+    matmul_attention_len > 0: the CPU matmul attention for short bf16 sequences of that length also keeps float32
+    q, k, v and the [heads, L, L] probabilities."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    mlp = (2 if gated_mlp else 4) * shape.intermediate
     saved = tokens * (2 * norm_bytes_per_hidden(dtype_bytes) * shape.hidden
-                      + dtype_bytes * (3 * q + 2 * kv + 4 * shape.intermediate))
+                      + dtype_bytes * (3 * q + 2 * kv + mlp))
     if matmul_attention_len:
         saved += tokens * 4 * (q + 2 * kv + shape.heads * matmul_attention_len)
     return saved
@@ -334,7 +337,8 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
-                head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int) -> list:
+                head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int,
+                gated_mlp: bool = False) -> list:
     """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with gradient
     checkpointing only each layer's input) and the final norm's. On top, the larger of the head's backward (which
     runs first) and one layer's backward (its activations recomputed with checkpointing, and the gradients in
@@ -345,7 +349,7 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     (zero_grad), so they are not resident here; they return during the backward (the peak may come late, when they
     are nearly all back)."""
     attn = matmul_attention_len(setting, precision, length)
-    per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn)
+    per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp)
     final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
     micro = f"{prefix} micro-batch size or token budget"
     workspace = backward_workspace_bytes(shape, mb.tokens, precision.compute)
@@ -638,9 +642,12 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         # idle
         during = [t for name, s in states.items() for t in
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
+        # model.use_fused_kernels patches a causal LM's gated MLPs (pyrl.workers.models.load_policy), which LoRA's
+        # wrapped projections turn back (counted as unpatched: the larger)
+        gated = head == "logits" and role_model.use_fused_kernels and not uses_lora(role_model)
         phases.append(Phase(micro.phase, during + teacher.idle + engine_resident + rm_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
-            role.model_section, state.shards)))
+            role.model_section, state.shards, gated)))
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(
             config, shapes["actor"], setting, capacity, run.prompts_per_rollout_process)))

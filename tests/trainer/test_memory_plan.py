@@ -52,6 +52,8 @@ def test_activation_formulas_by_hand():
     assert mp.layer_saved_bytes(shape, T, 4) == T * (24 * 64 + 4 * (3 * 64 + 2 * 32 + 4 * 128))
     # bf16: each norm keeps a float32 upcast and two bf16 tensors
     assert mp.layer_saved_bytes(shape, T, 2) == T * (16 * 64 + 2 * (3 * 64 + 2 * 32 + 4 * 128))
+    # pyrl.models.gated_mlp keeps the gate and up projections only
+    assert mp.layer_saved_bytes(shape, T, 4, gated_mlp=True) == T * (24 * 64 + 4 * (3 * 64 + 2 * 32 + 2 * 128))
     # CPU matmul attention over sequences of 16: float32 q, k, v and [heads, 16] probabilities per token
     assert mp.layer_saved_bytes(shape, T, 2, 16) - mp.layer_saved_bytes(shape, T, 2) == T * 4 * (64 + 64 + 2 * 16)
     assert mp.layer_forward_bytes(shape, T, 4) == T * 4 * (8 * 64 + 3 * 128)

@@ -1,0 +1,88 @@
+"""A gated MLP that keeps less for its backward: down(silu(x W_g^T) * (x W_u^T)) W_d^T, as transformers' Llama-style
+MLPs (Qwen2, Qwen3, Llama, Mistral) compute it, with the same operations in the same order, so its outputs and
+gradients are transformers' own (bit for bit on CPU in float32 and bfloat16, the tests check).
+
+Autograd through transformers' forward keeps four [tokens, intermediate] tensors per layer for the backward: the
+gate projection g, silu(g), the up projection u (the product's inputs) and h = silu(g) * u (the down projection's
+input). `gated_mlp` keeps g and u only and recomputes silu(g) and h in the backward (two elementwise passes): half
+of the MLP's activations, the larger part of a layer's (intermediate is 3-5.5x the hidden size). Liger-Kernel's
+SwiGLU keeps three (it recomputes silu(g), but the down projection still keeps h); here the down projection is
+inside the function, so h is recomputed too.
+
+`patch_gated_mlps(model)` makes every such MLP of a model use it (the trainers do with model.use_fused_kernels); an
+MLP it cannot run (LoRA or other wrapped projections, biases, another activation) keeps transformers' forward,
+checked at each call."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GatedMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down):
+        gate, up = F.linear(x, w_gate), F.linear(x, w_up)
+        ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
+        return F.linear(F.silu(gate) * up, w_down)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
+        needs_x, needs_gate, needs_up, needs_down = ctx.needs_input_grad
+        activated = F.silu(gate)  # recomputed, as transformers' forward made them
+        grad_w_down = None
+        if needs_down:
+            hidden = activated * up
+            grad_w_down = flat(grad_out).t().mm(flat(hidden))
+            del hidden
+        # the product's and silu's backward as autograd runs them on transformers' forward
+        grad_hidden = grad_out.matmul(w_down)
+        grad_up = grad_hidden * activated
+        del activated
+        grad_gate = torch.ops.aten.silu_backward(grad_hidden.mul_(up), gate)
+        del grad_hidden
+        grad_x = grad_gate.matmul(w_gate).add_(grad_up.matmul(w_up)) if needs_x else None
+        grad_w_gate = flat(grad_gate).t().mm(flat(x)) if needs_gate else None
+        grad_w_up = flat(grad_up).t().mm(flat(x)) if needs_up else None
+        return grad_x, grad_w_gate, grad_w_up, grad_w_down
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """(silu(x W_gate^T) * (x W_up^T)) W_down^T, keeping x and the two projections for the backward.
+    x: [..., hidden]; w_gate, w_up: [intermediate, hidden]; w_down: [hidden, intermediate]."""
+    return GatedMLPFunction.apply(x, w_gate, w_up, w_down)
+
+
+def runs_gated(mlp: nn.Module) -> bool:
+    """Whether `mlp` is a Llama-style SiLU-gated MLP of plain bias-free linear layers (not LoRA-wrapped)."""
+    # lazy: transformers loads with the first model
+    from transformers.activations import SiLUActivation  # F.silu, transformers' ACT2FN["silu"]
+
+    projections = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    return (all(type(p) is nn.Linear and p.bias is None for p in projections)
+            and isinstance(getattr(mlp, "act_fn", None), (nn.SiLU, SiLUActivation)))
+
+
+def _forward(self, x):
+    if not runs_gated(self):  # e.g. LoRA wrapped a projection after the patch
+        return type(self).forward(self, x)
+    return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+
+
+def patch_gated_mlps(model: nn.Module) -> int:
+    """Make each Llama-style MLP of `model` (a module with gate_proj, up_proj, down_proj and a SiLU act_fn) run
+    `gated_mlp`. Returns how many were patched."""
+    patched = 0
+    for module in model.modules():
+        if runs_gated(module):
+            module.forward = types.MethodType(_forward, module)
+            patched += 1
+    return patched
