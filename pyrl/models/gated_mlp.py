@@ -23,27 +23,25 @@ from torch import nn
 
 
 class GatedMLPFunction(torch.autograd.Function):
+    # Each [tokens, intermediate] tensor is written in place where its input is not needed after: a fresh CPU tensor
+    # of that size costs its page faults, about as much as the pass that fills it.
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down):
         gate, up = F.linear(x, w_gate), F.linear(x, w_up)
         ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
-        return F.linear(F.silu(gate) * up, w_down)
+        return F.linear(F.silu(gate).mul_(up), w_down)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
         needs_x, needs_gate, needs_up, needs_down = ctx.needs_input_grad
-        activated = F.silu(gate)  # recomputed, as transformers' forward made them
-        grad_w_down = None
-        if needs_down:
-            hidden = activated * up
-            grad_w_down = flat(grad_out).t().mm(flat(hidden))
-            del hidden
+        activated = F.silu(gate)  # recomputed, as the forward made it
         # the product's and silu's backward as autograd runs them on transformers' forward
         grad_hidden = grad_out.matmul(w_down)
         grad_up = grad_hidden * activated
-        del activated
-        grad_gate = torch.ops.aten.silu_backward(grad_hidden.mul_(up), gate)
+        hidden = activated.mul_(up)  # the down projection's input, recomputed
+        grad_w_down = flat(grad_out).t().mm(flat(hidden)) if needs_down else None
+        grad_gate = torch.ops.aten.silu_backward.grad_input(grad_hidden.mul_(up), gate, grad_input=hidden)
         del grad_hidden
         grad_x = grad_gate.matmul(w_gate).add_(grad_up.matmul(w_up)) if needs_x else None
         grad_w_gate = flat(grad_gate).t().mm(flat(x)) if needs_gate else None
