@@ -1,8 +1,8 @@
 """The hf engine: transformers `generate` (KV cache) on the policy's weights. Where the actor holds them whole in
 the engine's dtype and device (one rank, no LoRA), the engine's parameters are the actor's tensors themselves
-(`use_weights`: no second copy, nothing to push; verl's hf rollout generates with the actor's module too);
-otherwise an unsharded copy that takes the actor's weights in place each step (`load_weights`). Slower than vLLM;
-needs nothing but transformers."""
+(`use_weights`: no second copy, nothing to push; verl's HFRollout too generates with the module it is handed, the
+actor's); otherwise an unsharded copy that takes the actor's weights in place each step (`load_weights`). Slower
+than vLLM; needs nothing but transformers."""
 
 from __future__ import annotations
 
