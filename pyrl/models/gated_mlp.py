@@ -9,9 +9,9 @@ of the MLP's activations, the larger part of a layer's (intermediate is 3-5.5x t
 SwiGLU keeps three (it recomputes silu(g), but the down projection still keeps h); here the down projection is
 inside the function, so h is recomputed too.
 
-`patch_gated_mlps(model)` makes every such MLP of a model use it (the trainers do with model.use_fused_kernels); an
-MLP it cannot run (LoRA or other wrapped projections, biases, another activation) keeps transformers' forward,
-checked at each call."""
+`patch_gated_mlps(model)` makes every such MLP of a model (GATED_MLP_CLASSES) use it (the trainers do with
+model.use_fused_kernels); an MLP it cannot run (another class, LoRA or other wrapped projections, biases, another
+activation) keeps its own forward, checked at each call."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import types
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 class GatedMLPFunction(torch.autograd.Function):
@@ -32,6 +33,7 @@ class GatedMLPFunction(torch.autograd.Function):
         return F.linear(F.silu(gate).mul_(up), w_down)
 
     @staticmethod
+    @once_differentiable  # its in-place and out= operations are not themselves differentiable
     def backward(ctx, grad_out):
         x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
         needs_x, needs_gate, needs_up, needs_down = ctx.needs_input_grad
@@ -59,14 +61,23 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     return GatedMLPFunction.apply(x, w_gate, w_up, w_down)
 
 
-def runs_gated(mlp: nn.Module) -> bool:
-    """Whether `mlp` is a Llama-style SiLU-gated MLP of plain bias-free linear layers (not LoRA-wrapped)."""
-    # lazy: transformers loads with the first model
-    from transformers.activations import SiLUActivation  # F.silu, transformers' ACT2FN["silu"]
+# transformers' MLPs whose forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)), no more: others with the same
+# attributes scale or clamp (Falcon-H1's multipliers, DeepSeek-V4's swiglu limit) and keep their own forward
+GATED_MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
 
+
+def runs_gated(mlp: nn.Module) -> bool:
+    """Whether `mlp` is one of transformers' GATED_MLP_CLASSES with plain bias-free linear layers (not LoRA-wrapped)
+    and a SiLU activation."""
+    cls = type(mlp)
+    if cls.__name__ not in GATED_MLP_CLASSES or not cls.__module__.startswith("transformers.models."):
+        return False
+    import transformers.activations  # lazy: transformers loads with the first model
+
+    silu = (nn.SiLU, getattr(transformers.activations, "SiLUActivation", nn.SiLU))  # F.silu: ACT2FN["silu"]
     projections = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     return (all(type(p) is nn.Linear and p.bias is None for p in projections)
-            and isinstance(getattr(mlp, "act_fn", None), (nn.SiLU, SiLUActivation)))
+            and isinstance(getattr(mlp, "act_fn", None), silu))
 
 
 def _forward(self, x):
@@ -76,8 +87,7 @@ def _forward(self, x):
 
 
 def patch_gated_mlps(model: nn.Module) -> int:
-    """Make each Llama-style MLP of `model` (a module with gate_proj, up_proj, down_proj and a SiLU act_fn) run
-    `gated_mlp`. Returns how many were patched."""
+    """Make each MLP of `model` that `runs_gated` run `gated_mlp`. Returns how many were patched."""
     patched = 0
     for module in model.modules():
         if runs_gated(module):

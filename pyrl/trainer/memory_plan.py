@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pyrl.config import recomputes, torch_dtype
+from pyrl.models.gated_mlp import runs_gated
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.trainer.run_plan import PASSES, ConfigValue
@@ -71,6 +72,7 @@ class ModelShape:
     vocab: int
     trainable: int | None = None  # parameters that train (LoRA's adapters); None: all of them
     kind: str = "causal_lm"  # the head (from_hf_config's kind)
+    gated_mlp: bool = False  # its MLPs are ones pyrl.models.gated_mlp runs (with model.use_fused_kernels)
 
     @property
     def root_params(self) -> int:
@@ -107,6 +109,7 @@ class ModelShape:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
         params = sum(p.numel() for p in model.parameters())
         layer_params = sum(p.numel() for p in body.layers[0].parameters())
+        gated = any(runs_gated(m) for m in body.layers[0].modules())  # before LoRA wraps the projections
         trainable = None
         if model_config is not None and uses_lora(model_config):  # no weights: adapters built from the config only
             from peft import get_peft_model  # lazy: peft loads only for LoRA
@@ -116,7 +119,7 @@ class ModelShape:
         return cls(params=params, layer_params=layer_params, layers=len(body.layers), trainable=trainable,
                    hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
                    kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   vocab=text.vocab_size, kind=kind)
+                   vocab=text.vocab_size, kind=kind, gated_mlp=gated)
 
 
 @dataclass(frozen=True)
@@ -644,7 +647,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
         # model.use_fused_kernels patches a causal LM's gated MLPs (pyrl.workers.models.load_policy), which LoRA's
         # wrapped projections turn back (counted as unpatched: the larger)
-        gated = head == "logits" and role_model.use_fused_kernels and not uses_lora(role_model)
+        gated = (head == "logits" and shape.gated_mlp and role_model.use_fused_kernels
+                 and not uses_lora(role_model))
         phases.append(Phase(micro.phase, during + teacher.idle + engine_resident + rm_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
             role.model_section, state.shards, gated)))

@@ -136,10 +136,10 @@ class ActorRolloutRefWorker(Worker):
 
     def _engine_can_use_actor_weights(self) -> bool:
         """The hf engine generates with the actor's own tensors where they are its whole weights as the engine
-        computes them: this rank holds them whole (one rank), in the engine's dtype, on its device, and no LoRA
-        (whose pushed weights are merged copies)."""
-        if not (self.has_actor and isinstance(self.engine, HFEngine) and self.peft_model is None
-                and fsdp.holds_whole_weights(self.policy)):
+        computes them: this rank holds them whole (one rank, or groups of one), in the engine's dtype, on its device,
+        no rollout tensor parallelism, and no LoRA (whose pushed weights are merged copies)."""
+        if not (self.has_actor and isinstance(self.engine, HFEngine) and self.tp_group is None
+                and self.peft_model is None and fsdp.holds_whole_weights(self.policy)):
             return False
         return all(t.dtype == self.engine.dtype and t.device.type == self.device.type
                    for _, t in fsdp.local_state_items(self.policy))

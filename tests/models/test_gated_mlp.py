@@ -1,7 +1,8 @@
 """pyrl.models.gated_mlp: the gated MLP that keeps only x, the gate and up projections for its backward. Its outputs
 and every gradient equal transformers' own MLP bit for bit (the same operations), and a float64 transcription of
 the formula within float tolerance; fp32 and bf16, 1 and odd token counts, 2-D and 3-D inputs, frozen weights; it
-keeps half the MLP's activations; LoRA-wrapped projections run transformers' forward; a whole patched model
+keeps half the MLP's activations; LoRA-wrapped projections, other classes, biases and activations run their own
+forward; a whole patched model
 equals the unpatched one (logits and gradients); CUDA (marked gpu)."""
 
 import pytest
@@ -114,6 +115,24 @@ def test_lora_wrapped_projections_run_transformers_forward():
     x, grad_out = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)
     want, got = forward_backward(plain, x, grad_out), forward_backward(patched, x, grad_out)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_only_transformers_plain_gated_mlps_are_patched():
+    """An MLP with the same attributes but another forward (here a subclass that scales its output, as Falcon-H1's
+    multipliers do) keeps its own; so do a biased one and one with another activation."""
+
+    class ScaledMLP(Qwen2MLP):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    config = Qwen2Config(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE)
+    scaled = ScaledMLP(config)
+    biased = Qwen2MLP(config)
+    biased.up_proj = torch.nn.Linear(HIDDEN, INTERMEDIATE)
+    gelu = Qwen2MLP(Qwen2Config(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, hidden_act="gelu"))
+    assert [patch_gated_mlps(m) for m in (scaled, biased, gelu)] == [0, 0, 0]
+    x = torch.randn(3, HIDDEN)
+    assert torch.equal(scaled(x), 2 * Qwen2MLP.forward(scaled, x))
 
 
 def test_a_patched_model_equals_the_unpatched_one():

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import memory_measure  # noqa: E402
 from trainer_helpers import SMALL, compose, run_cli  # noqa: E402
 
+from pyrl.config import torch_dtype  # noqa: E402
 from pyrl.trainer import memory_plan as mp  # noqa: E402
 from pyrl.trainer.run_plan import resolve_run_plan  # noqa: E402
 
@@ -32,6 +33,12 @@ def test_model_shape_counts_parameters_by_hand():
         (64, 128, 2, 1, 32, 100)
     critic = mp.ModelShape.from_hf_config(TINY, "token_classification")
     assert critic.params == 2 * layer + 100 * 64 + 64 + (64 + 1)  # the value head replaces the LM head
+    # Qwen2's MLPs are ones pyrl.models.gated_mlp runs; Gemma's (GELU, another forward) are not
+    from transformers import GemmaConfig
+
+    assert shape.gated_mlp and not mp.ModelShape.from_hf_config(GemmaConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        intermediate_size=128, vocab_size=100)).gated_mlp
 
 
 def test_micro_batch_tokens_as_the_workers_cut_them():
@@ -65,7 +72,7 @@ def test_activation_formulas_by_hand():
     assert mp.kv_cache_bytes(shape, 7, 2) == 2 * 2 * 1 * 32 * 2 * 7
 
 
-def test_plan_resident_state_and_phases_by_hand():
+def test_plan_resident_state_and_phases_by_hand(monkeypatch):
     """Two CPU ranks, float32 master weights, a reference, the hf engine in float32; no critic."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32",
                      "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=8", *TWO_CPU_RANKS,
@@ -104,7 +111,8 @@ def test_plan_resident_state_and_phases_by_hand():
     assert terms["reference weights"] == shard
     # and the hf engine generates with the actor's own whole tensors: no copy of its own (in the engine's dtype only)
     assert "rollout engine weights" not in terms
-    config.actor_rollout_ref.rollout.dtype = "bfloat16"
+    config.actor_rollout_ref.rollout.dtype = "bfloat16"  # an engine in bf16 (on any CPU) holds its own copy
+    monkeypatch.setattr(mp, "runnable_dtype", lambda dtype, key, device: torch_dtype(dtype, key))
     result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["old_log_prob"].resident}
     assert terms["rollout engine weights"] == shape.params * 2
