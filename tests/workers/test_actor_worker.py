@@ -116,28 +116,45 @@ def test_generate_fields_are_consistent(group):
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
 
 
-def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path):
-    """One process, the engine in the actor's dtype: the engine's parameters are the actor's tensors, so the
-    optimizer's steps reach it with no push, and it generates what transformers does from the exported weights."""
-    worker = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor_rollout")
-    worker.init_model()
-    assert worker.update_weights()["perf/update_weights_bytes"] == 0
-    engine = worker.engine.model.state_dict()
-    before = {name: tensor.clone() for name, tensor in engine.items()}
-    batch = random_batch(ROWS, seed=7)
-    batch.union(worker.compute_log_prob(batch).select(["old_log_probs"], meta_info_keys=[]))
-    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"]
-    batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(8))
-    worker.update_actor(batch)  # no push after it
-    actor = dict(fsdp.local_state_items(worker.policy, "lm."))
-    assert actor.keys() == engine.keys()
-    for name, tensor in actor.items():
-        assert engine[name].data_ptr() == tensor.data_ptr() and torch.equal(engine[name], tensor), name
-    assert max((engine[k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the step moved them
-    prompts = rollout_prompts(4, seed=6)
-    prompts.meta_info["do_sample"] = False
-    out = worker.generate_sequences(prompts)
-    worker.export_hf(str(tmp_path / "hf"))
+@pytest.mark.parametrize("fsdp2", [False, True], ids=["plain_module", "fsdp2_on_one_rank"])
+def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
+    """One rank, the engine in the actor's dtype: the engine's parameters are the actor's tensors (with FSDP2, its
+    shards' local tensors), so the optimizer's steps reach it with no push, and it generates what transformers
+    does from the exported weights."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    if fsdp2:  # a process group of one rank, as a trainer's: FSDP2 shards the actor over it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        worker = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor_rollout")
+        worker.init_model()
+        assert all(isinstance(t, DTensor) == fsdp2 for t in worker.policy.state_dict().values())
+        assert worker.update_weights()["perf/update_weights_bytes"] == 0
+        engine = worker.engine.model.state_dict()
+        before = {name: tensor.clone() for name, tensor in engine.items()}
+        batch = random_batch(ROWS, seed=7)
+        batch.union(worker.compute_log_prob(batch).select(["old_log_probs"], meta_info_keys=[]))
+        batch.batch["ref_log_prob"] = batch.batch["old_log_probs"]
+        batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(8))
+        worker.update_actor(batch)  # no push after it
+        actor = dict(fsdp.local_state_items(worker.policy, "lm."))
+        assert actor.keys() == engine.keys()
+        for name, tensor in actor.items():
+            assert engine[name].data_ptr() == tensor.data_ptr() and torch.equal(engine[name], tensor), name
+        assert max((engine[k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the step moved them
+        prompts = rollout_prompts(4, seed=6)
+        prompts.meta_info["do_sample"] = False
+        out = worker.generate_sequences(prompts)
+        worker.export_hf(str(tmp_path / "hf"))
+    finally:
+        if fsdp2:
+            dist.destroy_process_group()
     got = [row[:n].tolist() for row, n in zip(out.batch["responses"], out.batch["response_mask"].sum(-1).tolist())]
     assert got == hf_greedy(str(tmp_path / "hf"), prompts, max_new_tokens=out.batch["responses"].shape[1])
 
