@@ -26,7 +26,7 @@ from pyrl.seeding import derive_seed
 from pyrl.tools.tool_registry import load_all_tools
 from pyrl.workers import batching, checkpoint, fsdp, lora, optim, perf
 from pyrl.workers.batching import ModelInputs
-from pyrl.workers.distributed import all_reduce, full_tensor, worker_device
+from pyrl.workers.distributed import all_reduce, full_tensor, local_tensor, worker_device
 from pyrl.workers.models import load_policy, load_tokenizer, model_dir
 from pyrl.workers.rollout import SamplingSpec, assemble_rollout, make_engine
 from pyrl.workers.rollout.agent_loop import (
@@ -564,5 +564,5 @@ class ActorRolloutRefWorker(Worker):
         for name, param in self.policy.named_parameters():
             for key, value in self.optimizer.state.get(param, {}).items():
                 optim[f"{name}.{key}"] = full_tensor(value).cpu().clone() if torch.is_tensor(value) else value
-        held = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.policy.parameters())
+        held = sum(local_tensor(p).numel() for p in self.policy.parameters())
         return {"params": params, "optimizer": optim, "lr": self.lr_scheduler.get_last_lr()[0], "held_elements": held}

@@ -36,3 +36,8 @@ def barrier() -> None:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A sharded DTensor gathered whole on every rank (a collective); plain tensors as they are."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded DTensor, its storage itself (no copy); plain tensors as they are."""
+    return t.to_local() if hasattr(t, "to_local") else t

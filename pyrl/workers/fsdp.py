@@ -9,10 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from pyrl.config import torch_dtype
-from pyrl.workers.distributed import full_tensor, is_distributed
+from pyrl.workers.distributed import full_tensor, is_distributed, local_tensor
 from pyrl.workers.precision import runnable_dtype
 
 
@@ -79,13 +78,12 @@ def local_state_items(model: nn.Module, strip_prefix: str = "") -> Iterator[tupl
     """(name, this rank's tensor): the parameter's storage itself, no copy (whole only where nothing is sharded:
     see holds_whole_weights)."""
     for name, tensor in model.state_dict().items():
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        yield name[len(strip_prefix):] if name.startswith(strip_prefix) else name, local.detach()
+        yield name[len(strip_prefix):] if name.startswith(strip_prefix) else name, local_tensor(tensor).detach()
 
 
 def holds_whole_weights(model: nn.Module) -> bool:
     """Whether this rank's tensors of `model` are its whole weights (one rank, or not distributed)."""
-    return all(not isinstance(t, DTensor) or t.to_local().shape == t.shape for t in model.state_dict().values())
+    return all(local_tensor(t).shape == t.shape for t in model.state_dict().values())
 
 
 def full_state_items(model: nn.Module, strip_prefix: str = "", dtype=None) -> Iterator[tuple[str, torch.Tensor]]:
