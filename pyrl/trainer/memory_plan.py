@@ -347,8 +347,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     runs first) and one layer's backward (its activations recomputed with checkpointing, and the gradients in
     flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once the logits are
     released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded
-    gradients. The optimizer step runs after the activations are freed: on CUDA AdamW's foreach step adds a
-    temporary the size of the moments' shard. The gradients of the last step are freed when the mini-batch starts
+    gradients. The optimizer step runs after the activations are freed, and adds nothing: torch's fused AdamW
+    (pyrl/workers/optim.py) makes no temporaries. The gradients of the last step are freed when the mini-batch starts
     (zero_grad), so they are not resident here; they return during the backward (the peak may come late, when they
     are nearly all back)."""
     attn = matmul_attention_len(setting, precision, length)
@@ -381,13 +381,10 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // shards
     late = max(grads, grads - min(grads, last) + layer.bytes)
     early = kept.bytes + backward.bytes + head_grad
-    step = grads if setting.device == "cuda" else 0
-    work = max(early, late)
     return [kept, backward, Term("head weight gradient", head_grad),
             Term("gradients, late in the backward", max(0, late - early),
                  "fsdp_config.param_offload=true (CUDA), or more ranks"),
-            Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True)),
-            Term("optimizer step temporary", max(0, step - work))]
+            Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True))]
 
 
 def matmul_attention_len(setting: Setting, precision: Precision, length: int) -> int:

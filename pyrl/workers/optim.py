@@ -8,6 +8,7 @@ import math
 
 import torch
 from torch import nn
+from torch.optim.optimizer import _device_dtype_check_for_fused  # torch's own check; it has no public one
 
 from pyrl.workers.distributed import full_tensor
 
@@ -16,10 +17,27 @@ LR_SCHEDULES = ("constant", "cosine")  # optim.lr_scheduler_type
 
 
 def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
+    """torch's AdamW, its fused implementation where the parameters allow it (pyrl's default; verl 0.9.1 leaves
+    torch to choose, which is foreach on CUDA and a loop over tensors on CPU). The three compute the same update
+    to rounding (ulps), but the fused one makes no temporaries: the foreach step allocates the square roots of
+    all second moments at once (a gradient-sized buffer), the loop two of each tensor's in turn (on a tied 151,936
+    x 512 embedding, 0.58 GiB); and on CPU it is ~6x faster (0.10 vs 0.62 s for a 102M model, ENVIRONMENT.md)."""
     if optim_config.optimizer.lower() not in OPTIMIZERS:
         raise ValueError(f"optim.optimizer: expected one of {OPTIMIZERS} (any case), got {optim_config.optimizer!r}")
+    params = list(params)
     return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas),
-                             weight_decay=optim_config.weight_decay)
+                             weight_decay=optim_config.weight_decay, fused=fused_adamw_supported(params) or None)
+
+
+def fused_adamw_supported(params) -> bool:
+    """Whether torch's fused AdamW takes these parameters (its own check: floating point, on a device it has the
+    kernel for)."""
+    try:
+        for p in params:
+            _device_dtype_check_for_fused(p)
+    except RuntimeError:
+        return False
+    return bool(params)
 
 
 def build_lr_scheduler(optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
