@@ -4,6 +4,7 @@ mini-batches; the LR schedule steps once per update; MFU of the whole update."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -12,9 +13,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from pyrl.protocol import DataProto
-from pyrl.workers import batching, perf
+from pyrl.workers import batching, fsdp, perf
 from pyrl.workers.distributed import all_reduce
 from pyrl.workers.optim import optimizer_state_on, optimizer_step
 
@@ -60,6 +62,26 @@ def _reduced_over_ranks(shares: dict, device) -> dict:
     return out
 
 
+def gradient_sync_can_wait(model: nn.Module) -> bool:
+    """Whether FSDP2 may leave the gradients unreduced until a mini-batch's last micro-batch: where each rank holds
+    the weights whole (one rank, or fsdp_size=1), its unreduced gradients are no larger than its reduced ones, so
+    waiting costs no memory, and it saves a reduction (on one rank, a copy of every gradient; replicated, an
+    all-reduce) per micro-batch. Sharded ranks reduce after every backward, as verl does, because their
+    unreduced gradients would be whole. The sum is the same: the micro-batches' gradients accumulate in the
+    reduce dtype (float32 with bf16 compute) either way (FSDP2 keeps an unsharded float32 accumulator)."""
+    return isinstance(model, FSDPModule) and fsdp.holds_whole_weights(model)
+
+
+@contextlib.contextmanager
+def gradient_sync_restored(model: nn.Module, deferred: bool):
+    """Gradient sync back on after an update that deferred it, however the update ends."""
+    try:
+        yield
+    finally:
+        if deferred:
+            model.set_requires_gradient_sync(True)
+
+
 def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan: UpdatePlan, fsdp_config,
                device: torch.device, world_size: int, hf_config, compute_dtype: torch.dtype,
                micro_step: Callable[[DataProto, list, dict], dict]) -> dict:
@@ -72,7 +94,8 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     seqlens, tokens = [], 0  # the rows' lengths; the tokens run (fewer when prompts are shared)
     start = time.perf_counter()
     model.train()
-    with optimizer_state_on(optimizer, device, fsdp_config):
+    defer_sync = gradient_sync_can_wait(model)
+    with optimizer_state_on(optimizer, device, fsdp_config), gradient_sync_restored(model, defer_sync):
         for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
                                           f"update_{plan.prefix}", plan.hint):
             info = batching.global_batch_info(mini.batch["response_mask"], device, world_size)
@@ -83,8 +106,11 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             optimizer.zero_grad(set_to_none=True)
             groups = batching.prompt_groups(mini) if plan.share_prompts else None
             tokens += sum(groups[1]) if groups else int(lengths.sum())
-            for idx in batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
-                                                    plan.max_token_len, device, groups):
+            micro_batches = batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
+                                                         plan.max_token_len, device, groups)
+            for k, idx in enumerate(micro_batches):
+                if defer_sync:  # reduce once, after the mini-batch's last backward
+                    model.set_requires_gradient_sync(k == len(micro_batches) - 1)
                 for name, value in micro_step(mini, idx, info).items():
                     shares[name] = REDUCE[_reduction(name)][0](shares[name], value) if name in shares else value
             grad_norm = optimizer_step(model, optimizer, plan.grad_clip)

@@ -159,6 +159,52 @@ def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
     assert got == hf_greedy(str(tmp_path / "hf"), prompts, max_new_tokens=out.batch["responses"].shape[1])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
+    """FSDP2 on one rank (each rank's weights whole) leaves the gradients unreduced until a mini-batch's last
+    micro-batch (pyrl.workers.update.gradient_sync_can_wait); the update equals one that reduces after every
+    micro-batch bit for bit, bf16 compute included (the micro-batches' gradients accumulate in float32 both ways)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from pyrl.workers import update
+
+    if dtype == "bfloat16" and not cpu_has_bf16():
+        pytest.skip("this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
+    calls = []
+    sync = FSDPModule.set_requires_gradient_sync
+    monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync",
+                        lambda self, on, **kw: (calls.append(on), sync(self, on, **kw))[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                      f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}").actor_rollout_ref
+    batch = random_batch(ROWS, seed=11)
+    batch.batch["old_log_probs"] = torch.zeros(ROWS, 6)
+    batch.batch["ref_log_prob"] = torch.zeros(ROWS, 6)
+    batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(12))
+    weights = {}
+    try:
+        for deferred in (True, False):
+            monkeypatch.setattr(update, "gradient_sync_can_wait", lambda model, d=deferred: d)
+            worker = ActorRolloutRefWorker(cfg, "actor")
+            worker.init_model()
+            before = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
+            worker.update_actor(batch)
+            weights[deferred] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
+    finally:
+        dist.destroy_process_group()
+    for name, value in weights[True].items():
+        assert torch.equal(value, weights[False][name]), name
+    # 2 mini-batches of 4 rows, micro-batches of 3 and 1: unreduced after the first, reduced after the last
+    assert calls == [False, True, False, True, True]  # the last: sync restored after the update
+    assert max((weights[True][k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the steps moved them
+
+
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
     from transformers import AutoModelForCausalLM
 
