@@ -100,7 +100,8 @@ def optimizer_state_on(optimizer, device: torch.device, fsdp_config):
 def _move_optimizer_state(optimizer, device: torch.device) -> None:
     for state in optimizer.state.values():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":  # Adam keeps its step count on the CPU
+            # the step count (one number) stays where AdamW keeps it: on the parameters' device for the fused step
+            if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
