@@ -14,6 +14,7 @@ from torch import nn
 from pyrl.workers import lora
 from pyrl.workers.distributed import barrier
 from pyrl.workers.fsdp import full_state_items
+from pyrl.workers.optim import restore_fused_step
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: int, extra: dict | None = None,
@@ -113,6 +114,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, lr_scheduler, rank: 
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}), options=options)
+    if optimizer is not None:
+        restore_fused_step(optimizer)
     extra_file = os.path.join(path, f"extra_rank{rank}.pt")
     extra = torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else {}
     if "lr_scheduler" in extra:

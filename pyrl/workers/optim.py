@@ -40,6 +40,20 @@ def fused_adamw_supported(params) -> bool:
     return bool(params)
 
 
+def restore_fused_step(optimizer) -> None:
+    """After loading a checkpoint: a loaded state brings its param_groups' settings, `fused` with them (None in
+    checkpoints written before pyrl took the fused AdamW), so set it back as build_optimizer chooses, with every
+    step count where the fused step needs it (float32, on the parameter's device)."""
+    for group in optimizer.param_groups:
+        group["fused"] = fused_adamw_supported(group["params"]) or None
+        if group["fused"]:
+            group["foreach"] = None  # torch refuses both at once
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+
+
 def build_lr_scheduler(optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over lr_warmup_steps (or lr_warmup_steps_ratio x total_training_steps), then constant,
     or cosine down to min_lr_ratio over the remaining steps (verl's schedules)."""

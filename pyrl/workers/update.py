@@ -62,14 +62,18 @@ def _reduced_over_ranks(shares: dict, device) -> dict:
     return out
 
 
-def gradient_sync_can_wait(model: nn.Module) -> bool:
+def gradient_sync_can_wait(model: nn.Module, fsdp_config, device: torch.device) -> bool:
     """Whether FSDP2 may leave the gradients unreduced until a mini-batch's last micro-batch: where each rank holds
     the weights whole (one rank, or fsdp_size=1), its unreduced gradients are no larger than its reduced ones, so
     waiting costs no memory, and it saves a reduction (on one rank, a copy of every gradient; replicated, an
-    all-reduce) per micro-batch. Sharded ranks reduce after every backward, as verl does, because their
-    unreduced gradients would be whole. The sum is the same: the micro-batches' gradients accumulate in the
-    reduce dtype (float32 with bf16 compute) either way (FSDP2 keeps an unsharded float32 accumulator)."""
-    return isinstance(model, FSDPModule) and fsdp.holds_whole_weights(model)
+    all-reduce) per micro-batch. Not with param_offload on CUDA (FSDP2 moves gradients to the CPU only once
+    reduced, so unreduced ones would wait on the device), nor on sharded ranks, which reduce after every backward
+    as verl does, because their unreduced gradients would be whole. The micro-batches' gradients accumulate in the
+    reduce dtype (float32 with bf16 compute) either way (FSDP2 keeps an unsharded float32 accumulator): on one rank
+    the same sum bit for bit; replicated, the mean of the ranks' sums instead of the sum of their means, equal to
+    rounding."""
+    offloaded = fsdp_config.param_offload and device.type == "cuda"
+    return isinstance(model, FSDPModule) and not offloaded and fsdp.holds_whole_weights(model)
 
 
 @contextlib.contextmanager
@@ -94,7 +98,7 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     seqlens, tokens = [], 0  # the rows' lengths; the tokens run (fewer when prompts are shared)
     start = time.perf_counter()
     model.train()
-    defer_sync = gradient_sync_can_wait(model)
+    defer_sync = gradient_sync_can_wait(model, fsdp_config, device)
     with optimizer_state_on(optimizer, device, fsdp_config), gradient_sync_restored(model, defer_sync):
         for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
                                           f"update_{plan.prefix}", plan.hint):

@@ -162,9 +162,11 @@ def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     """FSDP2 on one rank (each rank's weights whole) leaves the gradients unreduced until a mini-batch's last
-    micro-batch (pyrl.workers.update.gradient_sync_can_wait); the update equals one that reduces after every
-    micro-batch bit for bit, bf16 compute included (the micro-batches' gradients accumulate in float32 both ways)."""
+    micro-batch (pyrl.workers.update.gradient_sync_can_wait; not with param_offload on CUDA); the update equals one
+    that reduces after every micro-batch bit for bit, bf16 compute included (the micro-batches' gradients accumulate
+    in float32 both ways)."""
     import socket
+    from types import SimpleNamespace
 
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
@@ -173,7 +175,7 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
 
     if dtype == "bfloat16" and not cpu_has_bf16():
         pytest.skip("this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
-    calls = []
+    calls, can_wait = [], update.gradient_sync_can_wait
     sync = FSDPModule.set_requires_gradient_sync
     monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync",
                         lambda self, on, **kw: (calls.append(on), sync(self, on, **kw))[1])
@@ -190,9 +192,11 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     weights = {}
     try:
         for deferred in (True, False):
-            monkeypatch.setattr(update, "gradient_sync_can_wait", lambda model, d=deferred: d)
+            monkeypatch.setattr(update, "gradient_sync_can_wait", lambda model, config, device, d=deferred: d)
             worker = ActorRolloutRefWorker(cfg, "actor")
             worker.init_model()
+            assert can_wait(worker.policy, cfg.actor.fsdp_config, worker.device)  # one rank: the weights whole
+            assert not can_wait(worker.policy, SimpleNamespace(param_offload=True), torch.device("cuda"))
             before = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
             worker.update_actor(batch)
             weights[deferred] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}

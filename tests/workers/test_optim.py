@@ -3,6 +3,7 @@ against AdamW written out in float64 and against torch's per-tensor loop (verl 0
 step against the loop's temporaries, measured as the process's peak resident memory in a fresh interpreter."""
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,7 @@ PEAK_OF_A_STEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/PID/clear_refs")
 def test_the_fused_step_makes_no_parameter_sized_temporaries():
     """torch's per-tensor AdamW (verl 0.9.1's on CPU) holds two temporaries the size of the parameter at once; the
     fused step none. Measured: the peak resident memory of a second step above what the process held before it."""
@@ -108,3 +110,35 @@ def test_the_fused_step_makes_no_parameter_sized_temporaries():
         return float(out.stdout.split()[-1])
     assert extra_mib("loop") > 100  # two 64 MiB temporaries: the measurement sees them
     assert extra_mib("pyrl") < 8
+
+
+def test_a_checkpoint_of_the_loop_adamw_resumes_into_the_fused_one(tmp_path):
+    """Checkpoints written before pyrl took the fused AdamW hold `fused: None` in their param groups, which loading
+    would adopt: load_checkpoint sets the fused step back, and the resumed steps are the saved optimizer's own."""
+    from pyrl.workers.checkpoint import load_checkpoint, save_checkpoint
+
+    def model_and_optimizer(fused):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 3)
+        optimizer = (build_optimizer(model.parameters(), CONFIG) if fused else
+                     torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY))
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def step(model, optimizer, seed):
+        gen = torch.Generator().manual_seed(seed)
+        model(torch.randn(4, 5, generator=gen)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    old, old_optimizer, old_schedule = model_and_optimizer(fused=False)
+    for seed in range(3):
+        step(old, old_optimizer, seed)
+    save_checkpoint(str(tmp_path / "ckpt"), old, old_optimizer, old_schedule, rank=0)
+    new, new_optimizer, new_schedule = model_and_optimizer(fused=True)
+    load_checkpoint(str(tmp_path / "ckpt"), new, new_optimizer, new_schedule, rank=0)
+    assert new_optimizer.param_groups[0]["fused"] is True
+    for seed in range(3, 6):
+        step(old, old_optimizer, seed)
+        step(new, new_optimizer, seed)
+    for got, want in zip(new.parameters(), old.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
