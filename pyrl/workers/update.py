@@ -77,10 +77,12 @@ def gradient_sync_can_wait(model: nn.Module, fsdp_config, device: torch.device) 
 
 
 @contextlib.contextmanager
-def gradient_sync_restored(model: nn.Module, deferred: bool):
-    """Gradient sync back on after an update that deferred it, however the update ends."""
+def gradient_sync_deferrable(model: nn.Module, fsdp_config, device: torch.device):
+    """Yields whether the update may defer the gradient sync (gradient_sync_can_wait); sync is back on after it,
+    however it ends."""
+    deferred = gradient_sync_can_wait(model, fsdp_config, device)
     try:
-        yield
+        yield deferred
     finally:
         if deferred:
             model.set_requires_gradient_sync(True)
@@ -98,8 +100,8 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
     seqlens, tokens = [], 0  # the rows' lengths; the tokens run (fewer when prompts are shared)
     start = time.perf_counter()
     model.train()
-    defer_sync = gradient_sync_can_wait(model, fsdp_config, device)
-    with optimizer_state_on(optimizer, device, fsdp_config), gradient_sync_restored(model, defer_sync):
+    with optimizer_state_on(optimizer, device, fsdp_config), \
+            gradient_sync_deferrable(model, fsdp_config, device) as defer_sync:
         for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
                                           f"update_{plan.prefix}", plan.hint):
             info = batching.global_batch_info(mini.batch["response_mask"], device, world_size)
