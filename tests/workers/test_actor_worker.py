@@ -1,5 +1,6 @@
 """The FSDP2 actor/rollout/ref worker on 2 Ray processes over gloo, against single-process references."""
 
+import contextlib
 import os
 
 import pytest
@@ -10,6 +11,7 @@ from worker_helpers import (
     hf_greedy,
     hf_response_logprobs,
     make_config,
+    one_rank_process_group,
     random_batch,
     rollout_prompts,
 )
@@ -121,17 +123,10 @@ def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
     """One rank, the engine in the actor's dtype: the engine's parameters are the actor's tensors (with FSDP2, its
     shards' local tensors), so the optimizer's steps reach it with no push, and it generates what transformers
     does from the exported weights."""
-    import socket
-
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    if fsdp2:  # a process group of one rank, as a trainer's: FSDP2 shards the actor over it
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    # with FSDP2, a process group of one rank, as a trainer's: FSDP2 shards the actor over it
+    with one_rank_process_group() if fsdp2 else contextlib.nullcontext():
         worker = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor_rollout")
         worker.init_model()
         assert all(isinstance(t, DTensor) == fsdp2 for t in worker.policy.state_dict().values())
@@ -152,9 +147,6 @@ def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
         prompts.meta_info["do_sample"] = False
         out = worker.generate_sequences(prompts)
         worker.export_hf(str(tmp_path / "hf"))
-    finally:
-        if fsdp2:
-            dist.destroy_process_group()
     got = [row[:n].tolist() for row, n in zip(out.batch["responses"], out.batch["response_mask"].sum(-1).tolist())]
     assert got == hf_greedy(str(tmp_path / "hf"), prompts, max_new_tokens=out.batch["responses"].shape[1])
 
@@ -165,10 +157,8 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     micro-batch (pyrl.workers.update.gradient_sync_can_wait; not with param_offload on CUDA); the update equals one
     that reduces after every micro-batch bit for bit, bf16 compute included (the micro-batches' gradients accumulate
     in float32 both ways)."""
-    import socket
     from types import SimpleNamespace
 
-    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
     from pyrl.workers import update
@@ -179,10 +169,6 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     sync = FSDPModule.set_requires_gradient_sync
     monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync",
                         lambda self, on, **kw: (calls.append(on), sync(self, on, **kw))[1])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
                       f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}").actor_rollout_ref
     batch = random_batch(ROWS, seed=11)
@@ -190,7 +176,7 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     batch.batch["ref_log_prob"] = torch.zeros(ROWS, 6)
     batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(12))
     weights = {}
-    try:
+    with one_rank_process_group():
         for deferred in (True, False):
             monkeypatch.setattr(update, "gradient_sync_can_wait", lambda model, config, device, d=deferred: d)
             worker = ActorRolloutRefWorker(cfg, "actor")
@@ -200,8 +186,6 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
             before = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
             worker.update_actor(batch)
             weights[deferred] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
-    finally:
-        dist.destroy_process_group()
     for name, value in weights[True].items():
         assert torch.equal(value, weights[False][name]), name
     # 2 mini-batches of 4 rows, micro-batches of 3 and 1: unreduced after the first, reduced after the last

@@ -1,6 +1,10 @@
-"""Batches, configs and float64 references shared by the worker tests."""
+"""Batches, configs, process groups and float64 references shared by the worker tests."""
+
+import contextlib
+import socket
 
 import torch
+import torch.distributed as dist
 
 from pyrl.protocol import DataProto
 
@@ -105,3 +109,16 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
         end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         rows.append(row[:end])
     return rows
+
+
+@contextlib.contextmanager
+def one_rank_process_group():
+    """A gloo process group of this process alone, as a one-rank trainer's (FSDP2 shards over it); destroyed after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
