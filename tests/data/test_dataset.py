@@ -167,6 +167,27 @@ def test_chat_template_kwargs_custom_template_max_samples_and_workers(tokenizer,
     assert picked[0] == picked[1] and len(picked[0]) == 5
 
 
+@pytest.mark.parametrize("apply_chat_template", [True, False])
+def test_prompts_tokenized_in_batches_are_each_prompts_own_ids(tokenizer, tmp_path, apply_chat_template):
+    """The loader tokenizes 64 texts per call; each prompt's ids are those of tokenizing it alone (odd lengths, an
+    empty message, a last batch of 3)."""
+    import random
+
+    rng = random.Random(0)
+    contents = ["", "1", "0123456789" * 7] + [" ".join(str(rng.randrange(10 ** rng.randrange(1, 6)))
+                                                        for _ in range(rng.randrange(1, 12))) for _ in range(128)]
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "s", "prompt": [{"role": "user", "content": c}]}
+                                         for c in contents]), path)
+    config = DataConfig(max_prompt_length=512, apply_chat_template=apply_chat_template, shuffle=False,
+                        dataloader_num_workers=0)
+    loaded = prompts(path, tokenizer, config)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+                                           tokenize=False) if apply_chat_template else c for c in contents]
+    assert loaded.prompt_ids == [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    assert len(loaded) == 131
+
+
 def test_custom_dataset_class_with_verl_constructor_and_items(tokenizer, tmp_path):
     """A plain torch Dataset written for verl 0.9.1 (its constructor, its item dicts with raw_prompt and a
     placeholder tensor) works unchanged; an item without raw_prompt is refused naming the class and item."""
