@@ -44,7 +44,6 @@ import gc
 import json
 import os
 import pathlib
-import socket
 import sys
 import time
 
@@ -142,10 +141,8 @@ def start_process_group(device) -> None:
     without one runs the plain module in its master dtype)."""
     from pyrl.controller.worker import Worker
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    Worker().setup_distributed("127.0.0.1", port, "nccl" if device.type == "cuda" else "gloo")
+    worker = Worker()
+    worker.setup_distributed(*worker.master_address(), "nccl" if device.type == "cuda" else "gloo")
 
 
 def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows, budget=0):

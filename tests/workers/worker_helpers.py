@@ -1,7 +1,8 @@
 """Batches, configs, process groups and float64 references shared by the worker tests."""
 
 import contextlib
-import socket
+import os
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -113,12 +114,14 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
 
 @contextlib.contextmanager
 def one_rank_process_group():
-    """A gloo process group of this process alone, as a one-rank trainer's (FSDP2 shards over it); destroyed after."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    """A gloo process group of this process alone, set up as a one-rank trainer's worker sets up its own (FSDP2
+    shards over it); destroyed after, and the rendezvous variables it set removed."""
+    from pyrl.controller.worker import Worker
+
+    with mock.patch.dict(os.environ):  # setup_distributed sets MASTER_ADDR and MASTER_PORT
+        worker = Worker()
+        worker.setup_distributed(*worker.master_address(), "gloo")
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
