@@ -14,7 +14,10 @@ far each implementation is from what this card can do at all. Peers, each named 
   on a GPU where flash-attn is installed (row left out, with the reason, when it is not);
 - `liger`: Liger-Kernel's cross entropy / fused linear cross entropy (reduction "none", negated);
 - `torch_materialized_logits`: hidden @ weight.T, then log_softmax + gather in float32 (what a trainer without a
-  fused kernel does).
+  fused kernel does);
+- `torch_ops_as_transformers`: the model layers' elementwise work as transformers' modules run it (the gated MLP's
+  silu(g) * u and its autograd backward; Qwen2RMSNorm's forward and backward), beside pyrl's kernels for them
+  (pyrl.kernels.swiglu, rms_norm; `--cases layers`).
 
 Each time is triton.testing.do_bench's median with its 20th-80th percentiles, on fresh random inputs (never
 zeros), inputs re-drawn between implementations. Correctness: every row of pyrl's output checked against float64
@@ -414,6 +417,66 @@ def group_cases(report, samples, group):
         report.add("group_advantages grpo", shape, impl, fn, 3 * 4 * samples, error=e)
 
 
+def layer_cases(report, n, intermediate, hidden):
+    """The model layers' elementwise kernels (pyrl.models.gated_mlp, rms_norm with model.use_fused_kernels) at a
+    micro-batch of n tokens: the gated MLP's silu(g) * u forward and its backward (h recomputed, du, dg), and
+    RMSNorm forward + backward, each against torch's ops as transformers runs them and float64."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    dev = DEVICE
+    if dev == "cpu":  # the kernels are CUDA's (the CPU runs the torch operations)
+        for op in ("swiglu fwd", "swiglu bwd", "rms_norm fwd+bwd"):
+            report.add(op, f"{n}x{intermediate} bf16", "pyrl_triton", None, 0, skip="needs a CUDA GPU")
+        return
+    from pyrl.kernels import rms_norm, swiglu
+
+    for dtype in (torch.bfloat16, torch.float32):
+        size = torch.tensor([], dtype=dtype).element_size()
+        gate, up, grad_hidden = (torch.randn(n, intermediate, device=dev).mul_(3).to(dtype) for _ in range(3))
+        gd, ud, dhd = (t.double() for t in (gate, up, grad_hidden))
+        s64 = torch.sigmoid(gd)
+        want = (gd * s64 * ud, (gd * s64 * ud, dhd * gd * s64, dhd * ud * s64 * (1 + gd * (1 - s64))))
+        shape = f"{n}x{intermediate} {str(dtype).removeprefix('torch.')}"
+        nbytes = n * intermediate * size
+        err = rel_error(swiglu.swiglu_forward(gate, up), want[0])
+        report.add("swiglu fwd", shape, "pyrl_triton", lambda: swiglu.swiglu_forward(gate, up), 3 * nbytes, error=err)
+        report.add("swiglu fwd", shape, "torch_ops_as_transformers",
+                   lambda: torch.nn.functional.silu(gate).mul_(up), 3 * nbytes)
+        got = swiglu.swiglu_backward(gate, up, grad_hidden.clone())
+        err = max(rel_error(a, b) for a, b in zip(got, want[1]))
+        # pyrl's writes dg over the incoming gradient, so each call takes a copy of it (timed: 2 of the 7 passes)
+        report.add("swiglu bwd", shape, "pyrl_triton (+ a copy of dh)",
+                   lambda: swiglu.swiglu_backward(gate, up, grad_hidden.clone()), 6 * nbytes, error=err)
+        # autograd through silu(g) * u: it kept silu(g) from the forward, so it recomputes nothing and returns no h
+        g_leaf, u_leaf = gate.detach().requires_grad_(), up.detach().requires_grad_()
+        product = torch.nn.functional.silu(g_leaf) * u_leaf
+        report.add("swiglu bwd", shape, "torch_ops_as_transformers (autograd)",
+                   lambda: torch.autograd.grad(product, (g_leaf, u_leaf), grad_hidden, retain_graph=True), 6 * nbytes)
+
+        norm = Qwen2RMSNorm(hidden).to(dev, dtype)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.3 * torch.randn(hidden))
+        x = torch.randn(n, hidden, device=dev).mul_(2).to(dtype).requires_grad_()
+        dy = torch.randn(n, hidden, device=dev).to(dtype)
+        x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+        (w64 * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).backward(dy.double())
+
+        def pyrl_norm():
+            y, rstd = rms_norm.rms_norm_forward(x.detach(), norm.weight.detach(), norm.variance_epsilon)
+            return y, *rms_norm.rms_norm_backward(x.detach(), norm.weight.detach(), rstd, dy)
+
+        def transformers_norm():
+            x.grad = norm.weight.grad = None
+            norm(x).backward(dy)
+
+        y, dx, dw = pyrl_norm()
+        err = max(rel_error(dx, x64.grad), rel_error(dw, w64.grad))
+        shape = f"{n}x{hidden} {str(dtype).removeprefix('torch.')}"
+        nbytes = n * hidden * size  # x read twice, dy once, y and dx written
+        report.add("rms_norm fwd+bwd", shape, "pyrl_triton", pyrl_norm, 5 * nbytes, error=err)
+        report.add("rms_norm fwd+bwd", shape, "torch_ops_as_transformers", transformers_norm, 5 * nbytes)
+
+
 def profile_token_ops(b=1024, t=4096):
     """torch.profiler's device-time table for one call of each token-level op (fwd+bwd where it has one): how many
     kernels each launches and where its time goes, for the ops far above their floor."""
@@ -441,7 +504,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_kernels.json / .md")
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a minute)")
-    parser.add_argument("--cases", default="logprobs,fused_linear,token,gae,group",
+    parser.add_argument("--cases", default="logprobs,fused_linear,token,gae,group,layers",
                         help="which groups of rows to run (comma-separated; default all)")
     parser.add_argument("--profile", action="store_true", help="also print the profiler's table for the token ops")
     parser.add_argument("--smoke-cpu", action="store_true",
@@ -460,24 +523,25 @@ def main():
     print(f"{DEVICE}: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s",
           flush=True)
     cases = set(args.cases.split(","))
-    unknown = cases - {"logprobs", "fused_linear", "token", "gae", "group"}
+    unknown = cases - {"logprobs", "fused_linear", "token", "gae", "group", "layers"}
     if unknown:
         sys.exit(f"--cases: unknown {sorted(unknown)}")
     if args.smoke_cpu:
         shapes = {"logprobs": [(200, 97)], "fused_linear": [(200, 16, 97, (64,))], "token": [(4, 33)],
-                  "gae": [(4, 33, True)], "group": [(64, 4)]}
+                  "gae": [(4, 33, True)], "group": [(64, 4)], "layers": [(16, 48, 32)]}
     elif args.quick:
         shapes = {"logprobs": [(4096, 32000)], "fused_linear": [(2048, 1024, 32000, ())], "token": [(256, 1024)],
-                  "gae": [(64, 1024, True)], "group": [(4096, 8)]}
+                  "gae": [(64, 1024, True)], "group": [(4096, 8)], "layers": [(8192, 4864, 896)]}
     else:
         shapes = {"logprobs": [(8192, 151936), (16384, 151936)],  # 16384 x 151936 = 2.49e9 logits: past 2^31
                   "fused_linear": [(8192, 4096, 151936, (512, 1024, 2048, 4096))],
                   "token": [(1024, 4096)],
                   "gae": [(512, 4096, True), (16, 131072, False)],  # kernel_anchors.md's G1; G2 (few long sequences)
-                  "group": [(1 << 20, 16)]}
+                  "group": [(1 << 20, 16)],
+                  "layers": [(32768, 4864, 896)]}  # a 32k-token micro-batch of Qwen2.5-0.5B (gpu_update.py's)
     runners = {"logprobs": logprob_cases, "fused_linear": fused_linear_cases, "token": token_cases,
-               "gae": gae_cases, "group": group_cases}
-    for name in ("logprobs", "fused_linear", "token", "gae", "group"):
+               "gae": gae_cases, "group": group_cases, "layers": layer_cases}
+    for name in ("logprobs", "fused_linear", "token", "gae", "group", "layers"):
         if name in cases:
             for shape in shapes[name]:
                 runners[name](report, *shape)

@@ -2,7 +2,8 @@
 packed against padded, micro-batch sizes, and the memory the 151,936-token vocabulary costs (issue 25 items 1,
 2, 4 and 6, where a GPU is lent).
 
-    python benchmarks/gpu_update.py [--out DIR] [--rounds 3] [--micro-sweep 16,32,64] [--profile] [--smoke-cpu]
+    python benchmarks/gpu_update.py [--out DIR] [--rounds 3] [--micro-sweep 16,32,64] [--profile [--profile-tokens N]]
+                                     [--smoke-cpu]
 
 It needs neither Ray nor vLLM. The lent GPU machines lack omegaconf and pydantic: carry their wheels (omegaconf,
 antlr4-python3-runtime, pydantic, pydantic-core for cp312, annotated-types, typing-inspection) and build pyrl._C
@@ -22,7 +23,11 @@ Workers (each loaded once and kept, so the rounds can interleave them):
 - `bf16 packed buckets` (only when named in --workers): the default path with packed attention run as one SDPA
   call per length bucket and layer, as before torch's varlen kernel was used (float32 always runs that way);
 - `bf16 packed budget`, `bf16 padded budget` (only when named): use_dynamic_bsz with TOKEN_BUDGET tokens per
-  micro-batch instead of 16 rows.
+  micro-batch instead of 16 rows;
+- `bf16 packed budget torch-elementwise` (only when named): the packed budget worker with the gated MLPs'
+  elementwise work run by torch's ops instead of pyrl's Triton kernels (pyrl.kernels.swiglu), and RMSNorms by
+  torch's ops also where PYRL_OPS_BACKEND=triton would take pyrl.kernels.rms_norm; `bf16 packed budget hf-norms`:
+  with transformers' RMSNorms (not patched), as before pyrl.models.rms_norm: A/Bs of those kernels.
 
 Workloads (one mini-batch of 128 rows, one epoch; gradient checkpointing off; micro-batches of 16 rows unless
 swept): `uniform`, every row a 256-token prompt and a 256-token response; `long-tailed`, prompt and response
@@ -61,15 +66,18 @@ MODEL = dict(hidden=896, layers=24, intermediate=4864, vocab=151936, heads=14, k
 SMOKE_MODEL = dict(hidden=64, layers=2, intermediate=128, vocab=1000, heads=2, kv_heads=1)
 WORKERS = {
     # name: (dtype, packed, fused, packed attention: one varlen call per layer or per-bucket SDPA calls,
-    #        micro-batches by a token budget instead of rows)
-    "bf16 packed fused": ("bfloat16", True, True, "varlen", False),
-    "bf16 padded fused": ("bfloat16", False, True, "varlen", False),
-    "bf16 packed logits": ("bfloat16", True, False, "varlen", False),
-    "fp32 packed fused": ("float32", True, True, "varlen", False),
-    "fp32 padded fused": ("float32", False, True, "varlen", False),
-    "bf16 packed buckets": ("bfloat16", True, True, "buckets", False),
-    "bf16 packed budget": ("bfloat16", True, True, "varlen", True),
-    "bf16 padded budget": ("bfloat16", False, True, "varlen", True),
+    #        micro-batches by a token budget instead of rows, the gated MLPs' and RMSNorms' elementwise work:
+    #        pyrl's Triton kernels (the default on CUDA), torch's ops, or transformers' own norms)
+    "bf16 packed fused": ("bfloat16", True, True, "varlen", False, "triton"),
+    "bf16 padded fused": ("bfloat16", False, True, "varlen", False, "triton"),
+    "bf16 packed logits": ("bfloat16", True, False, "varlen", False, "triton"),
+    "fp32 packed fused": ("float32", True, True, "varlen", False, "triton"),
+    "fp32 padded fused": ("float32", False, True, "varlen", False, "triton"),
+    "bf16 packed buckets": ("bfloat16", True, True, "buckets", False, "triton"),
+    "bf16 packed budget": ("bfloat16", True, True, "varlen", True, "triton"),
+    "bf16 padded budget": ("bfloat16", False, True, "varlen", True, "triton"),
+    "bf16 packed budget torch-elementwise": ("bfloat16", True, True, "varlen", True, "torch"),
+    "bf16 packed budget hf-norms": ("bfloat16", True, True, "varlen", True, "hf-norms"),
 }
 DEFAULT_WORKERS = list(WORKERS)[:5]
 # the `budget` workers: use_dynamic_bsz with this many tokens per micro-batch (padded: counting the padding), where
@@ -145,7 +153,8 @@ def start_process_group(device) -> None:
     worker.setup_distributed(*worker.master_address(), "nccl" if device.type == "cuda" else "gloo")
 
 
-def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows, budget=0):
+def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows, budget=0, patch_norms=True):
+    from pyrl.models import rms_norm
     from pyrl.workers.actor import ActorRolloutRefWorker
 
     overrides = memory_measure.config_overrides({"model": model_path, "prompt": max_prompt, "response": max_response,
@@ -159,14 +168,25 @@ def make_worker(model_path, dtype, packed, fused, max_prompt, max_response, rows
                       f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}"]
     config = memory_measure.resolved_config(overrides)
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, "actor")
-    worker.init_model()
+    patch = rms_norm.patch_rms_norms
+    if not patch_norms:  # transformers' own norms, for the A/B
+        rms_norm.patch_rms_norms = lambda model: 0
+    try:
+        worker.init_model()
+    finally:
+        rms_norm.patch_rms_norms = patch
     return worker
 
 
-def timed_update(worker, batch, micro, device, attention="varlen") -> dict:
-    from pyrl.models import varlen_attention
+def timed_update(worker, batch, micro, device, attention="varlen", elementwise="triton") -> dict:
+    from pyrl.models import gated_mlp, rms_norm, varlen_attention
+    from pyrl.ops._dispatch import choose_backend
 
     varlen_attention.USE_TORCH_VARLEN = attention == "varlen"
+    # the torch-elementwise worker: the gated MLPs' and norms' elementwise work by torch's ops, pyrl's other ops
+    # unchanged (the hf-norms worker's norms were never patched: see make_worker)
+    chosen = choose_backend if elementwise != "torch" else (lambda tensor: "torch")
+    gated_mlp.choose_backend = rms_norm.choose_backend = chosen
     worker.config.actor.ppo_micro_batch_size_per_gpu = micro
     sync(device)
     gc.collect()
@@ -190,6 +210,10 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="instead: torch.profiler over one update of the default worker (micro-batches of 4 rows), "
                              "and a plain bf16 HF forward + backward of one such micro-batch for comparison")
+    parser.add_argument("--profile-tokens", type=int, default=0,
+                        help="with --profile: profile the default worker with micro-batches by this token budget "
+                             "(use_dynamic_bsz) instead of 4 rows, the shape where the device, not the host, bounds "
+                             "the update; the plain-transformers comparison is left out")
     parser.add_argument("--micro-sweep", default="",
                         help="instead: only the default worker on the uniform workload at these rows per micro-batch "
                              "(comma-separated), e.g. 32,64,128")
@@ -235,10 +259,11 @@ def main():
         sys.exit(f"gpu_update.py: unknown --workers {unknown}; known: {list(WORKERS)}")
     chosen = {name: WORKERS[name] for name in (["bf16 packed fused"] if args.micro_sweep else names)}
     token_budget = 64 if args.smoke_cpu else TOKEN_BUDGET
-    for name, (dtype, packed, fused, _, budgeted) in chosen.items():
+    for name, (dtype, packed, fused, _, budgeted, elementwise) in chosen.items():
         t0 = time.time()
         workers[name] = make_worker(model_path, dtype, packed, fused, max_prompt, max_response,
-                                    len(next(iter(loads.values()))[0]), token_budget if budgeted else 0)
+                                    len(next(iter(loads.values()))[0]), token_budget if budgeted else 0,
+                                    patch_norms=elementwise != "hf-norms")
         print(f"worker {name!r} ready in {time.time() - t0:.0f} s", flush=True)
     params = sum(p.numel() for p in next(iter(workers.values())).policy.parameters())
     micros = [2, 4] if args.smoke_cpu else [4, 8, 16, 32]
@@ -251,7 +276,7 @@ def main():
     for rnd in range(args.rounds + 1):  # round 0 warms up (kernels compiled, AdamW's moments allocated)
         for cell in (cells if rnd % 2 else cells[::-1]):
             worker, load, micro = cell
-            out = timed_update(workers[worker], batches[load], micro, device, WORKERS[worker][3])
+            out = timed_update(workers[worker], batches[load], micro, device, *WORKERS[worker][3:6:2])
             if rnd:
                 results[cell].append(out)
         print(f"round {rnd} done at {time.time() - started:.0f} s", flush=True)
@@ -297,13 +322,15 @@ def profile_update(model_path, device, args) -> None:
     loads = workloads(args.smoke_cpu)
     prompt_lens, response_lens, pw, rw = loads["uniform"]
     batch = make_batch(prompt_lens, response_lens, pw, rw, vocab=(SMOKE_MODEL if args.smoke_cpu else MODEL)["vocab"])
-    worker = make_worker(model_path, "bfloat16", True, True, pw, rw, len(prompt_lens))
+    budget = args.profile_tokens
+    worker = make_worker(model_path, "bfloat16", True, True, pw, rw, len(prompt_lens), budget)
     micro = 2 if args.smoke_cpu else 4
-    for m in (micro, 4 * micro):
+    sizes = [micro] if budget else [micro, 4 * micro]
+    for m in sizes:
         timed_update(worker, batch, m, device)
-    times = {m: [timed_update(worker, batch, m, device)["seconds"] for _ in range(2)] for m in (micro, 4 * micro)}
-    print(f"update seconds: {micro} rows per micro-batch {times[micro]}, {4 * micro} rows {times[4 * micro]}",
-          flush=True)
+    times = {m: [timed_update(worker, batch, m, device)["seconds"] for _ in range(2)] for m in sizes}
+    print("update seconds: " + (f"micro-batches of <= {budget} tokens {times[micro]}" if budget else
+                                ", ".join(f"{m} rows per micro-batch {t}" for m, t in times.items())), flush=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     worker.config.actor.ppo_micro_batch_size_per_gpu = micro
     sync(device)
@@ -316,11 +343,14 @@ def profile_update(model_path, device, args) -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     by_cpu = events.table(sort_by="self_cpu_time_total", row_limit=40)
-    by_device = events.table(sort_by="self_device_time_total", row_limit=25) if device.type == "cuda" else ""
-    (out / "profile.txt").write_text(f"wall {wall:.3f} s\n\n{by_cpu}\n\n{by_device}\n")
+    by_device = events.table(sort_by="self_device_time_total", row_limit=60) if device.type == "cuda" else ""
+    name = f"profile-{budget}-tokens.txt" if budget else "profile.txt"
+    (out / name).write_text(f"wall {wall:.3f} s\n\n{by_cpu}\n\n{by_device}\n")
     print(f"profiled update: wall {wall:.3f} s")
     print("\n".join(by_cpu.splitlines()[:28]))
     print("\n".join(by_device.splitlines()[:20]))
+    if budget:
+        return
     del worker
     gc.collect()
     from transformers import AutoModelForCausalLM

@@ -146,8 +146,9 @@ def resolve_fast_paths(config: PPOConfig) -> None:
     """pyrl's fast paths where the config leaves them null (its default; verl 0.9.1's are false): they change speed
     and memory, not results (tests/workers/test_actor_worker.py checks log-probs, losses and an optimizer step
     against the plain paths, 1 and 2 ranks, packed and padded). model.use_fused_kernels: log-probs straight from
-    the hidden states, no [tokens, vocab] logits, and gated MLPs that keep half their activations
-    (pyrl.models.gated_mlp), for the actor and reference (the critic and reward model have no LM head);
+    the hidden states, no [tokens, vocab] logits, gated MLPs that keep half their activations and RMSNorms that
+    keep their input only (pyrl.models.gated_mlp, pyrl.models.rms_norm), for the actor and reference (the critic
+    and reward model have no LM head);
     actor.use_prefix_grouper: each prompt's tokens run once for its samples, when there are several (rollout.n > 1)
     and sequences are packed (model.use_remove_padding). An explicit true or false is kept."""
     rollout, actor_model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model

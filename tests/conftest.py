@@ -49,6 +49,20 @@ def fresh_seed(request):
     yield seed
 
 
+@pytest.fixture
+def spy_calls(monkeypatch):
+    """spy_calls(module, *names) -> a list that records the names of those module functions as they are called
+    (each still runs): which kernels a path really took."""
+    def spy(module, *names):
+        calls = []
+        for name in names:
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name,
+                                lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+        return calls
+    return spy
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for every controller/worker/trainer test (it takes ~3 s to start). 4 logical CPUs on

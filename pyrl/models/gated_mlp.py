@@ -15,21 +15,28 @@ activation) keeps its own forward, checked at each call."""
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from pyrl.models.patch import patch_forwards
+from pyrl.ops._dispatch import choose_backend
+
 
 class GatedMLPFunction(torch.autograd.Function):
-    # Each [tokens, intermediate] tensor is written in place where its input is not needed after: a fresh CPU tensor
-    # of that size costs its page faults, about as much as the pass that fills it.
+    # The elementwise part runs as one Triton kernel each way where pyrl's ops would take Triton (CUDA tensors; the
+    # kernels round as torch's do, pyrl.kernels.swiglu); elsewhere as torch's ops, each [tokens, intermediate]
+    # tensor written in place where its input is not needed after: a fresh CPU tensor of that size costs its page
+    # faults, about as much as the pass that fills it.
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down):
         gate, up = F.linear(x, w_gate), F.linear(x, w_up)
         ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
+        if choose_backend(gate) == "triton":
+            from pyrl.kernels import swiglu  # lazy: triton is optional (pyrl.kernels imports it)
+
+            return F.linear(swiglu.swiglu_forward(gate, up), w_down)
         return F.linear(F.silu(gate).mul_(up), w_down)
 
     @staticmethod
@@ -37,13 +44,20 @@ class GatedMLPFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
         needs_x, needs_gate, needs_up, needs_down = ctx.needs_input_grad
-        activated = F.silu(gate)  # recomputed, as the forward made it
-        # the product's and silu's backward as autograd runs them on transformers' forward
         grad_hidden = grad_out.matmul(w_down)
-        grad_up = grad_hidden * activated
-        hidden = activated.mul_(up)  # the down projection's input, recomputed
-        grad_w_down = flat(grad_out).t().mm(flat(hidden)) if needs_down else None
-        grad_gate = torch.ops.aten.silu_backward.grad_input(grad_hidden.mul_(up), gate, grad_input=hidden)
+        if choose_backend(gate) == "triton":
+            from pyrl.kernels import swiglu  # lazy: triton is optional (pyrl.kernels imports it)
+
+            hidden, grad_up, grad_gate = swiglu.swiglu_backward(gate, up, grad_hidden)
+            grad_w_down = flat(grad_out).t().mm(flat(hidden)) if needs_down else None
+            del hidden
+        else:
+            # the product's and silu's backward as autograd runs them on transformers' forward
+            activated = F.silu(gate)  # recomputed, as the forward made it
+            grad_up = grad_hidden * activated
+            hidden = activated.mul_(up)  # the down projection's input, recomputed
+            grad_w_down = flat(grad_out).t().mm(flat(hidden)) if needs_down else None
+            grad_gate = torch.ops.aten.silu_backward.grad_input(grad_hidden.mul_(up), gate, grad_input=hidden)
         del grad_hidden
         grad_x = grad_gate.matmul(w_gate).add_(grad_up.matmul(w_up)) if needs_x else None
         grad_w_gate = flat(grad_gate).t().mm(flat(x)) if needs_gate else None
@@ -88,9 +102,4 @@ def _forward(self, x):
 
 def patch_gated_mlps(model: nn.Module) -> int:
     """Make each MLP of `model` that `runs_gated` run `gated_mlp`. Returns how many were patched."""
-    patched = 0
-    for module in model.modules():
-        if runs_gated(module):
-            module.forward = types.MethodType(_forward, module)
-            patched += 1
-    return patched
+    return patch_forwards(model, runs_gated, _forward)

@@ -199,14 +199,18 @@ def _recording(sink: list):
     found = kernels()
     saved_env = {k: os.environ.get(k) for k in ("PYRL_OPS_BACKEND", "TRITON_INTERPRET")}
     modules = {m.__name__.rsplit(".", 1)[-1]: m for m in kernel_modules()}
+    precise = modules["swiglu"].PRECISE
     try:
         os.environ.update(PYRL_OPS_BACKEND="triton", TRITON_INTERPRET="1")
+        # what a GPU launch passes (the interpreter, imported first here, has no libdevice)
+        modules["swiglu"].PRECISE = True
         for qualname in found:
             _jit(qualname)  # before the swap: it looks the kernel up in its module
             module, name = qualname.split(".")
             setattr(modules[module], name, _Recorder(qualname, sink))
         yield
     finally:
+        modules["swiglu"].PRECISE = precise
         for qualname, kernel in found.items():
             module, name = qualname.split(".")
             setattr(modules[module], name, kernel)
@@ -265,6 +269,26 @@ def _drive_ops() -> None:
                 for whiten in (True, False):
                     with contextlib.suppress(ValueError):
                         ops.compute_gae_packed(flat, flat, cu, gamma=0.99, lam=0.95, mask=packed_mask, whiten=whiten)
+
+    # the model layers' elementwise kernels (pyrl.models, with model.use_fused_kernels): the gated MLP's over
+    # element counts that are (16 x 47) and are not (7 x 47) multiples of 16; RMSNorm's over the hidden widths of
+    # the tiny model, Qwen3's per-head norms (128), Qwen2.5-0.5B, 7-8B and 70B models, up to the widest the kernels
+    # take (MAX_TRITON_HIDDEN), with one row per program (a GPU's usual case, which the JIT specializes) and more,
+    # the weight trained and frozen
+    from pyrl.models.gated_mlp import gated_mlp  # lazy: pyrl.ops is imported by pyrl.models
+    from pyrl.models.rms_norm import MAX_TRITON_HIDDEN, rms_norm
+
+    for dtype in FLOAT_KIND:
+        for tokens in (16, 7):
+            x = torch.zeros(tokens, 16, dtype=dtype, requires_grad=True)
+            weights = [torch.zeros(47, 16, dtype=dtype, requires_grad=True),
+                       torch.zeros(47, 16, dtype=dtype, requires_grad=True),
+                       torch.zeros(16, 47, dtype=dtype, requires_grad=True)]
+            gated_mlp(x, *weights).sum().backward()
+        for hidden in (64, 128, 896, 4096, MAX_TRITON_HIDDEN):
+            for rows, trained in ((4, True), (5, True), (4, False)):  # the interpreter runs 4 programs
+                x = torch.zeros(rows, hidden, dtype=dtype, requires_grad=True)
+                rms_norm(x, torch.ones(hidden, dtype=dtype, requires_grad=trained), 1e-6).sum().backward()
 
     groups, per_group = 16, 8
     scores = torch.rand(groups * per_group, generator=gen)

@@ -40,6 +40,7 @@ import torch
 
 from pyrl.config import recomputes, torch_dtype
 from pyrl.models.gated_mlp import runs_gated
+from pyrl.models.rms_norm import runs_fused_norm
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.trainer.run_plan import PASSES, ConfigValue
@@ -73,6 +74,7 @@ class ModelShape:
     trainable: int | None = None  # parameters that train (LoRA's adapters); None: all of them
     kind: str = "causal_lm"  # the head (from_hf_config's kind)
     gated_mlp: bool = False  # its MLPs are ones pyrl.models.gated_mlp runs (with model.use_fused_kernels)
+    fused_norms: bool = False  # its norms are ones pyrl.models.rms_norm runs (with model.use_fused_kernels)
 
     @property
     def root_params(self) -> int:
@@ -110,6 +112,7 @@ class ModelShape:
         params = sum(p.numel() for p in model.parameters())
         layer_params = sum(p.numel() for p in body.layers[0].parameters())
         gated = any(runs_gated(m) for m in body.layers[0].modules())  # before LoRA wraps the projections
+        fused_norms = any(runs_fused_norm(m) for m in body.layers[0].modules())
         trainable = None
         if model_config is not None and uses_lora(model_config):  # no weights: adapters built from the config only
             from peft import get_peft_model  # lazy: peft loads only for LoRA
@@ -119,7 +122,7 @@ class ModelShape:
         return cls(params=params, layer_params=layer_params, layers=len(body.layers), trainable=trainable,
                    hidden=text.hidden_size, intermediate=text.intermediate_size, heads=heads,
                    kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   vocab=text.vocab_size, kind=kind, gated_mlp=gated)
+                   vocab=text.vocab_size, kind=kind, gated_mlp=gated, fused_norms=fused_norms)
 
 
 @dataclass(frozen=True)
@@ -198,24 +201,30 @@ class MemoryPlan:
 
 # ---- the formula sheet ----
 
-def norm_bytes_per_hidden(dtype_bytes: int) -> int:
+def norm_bytes_per_hidden(dtype_bytes: int, fused: bool = False) -> int:
     """Bytes per token and hidden unit that one RMSNorm keeps for backward: float32 compute keeps its input, the
     normalized values and the output (3 x 4); reduced precision keeps the float32 upcast, the normalized values cast
-    back and the output (4 + 2 + 2)."""
+    back and the output (4 + 2 + 2). pyrl.models.rms_norm (fused) keeps its input and the output (2 x dtype)."""
+    if fused:
+        return 2 * dtype_bytes
     return 12 if dtype_bytes == 4 else 4 + 2 * dtype_bytes
 
 
 def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0,
-                      gated_mlp: bool = False) -> int:
+                      gated_mlp: bool = False, fused_norms: bool = False, attention_copy: bool = True) -> int:
     """A decoder layer's activations kept for backward: two RMSNorms, q/k/v after rotary (k, v at the KV heads'
-    width), the attention output and its reshaped copy (o_proj's input), and the MLP's gate, its activation, up
-    and their product (SwiGLU: 4 x intermediate; gated_mlp, pyrl.models.gated_mlp: the gate and up only).
+    width), the attention output and, with attention_copy, a copy of it that o_proj keeps (pyrl's packed
+    attention re-packs its length buckets' outputs; padded SDPA's math path is transposed back by a copy; CUDA's
+    varlen kernel lays its output out as o_proj reads it, and so do equal-length rows, which the plan's
+    worst case of full rows makes an overestimate by one [T, q] per layer on CPU), and the MLP's gate, its
+    activation, up and their product (SwiGLU: 4 x intermediate; gated_mlp, pyrl.models.gated_mlp: the gate and up
+    only; fused_norms: pyrl.models.rms_norm's norms).
     matmul_attention_len > 0: the CPU matmul attention for short bf16 sequences of that length also keeps float32
     q, k, v and the [heads, L, L] probabilities."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     mlp = (2 if gated_mlp else 4) * shape.intermediate
-    saved = tokens * (2 * norm_bytes_per_hidden(dtype_bytes) * shape.hidden
-                      + dtype_bytes * (3 * q + 2 * kv + mlp))
+    saved = tokens * (2 * norm_bytes_per_hidden(dtype_bytes, fused_norms) * shape.hidden
+                      + dtype_bytes * ((3 if attention_copy else 2) * q + 2 * kv + mlp))
     if matmul_attention_len:
         saved += tokens * 4 * (q + 2 * kv + shape.heads * matmul_attention_len)
     return saved
@@ -233,9 +242,10 @@ def layer_forward_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul
     return peak
 
 
-def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
-    """The gradients in flight inside one layer's backward: two [T, intermediate] and two [T, hidden]."""
-    return tokens * dtype_bytes * 2 * (shape.intermediate + shape.hidden)
+def backward_workspace_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, gated_mlp: bool = False) -> int:
+    """The gradients in flight inside one layer's backward: two [T, intermediate] (three in pyrl.models.gated_mlp's
+    backward: the product's gradient, the up projection's and the recomputed product) and two [T, hidden]."""
+    return tokens * dtype_bytes * ((3 if gated_mlp else 2) * shape.intermediate + 2 * shape.hidden)
 
 
 def fused_chunk_rows(shape: ModelShape, scored: int, on_cuda: bool = False) -> int:
@@ -341,7 +351,7 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
                 head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int,
-                gated_mlp: bool = False) -> list:
+                gated_mlp: bool = False, fused_norms: bool = False, attention_copy: bool = True) -> list:
     """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with gradient
     checkpointing only each layer's input) and the final norm's. On top, the larger of the head's backward (which
     runs first) and one layer's backward (its activations recomputed with checkpointing, and the gradients in
@@ -352,10 +362,11 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     (zero_grad), so they are not resident here; they return during the backward (the peak may come late, when they
     are nearly all back)."""
     attn = matmul_attention_len(setting, precision, length)
-    per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp)
-    final_norm = mb.tokens * norm_bytes_per_hidden(precision.compute) * shape.hidden
+    per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp, fused_norms, attention_copy)
+    # the final norm's output is not kept: the head keeps its scored rows, gathered (counted in the head's term)
+    final_norm = mb.tokens * (norm_bytes_per_hidden(precision.compute, fused_norms) - precision.compute) * shape.hidden
     micro = f"{prefix} micro-batch size or token budget"
-    workspace = backward_workspace_bytes(shape, mb.tokens, precision.compute)
+    workspace = backward_workspace_bytes(shape, mb.tokens, precision.compute, gated_mlp)
     if checkpointing:
         kept = Term("activations (layer inputs, checkpointed)",
                     shape.layers * mb.tokens * shape.hidden * precision.compute + final_norm, micro)
@@ -642,13 +653,16 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         # idle
         during = [t for name, s in states.items() for t in
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
-        # model.use_fused_kernels patches a causal LM's gated MLPs (pyrl.workers.models.load_policy), which LoRA's
-        # wrapped projections turn back (counted as unpatched: the larger)
+        # model.use_fused_kernels patches a causal LM's gated MLPs and RMSNorms (pyrl.workers.models.load_policy);
+        # LoRA's wrapped projections turn the MLPs back (counted as unpatched: the larger)
         gated = (head == "logits" and shape.gated_mlp and role_model.use_fused_kernels
                  and not uses_lora(role_model))
+        fused_norms = head == "logits" and shape.fused_norms and role_model.use_fused_kernels
+        # packed bf16/fp16 attention on CUDA is one varlen kernel per layer (pyrl.models.varlen_attention)
+        varlen = setting.device == "cuda" and state.precision.compute < 4 and role_model.use_remove_padding
         phases.append(Phase(micro.phase, during + teacher.idle + engine_resident + rm_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
-            role.model_section, state.shards, gated)))
+            role.model_section, state.shards, gated, fused_norms, attention_copy=not varlen)))
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(
             config, shapes["actor"], setting, capacity, run.prompts_per_rollout_process)))

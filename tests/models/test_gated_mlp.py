@@ -12,6 +12,7 @@ from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from pyrl.models.gated_mlp import gated_mlp, patch_gated_mlps, runs_gated
+from pyrl.ops._dispatch import triton_available
 
 HIDDEN, INTERMEDIATE = 24, 40
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -151,3 +152,94 @@ def test_a_patched_model_equals_the_unpatched_one():
     assert torch.equal(grads[0][0], grads[1][0])
     for name, grad in grads[0][1].items():
         assert torch.equal(grads[1][1][name], grad), name
+
+
+# ---- the Triton kernels of the elementwise part (pyrl.kernels.swiglu): CUDA tensors take them by default; CPU
+# tensors under the interpreter when PYRL_OPS_BACKEND=triton (the conftest sets TRITON_INTERPRET=1 without CUDA) ----
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="no triton")
+# CPU tensors reach the kernels through the interpreter, which the conftest sets only where there is no CUDA
+TRITON_DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                                               reason="the interpreter runs where there is no CUDA")),
+                  DEVICES[1]]
+
+
+def torch_swiglu(gate, up, grad_hidden):
+    """The elementwise part as GatedMLPFunction runs it with torch's ops: (h, dh * silu(g), (dh * u) silu'(g))."""
+    activated = F.silu(gate)
+    grad_gate = torch.ops.aten.silu_backward(grad_hidden * up, gate)
+    return activated * up, grad_hidden * activated, grad_gate
+
+
+def assert_same(got, want, device, dtype, what):
+    """Bit for bit on CUDA (the kernels round as torch's kernels do); under the interpreter, whose exp is numpy's, to
+    one rounding of the dtype."""
+    if device == "cuda":
+        assert torch.equal(got, want), f"{what}: max diff {(got.double() - want.double()).abs().max()}"
+    else:
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 2e-6
+        scale = want.abs().max().item() if want.numel() else 1.0
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale, msg=what)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n", [0, 1, 1023, 2049], ids=lambda n: f"n{n}")
+def test_swiglu_kernels_equal_torchs_ops_and_the_formula_in_float64(n, dtype, device, monkeypatch):
+    monkeypatch.setenv("PYRL_OPS_BACKEND", "triton")
+    from pyrl.kernels import swiglu
+
+    g = torch.Generator().manual_seed(n)
+    gate, up, grad_hidden = ((torch.randn(n, generator=g) * 4).to(dtype).to(device) for _ in range(3))
+    hidden = swiglu.swiglu_forward(gate, up)
+    dh = grad_hidden.clone()
+    hidden_again, grad_up, grad_gate = swiglu.swiglu_backward(gate, up, dh)
+    assert grad_gate is dh  # written over the incoming gradient
+    want = torch_swiglu(gate, up, grad_hidden)
+    for got, ref, what in zip((hidden, hidden_again, grad_up, grad_gate), (want[0], *want), ("h", "h again", "du",
+                                                                                            "dg")):
+        assert got.dtype == dtype and got.shape == (n,)
+        assert_same(got, ref, device, dtype, what)
+    # and the formula in float64, to the dtype's precision
+    gd, ud, dhd = (t.double() for t in (gate, up, grad_hidden))
+    s = 1 / (1 + torch.exp(-gd))
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for got, ref in ((hidden, gd * s * ud), (grad_up, dhd * gd * s), (grad_gate, dhd * ud * s * (1 + gd * (1 - s)))):
+        torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * (ref.abs().max().item() if n else 1))
+
+
+@needs_triton
+def test_swiglu_kernels_refuse_mismatched_tensors(monkeypatch):
+    monkeypatch.setenv("PYRL_OPS_BACKEND", "triton")
+    from pyrl.kernels import swiglu
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        swiglu.swiglu_forward(torch.zeros(4, device=device), torch.zeros(5, device=device))
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        swiglu.swiglu_backward(torch.zeros(4, device=device), torch.zeros(4, device=device),
+                               torch.zeros(4, dtype=torch.float64, device=device))
+
+
+@needs_triton
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_mlp_through_the_triton_kernels_equals_transformers(dtype, device, monkeypatch, spy_calls):
+    """CUDA takes the kernels by default (checked by counting their calls) and equals transformers' MLP bit for bit;
+    CPU tensors take them under the interpreter when PYRL_OPS_BACKEND=triton, equal to a rounding."""
+    from pyrl.kernels import swiglu
+
+    if device == "cpu":
+        monkeypatch.setenv("PYRL_OPS_BACKEND", "triton")
+    calls = spy_calls(swiglu, "swiglu_forward", "swiglu_backward")
+    plain, patched = mlps(dtype, device, seed=7)
+    g = torch.Generator(device=device).manual_seed(7)
+    x = torch.randn(3, 37, HIDDEN, generator=g, device=device).to(dtype)
+    grad_out = torch.randn(3, 37, HIDDEN, generator=g, device=device).to(dtype)
+    want, got = forward_backward(plain, x, grad_out), forward_backward(patched, x, grad_out)
+    assert calls == ["swiglu_forward", "swiglu_backward"]
+    assert_same(got[0], want[0], device, dtype, "out")
+    assert_same(got[1], want[1], device, dtype, "dx")
+    for name, grad in want[2].items():
+        assert_same(got[2][name], grad, device, dtype, name)

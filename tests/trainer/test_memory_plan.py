@@ -55,12 +55,21 @@ def test_micro_batch_tokens_as_the_workers_cut_them():
 def test_activation_formulas_by_hand():
     shape = mp.ModelShape.from_hf_config(TINY)
     T = 10
-    # float32: norms 2 x 3 x 4 bytes per hidden unit; q, k, v, attention out x2 (3 x 64 + 2 x 32); MLP 4 x 128
+    # float32: norms 2 x 3 x 4 bytes per hidden unit; q, the attention output and its copy (3 x 64), k, v (2 x 32);
+    # MLP 4 x 128
     assert mp.layer_saved_bytes(shape, T, 4) == T * (24 * 64 + 4 * (3 * 64 + 2 * 32 + 4 * 128))
-    # bf16: each norm keeps a float32 upcast and two bf16 tensors
+    # bf16: each norm keeps a float32 upcast and two bf16 tensors; CUDA's varlen attention copies nothing
     assert mp.layer_saved_bytes(shape, T, 2) == T * (16 * 64 + 2 * (3 * 64 + 2 * 32 + 4 * 128))
+    assert mp.layer_saved_bytes(shape, T, 2, attention_copy=False) == T * (16 * 64 + 2 * (2 * 64 + 2 * 32 + 4 * 128))
     # pyrl.models.gated_mlp keeps the gate and up projections only
     assert mp.layer_saved_bytes(shape, T, 4, gated_mlp=True) == T * (24 * 64 + 4 * (3 * 64 + 2 * 32 + 2 * 128))
+    # pyrl.models.rms_norm keeps each norm's input (its output is the next projection's input), any dtype
+    assert mp.layer_saved_bytes(shape, T, 4, gated_mlp=True, fused_norms=True) == T * 4 * (4 * 64 + 3 * 64 + 2 * 32
+                                                                                            + 2 * 128)
+    assert mp.layer_saved_bytes(shape, T, 2, fused_norms=True) == T * 2 * (4 * 64 + 3 * 64 + 2 * 32 + 4 * 128)
+    # the layer backward's gradients in flight: gated_mlp's backward holds three [T, intermediate] at once
+    assert mp.backward_workspace_bytes(shape, T, 4) == T * 4 * (2 * 128 + 2 * 64)
+    assert mp.backward_workspace_bytes(shape, T, 4, gated_mlp=True) == T * 4 * (3 * 128 + 2 * 64)
     # CPU matmul attention over sequences of 16: float32 q, k, v and [heads, 16] probabilities per token
     assert mp.layer_saved_bytes(shape, T, 2, 16) - mp.layer_saved_bytes(shape, T, 2) == T * 4 * (64 + 64 + 2 * 16)
     assert mp.layer_forward_bytes(shape, T, 4) == T * 4 * (8 * 64 + 3 * 128)
@@ -92,7 +101,7 @@ def test_plan_resident_state_and_phases_by_hand(monkeypatch):
     assert "actor gradients" not in {t.name for t in phases["update_actor"].resident}  # zero_grad freed them
     # update: a micro-batch of 2 rows x (32 + 8) tokens, 16 scored; all layers kept, then the logits' backward
     T, N = 80, 16
-    kept = 2 * mp.layer_saved_bytes(shape, T, 4) + T * 12 * 64
+    kept = 2 * mp.layer_saved_bytes(shape, T, 4) + T * 8 * 64  # the final norm's output: the head's gathered rows
     logits = 2 * N * 64 * 4 + 2 * N * 100 * 4
     gathered = (shape.root_params + 2 * shape.layer_params) * 4 * 2
     assert (sum(t.bytes for t in phases["update_actor"].transient)

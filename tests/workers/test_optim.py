@@ -35,25 +35,31 @@ def adamw_float64(params, grads_per_step):
     return params
 
 
-def run_steps(optimizer_of, shapes, dtype, steps=12, seed=0):
+def run_steps(optimizer_of, shapes, dtype, steps=12, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     start = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes] for _ in range(steps)]
-    params = [torch.nn.Parameter(x.to(dtype)) for x in start]
+    params = [torch.nn.Parameter(x.to(dtype).to(device)) for x in start]
     optimizer = optimizer_of(params)
     for step_grads in grads:
         for p, g in zip(params, step_grads):
-            p.grad = g.clone()
+            p.grad = g.to(device, copy=True)
         optimizer.step()
-    return optimizer, [p.detach() for p in params], adamw_float64([x.to(dtype) for x in start], grads)
+    return optimizer, [p.detach().cpu() for p in params], adamw_float64([x.to(dtype) for x in start], grads)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                   reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shapes", [[(37, 5), (1,), (3, 1, 2)], [(1,)]], ids=["odd_sizes", "one_element"])
-def test_fused_adamw_is_adamw(shapes):
-    optimizer, fused, reference = run_steps(lambda ps: build_optimizer(ps, CONFIG), shapes, torch.float32)
+def test_fused_adamw_is_adamw(shapes, device):
+    optimizer, fused, reference = run_steps(lambda ps: build_optimizer(ps, CONFIG), shapes, torch.float32,
+                                            device=device)
     assert optimizer.param_groups[0]["fused"] is True
     _, loop, _ = run_steps(lambda ps: torch.optim.AdamW(ps, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                                                        foreach=False), shapes, torch.float32)
+                                                        foreach=False), shapes, torch.float32, device=device)
     for got, want, torch_loop in zip(fused, reference, loop):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got, torch_loop, rtol=1e-6, atol=1e-6)  # rounding only
