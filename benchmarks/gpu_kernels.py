@@ -38,6 +38,9 @@ import numpy as np
 import pytest
 import torch
 
+if "--smoke-cpu" in sys.argv:  # the layers' kernels, called directly, run on CPU under Triton's interpreter, which
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # is read when pyrl.kernels is imported (the ops take C++ there)
+
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -423,20 +426,22 @@ def layer_cases(report, n, intermediate, hidden):
     RMSNorm forward + backward, each against torch's ops as transformers runs them and float64."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-    dev = DEVICE
-    if dev == "cpu":  # the kernels are CUDA's (the CPU runs the torch operations)
-        for op in ("swiglu fwd", "swiglu bwd", "rms_norm fwd+bwd"):
-            report.add(op, f"{n}x{intermediate} bf16", "pyrl_triton", None, 0, skip="needs a CUDA GPU")
-        return
     from pyrl.kernels import rms_norm, swiglu
 
-    for dtype in (torch.bfloat16, torch.float32):
+    dev = DEVICE
+    for dtype, label in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         size = torch.tensor([], dtype=dtype).element_size()
+
+        def rounded(t, dtype=dtype):  # where the kernels (as torch's kernels) round to the tensors' dtype
+            return t.to(dtype).double()
+
         gate, up, grad_hidden = (torch.randn(n, intermediate, device=dev).mul_(3).to(dtype) for _ in range(3))
         gd, ud, dhd = (t.double() for t in (gate, up, grad_hidden))
         s64 = torch.sigmoid(gd)
-        want = (gd * s64 * ud, (gd * s64 * ud, dhd * gd * s64, dhd * ud * s64 * (1 + gd * (1 - s64))))
-        shape = f"{n}x{intermediate} {str(dtype).removeprefix('torch.')}"
+        activated = rounded(gd * s64)
+        want = (activated * ud, (activated * ud, dhd * activated,
+                                 rounded(dhd * ud) * s64 * (1 + gd * (1 - s64))))
+        shape = f"{n}x{intermediate} {label}"
         nbytes = n * intermediate * size
         err = rel_error(swiglu.swiglu_forward(gate, up), want[0])
         report.add("swiglu fwd", shape, "pyrl_triton", lambda: swiglu.swiglu_forward(gate, up), 3 * nbytes, error=err)
@@ -458,8 +463,13 @@ def layer_cases(report, n, intermediate, hidden):
             norm.weight.copy_(1 + 0.3 * torch.randn(hidden))
         x = torch.randn(n, hidden, device=dev).mul_(2).to(dtype).requires_grad_()
         dy = torch.randn(n, hidden, device=dev).to(dtype)
-        x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
-        (w64 * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).backward(dy.double())
+        # pyrl.models.rms_norm's formula in float64, with its roundings to the dtype
+        x64, w64, dy64 = x.detach().double(), norm.weight.detach().double(), dy.double()
+        rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        normed = x64 * rstd
+        grad_normed = rounded(dy64 * w64)
+        want_dx = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        want_dw = (dy64 * rounded(normed)).sum(0)
 
         def pyrl_norm():
             y, rstd = rms_norm.rms_norm_forward(x.detach(), norm.weight.detach(), norm.variance_epsilon)
@@ -470,8 +480,8 @@ def layer_cases(report, n, intermediate, hidden):
             norm(x).backward(dy)
 
         y, dx, dw = pyrl_norm()
-        err = max(rel_error(dx, x64.grad), rel_error(dw, w64.grad))
-        shape = f"{n}x{hidden} {str(dtype).removeprefix('torch.')}"
+        err = max(rel_error(y, w64 * rounded(normed)), rel_error(dx, want_dx), rel_error(dw, want_dw))
+        shape = f"{n}x{hidden} {label}"
         nbytes = n * hidden * size  # x read twice, dy once, y and dx written
         report.add("rms_norm fwd+bwd", shape, "pyrl_triton", pyrl_norm, 5 * nbytes, error=err)
         report.add("rms_norm fwd+bwd", shape, "torch_ops_as_transformers", transformers_norm, 5 * nbytes)

@@ -21,13 +21,17 @@ def test_gpu_kernels_smoke_cpu(tmp_path):
     ops = {r["op"] for r in rows}
     assert {"logprobs fwd", "logprobs fwd+bwd", "entropy fwd", "fused_linear_logprobs fwd+bwd",
             "kl_penalty low_var_kl fwd+bwd", "ppo_policy_loss vanilla fwd+bwd", "value_loss fwd+bwd", "compute_gae",
-            "compute_gae whiten", "compute_gae_packed", "group_advantages grpo"} <= ops
+            "compute_gae whiten", "compute_gae_packed", "group_advantages grpo", "swiglu fwd", "swiglu bwd",
+            "rms_norm fwd+bwd"} <= ops
     for row in rows:
         if row["impl"].startswith("pyrl"):
             assert "skipped" not in row and row["median_ms"] > 0, row
             assert row["rel_error_vs_float64"] is not None, row
-            # bf16 inputs round the log-prob gradient (and the fused head's matmul) to bf16: ~1e-3
-            assert row["rel_error_vs_float64"] < (5e-3 if "bf16" in row["shape"] else 1e-5), row
+            # bf16 inputs round the log-prob gradient (and the fused head's matmul) to bf16: ~1e-3; the layers'
+            # kernels run here under Triton's interpreter, whose float32 -> bf16 casts truncate (twice the error of
+            # rounding to nearest, which the kernels do on a GPU: bit for bit with torch's, tests/models)
+            bf16_bound = 1.5e-2 if row["op"].startswith(("swiglu", "rms_norm")) else 5e-3
+            assert row["rel_error_vs_float64"] < (bf16_bound if "bf16" in row["shape"] else 1e-5), row
     assert (tmp_path / "gpu_kernels.md").read_text().count("\n|") == len(rows) + 2
 
 

@@ -276,7 +276,7 @@ def _drive_ops() -> None:
     # take (MAX_TRITON_HIDDEN), with one row per program (a GPU's usual case, which the JIT specializes) and more,
     # the weight trained and frozen
     from pyrl.models.gated_mlp import gated_mlp  # lazy: pyrl.ops is imported by pyrl.models
-    from pyrl.models.rms_norm import MAX_TRITON_HIDDEN, rms_norm
+    from pyrl.models.rms_norm import MAX_TRITON_HIDDEN, rms_norm  # lazy: as gated_mlp above
 
     for dtype in FLOAT_KIND:
         for tokens in (16, 7):
