@@ -276,7 +276,8 @@ def main():
     for rnd in range(args.rounds + 1):  # round 0 warms up (kernels compiled, AdamW's moments allocated)
         for cell in (cells if rnd % 2 else cells[::-1]):
             worker, load, micro = cell
-            out = timed_update(workers[worker], batches[load], micro, device, *WORKERS[worker][3:6:2])
+            _, _, _, attention, _, elementwise = WORKERS[worker]
+            out = timed_update(workers[worker], batches[load], micro, device, attention, elementwise)
             if rnd:
                 results[cell].append(out)
         print(f"round {rnd} done at {time.time() - started:.0f} s", flush=True)

@@ -16,14 +16,12 @@ model.use_fused_kernels)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from pyrl.models.patch import patch_forwards
-from pyrl.ops._dispatch import choose_backend
+from pyrl.ops._dispatch import choose_backend, forced_backend
 
 MAX_TRITON_HIDDEN = 8192  # pyrl.kernels.rms_norm holds a row in registers; compiled without spills up to here
 
@@ -33,7 +31,7 @@ def _takes_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # (tests/ops/test_triton_compile.py) and match transformers under the interpreter, but no GPU has run them yet
     # (tests/models/test_rms_norm.py's cuda-triton cases, benchmarks/gpu_suite.sh, will); until one has, CUDA
     # takes the torch operations below by default.
-    return (os.environ.get("PYRL_OPS_BACKEND", "").strip().lower() == "triton" and choose_backend(x) == "triton"
+    return (forced_backend() == "triton" and choose_backend(x) == "triton"
             and weight.dtype == x.dtype and weight.dim() == 1
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and 0 < x.shape[-1] <= MAX_TRITON_HIDDEN)
 

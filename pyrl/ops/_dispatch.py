@@ -25,8 +25,13 @@ def triton_available() -> bool:
     return True
 
 
+def forced_backend() -> str:
+    """The backend PYRL_OPS_BACKEND names ("" when unset), as written, lower-cased."""
+    return os.environ.get("PYRL_OPS_BACKEND", "").strip().lower()
+
+
 def choose_backend(tensor: torch.Tensor) -> str:
-    forced = os.environ.get("PYRL_OPS_BACKEND", "").strip().lower()
+    forced = forced_backend()
     if forced:
         if forced not in BACKENDS:
             raise ValueError(f"PYRL_OPS_BACKEND={forced!r}: expected one of {', '.join(BACKENDS)}")
