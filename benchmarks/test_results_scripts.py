@@ -13,21 +13,22 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-SCRIPTS = {  # script and its smallest arguments -> a line its output must contain
-    "interleaved_verl091.py": (["--rounds", "1", "--fast-calls", "1", "--no-memory"], "verl091_grpo_vectorized"),
-    "rollout_tensor_parallel.py": (["--prompts", "4", "--new-tokens", "4", "--rounds", "1"],
-                                   "rows with equal greedy tokens"),
-    "lora_sync.py": (["--steps", "1"], "adapter / merged, per step"),
+SCRIPTS = {  # script and its smallest arguments -> a line its output must contain; the longest first (CI hands
+    # the benchmarks' tests out one at a time in this order: see conftest.py)
+    "distillation_toy.py": (["--quick", "--student-base", "pyrl:tiny-wide"], "| distillation | 1 |"),
     "one_step_off_overlap.py": (["--steps", "1", "--warmup", "0", "--prompts", "8", "--response-length", "8",
                                  "--repeats", "1"], "hybrid / one-step-off seconds per step"),
+    "lora_sync.py": (["--steps", "1"], "adapter / merged, per step"),
+    "rollout_tensor_parallel.py": (["--prompts", "4", "--new-tokens", "4", "--rounds", "1"],
+                                   "rows with equal greedy tokens"),
+    "heldout_eval.py": (["--preset", "toy", "--quick"], "| toy | 1 |"),
+    "memory_plan_accuracy.py": (["--quick"], "| h256-L4-V32k (21M) | 32 x (32+32) | True | True | old_log_prob |"),
+    "micro_batch_sizes.py": (["--quick", "--rows", "4", "256"], "| 256 | "),
+    "interleaved_verl091.py": (["--rounds", "1", "--fast-calls", "1", "--no-memory"], "verl091_grpo_vectorized"),
     "agent_loop_cost.py": (["--engine", "hf", "--prompts", "2", "--n", "2", "--repeats", "1"],
                            "ratio agent loop / single turn"),
     "agent_rollout_async.py": (["--trajectories", "4", "--turns", "2", "--repeats", "1"],
                                "per-trajectory / lock-step:"),
-    "memory_plan_accuracy.py": (["--quick"], "| h256-L4-V32k (21M) | 32 x (32+32) | True | True | old_log_prob |"),
-    "heldout_eval.py": (["--preset", "toy", "--quick"], "| toy | 1 |"),
-    "distillation_toy.py": (["--quick", "--student-base", "pyrl:tiny-wide"], "| distillation | 1 |"),
-    "micro_batch_sizes.py": (["--quick", "--rows", "4", "256"], "| 256 | "),
 }
 
 

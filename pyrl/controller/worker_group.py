@@ -116,9 +116,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) 
     auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     level = auth_log.level
     auth_log.setLevel(logging.ERROR)
+    # Ray starts an idle Python worker per CPU when the first driver connects, for tasks to come; pyrl's workers
+    # are actors whose runtime_env (their rank's env vars) no prestarted process has, so those would only burn CPU
+    # at every start (1.2 CPU-seconds for the 2 of a 2-CPU instance, measured; a process per CPU on a large node)
+    system_config = {"prestart_worker_first_driver": False, **kwargs.pop("_system_config", {})}
     try:
         ray.init(**{"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": True,
-                    **kwargs})  # kwargs (ray_kwargs.ray_init) may override the last two
+                    **kwargs, "_system_config": system_config})  # kwargs (ray_kwargs.ray_init) may override the
+        # options before them
     finally:
         auth_log.setLevel(level)
 

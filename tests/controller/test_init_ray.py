@@ -14,18 +14,29 @@ import pytest
 
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 # modes: private (no address), auto (trainer.ray_address=auto), env ($RAY_ADDRESS = the address file's cluster);
-# prints {mode: [the GCS it got, its CPUs]}
+# prints {mode: [the GCS it got, its CPUs, its idle worker processes 3 s after the start]}
 DRIVER = """
-import json, os, sys
-import ray
+import json, os, sys, time
+import psutil, ray
 from pyrl.controller import init_ray
+
+def idle_workers():
+    found = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            found += (proc.info["cmdline"] or [""])[0] == "ray::IDLE" and \\
+                proc.environ().get("PYRL_TEST_RAY_TMPDIR") == os.environ["PYRL_TEST_RAY_TMPDIR"]
+        except psutil.Error:
+            pass
+    return found
 
 seen = {}
 for mode in sys.argv[1:]:
     if mode == "env":
         os.environ["RAY_ADDRESS"] = open(os.path.join(os.environ["RAY_TMPDIR"], "ray", "ray_current_cluster")).read()
     init_ray("auto" if mode == "auto" else None, num_cpus=2)
-    seen[mode] = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU")]
+    time.sleep(3)
+    seen[mode] = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU"), idle_workers()]
     ray.shutdown()
     os.environ.pop("RAY_ADDRESS", None)
 print(json.dumps(seen))
@@ -61,16 +72,17 @@ def test_without_an_address_a_run_keeps_to_its_own_ray(ray_env):
     address = open(address_file).read().strip()
     seen, _ = drive(ray_env, "private", "auto", "env")
     assert seen["private"][0] != address and seen["private"][1] == 2
-    assert seen["auto"] == seen["env"] == [address, 1]
+    assert [seen["auto"][:2], seen["env"][:2]] == [[address, 1]] * 2
     head.stderr.close()
 
 
 def test_a_stale_address_file_does_not_stop_a_run(ray_env):
     """A crashed run's address file, naming a cluster long gone, is no reason to fail; nor does the private
-    instance print Ray's token-authentication warning."""
+    instance print Ray's token-authentication warning, nor start Ray's idle worker per CPU (pyrl's workers, actors
+    with their own runtime_env, would never use them)."""
     os.makedirs(os.path.join(ray_env["RAY_TMPDIR"], "ray"))
     with open(os.path.join(ray_env["RAY_TMPDIR"], "ray", "ray_current_cluster"), "w") as f:
         f.write(f"127.0.0.1:{_free_port()}")
     seen, stderr = drive(ray_env, "private")
-    assert seen["private"][1] == 2
+    assert seen["private"][1:] == [2, 0]
     assert "Token authentication" not in stderr and "Started a local Ray instance" in stderr

@@ -1,0 +1,49 @@
+"""Test order for CI's two-process runs (tests/ and benchmarks/ alike): the files that took longest in a recorded CI
+run go first, so that both pytest-xdist workers stay busy to the end instead of one finishing a minutes-long file
+while the other idles. xdist hands files (`--dist loadfile`) or tests (`--dist load`) out in the order collected
+(the README's command turns off xdist's own default, fewest-tests-last, which put the few-test trainer files last).
+Within a file the order is unchanged; a file the record does not name (a new one) goes last.
+
+The record, .ci/test_durations.json (test id -> seconds, setup + call + teardown, for the tests of half a second or
+more: 97% of the time in 10% of the tests), is written by a run with PYRL_RECORD_DURATIONS=1 set (e.g.
+`PYRL_RECORD_DURATIONS=1 bash .ci/run` in a clone, then copy the file back): each test seen replaces its entry. A
+stale record only makes the order worse, never a result."""
+
+import json
+import os
+import pathlib
+from collections import defaultdict
+
+RECORD = pathlib.Path(__file__).resolve().parent / ".ci" / "test_durations.json"
+RECORDED_FROM_S = 0.5
+_seen: dict[str, float] = defaultdict(float)
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    per_file: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in recorded.items():
+        per_file[_file(nodeid)] += seconds
+    items.sort(key=lambda item: -per_file.get(_file(item.nodeid), 0.0))  # stable: a file's order kept
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("PYRL_RECORD_DURATIONS"):
+        _seen[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not os.environ.get("PYRL_RECORD_DURATIONS") or hasattr(session.config, "workerinput") or not _seen:
+        return  # xdist's workers report to the controller, which writes the record once
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    for nodeid, seconds in _seen.items():
+        recorded.pop(nodeid, None)
+        if seconds >= RECORDED_FROM_S:
+            recorded[nodeid] = round(seconds, 1)
+    tmp = RECORD.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(recorded.items())), indent=0, ensure_ascii=False) + "\n")
+    tmp.replace(RECORD)
