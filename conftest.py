@@ -12,9 +12,15 @@ stale record only makes the order worse, never a result."""
 import json
 import os
 import pathlib
+import sys
 from collections import defaultdict
 
-RECORD = pathlib.Path(__file__).resolve().parent / ".ci" / "test_durations.json"
+HERE = pathlib.Path(__file__).resolve().parent
+# pytest put this directory first on sys.path to import this file; off again, so that the tests import the installed
+# pyrl (with its built extension), not the source tree's package beside this file
+if sys.path and pathlib.Path(sys.path[0]).resolve() == HERE:
+    del sys.path[0]
+RECORD = HERE / ".ci" / "test_durations.json"
 RECORDED_FROM_S = 0.5
 _seen: dict[str, float] = defaultdict(float)
 

@@ -612,6 +612,10 @@ def main() -> None:
     # as the PID namespace's init, a signal sent from inside reaches it only if it handles it (Python handles
     # SIGINT): the default disposition makes it immune to the code (a user namespace's code has its uid)
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    # this script came through a memfd passed to the interpreter (sys.argv[0] is /proc/self/fd/N), read whole before
+    # main runs; left open, the code would inherit it, at whatever number the host's open files gave it (past the
+    # code's descriptor limit, where it takes a slot the limit does not count)
+    os.close(int(sys.argv[0].rsplit("/", 1)[1]))
     settings_fd, status_fd, lifeline_fd = (int(x) for x in sys.argv[2:5])  # argv[1]: pyrl.sandbox.SUPERVISOR_MARK
     try:
         settings, source = read_settings(settings_fd)

@@ -350,6 +350,19 @@ def test_memory_no_cgroup_counts_is_refused_without_one(mode):
     assert result.stdout.strip() == ("1" if refused else "made"), (iso.describe(), result)
 
 
+def test_the_code_inherits_only_its_standard_streams():
+    """Whatever this process holds open (here 80 more files, numbered past the code's limit of 64), the code's
+    process starts with descriptors 0-2 only: nothing of the host's, nor the sandbox's own memfds and pipes."""
+    held = [open(os.devnull) for _ in range(80)]  # noqa: SIM115 - held open across the run
+    try:
+        result = run_code("import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))\n",
+                          limits=SandboxLimits(max_open_files=64))
+    finally:
+        for f in held:
+            f.close()
+    assert result.ok and result.stdout.strip() == "[0, 1, 2, 3]", result  # 3: listdir's own
+
+
 def test_open_files_are_limited_per_process():
     result = run_code("import os\nopen_before = len(os.listdir('/proc/self/fd')) - 1  # less listdir's own\nfds = []\n"
                       "try:\n    while True:\n        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
