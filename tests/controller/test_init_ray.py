@@ -14,7 +14,8 @@ import pytest
 
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 # modes: private (no address), auto (trainer.ray_address=auto), env ($RAY_ADDRESS = the address file's cluster);
-# prints {mode: [the GCS it got, its CPUs, its idle worker processes 3 s after the start]}
+# prints {mode: [the GCS it got, its CPUs, its idle worker processes 3 s after the start (private: the instance
+# started here; the others' are the head's)]}
 DRIVER = """
 import json, os, sys, time
 import psutil, ray
@@ -35,8 +36,10 @@ for mode in sys.argv[1:]:
     if mode == "env":
         os.environ["RAY_ADDRESS"] = open(os.path.join(os.environ["RAY_TMPDIR"], "ray", "ray_current_cluster")).read()
     init_ray("auto" if mode == "auto" else None, num_cpus=2)
-    time.sleep(3)
-    seen[mode] = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU"), idle_workers()]
+    if mode == "private":
+        time.sleep(3)  # Ray prestarts its idle workers as the driver connects
+    seen[mode] = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU"),
+                  idle_workers() if mode == "private" else None]
     ray.shutdown()
     os.environ.pop("RAY_ADDRESS", None)
 print(json.dumps(seen))
