@@ -3,8 +3,12 @@ pyrl.configs package data) and the C++ core pyrl._C (C++17 + pybind11, no libtor
 
 import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# the C++ files compile in parallel, one per core (PYRL_BUILD_JOBS=N sets how many): `pip install --no-deps -e .`
+# 39 s -> 34 s on 2 cores
+ParallelCompile("PYRL_BUILD_JOBS", default=0).install()
 
 CXX_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 

@@ -43,6 +43,7 @@ import torch
 
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.workers.distributed import worker_device
+from pyrl.workers.rollout.vllm_engine import set_vllm_env
 
 log = logging.getLogger("pyrl")
 
@@ -474,12 +475,8 @@ def engine_config_of(rollout, seed: int):
 
 def vllm_classifier(model_path: str, rollout, device: torch.device, seed: int):
     """vLLM's pooling runner over a sequence classifier (its /classify path)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     on_cuda = device.type == "cuda"
-    if not on_cuda:
-        from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB  # lazy: vllm is optional
-
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    set_vllm_env(on_cuda)
     from vllm import LLM  # lazy: vllm is optional
 
     from pyrl.workers.precision import runnable_dtype  # lazy: loads torch's dtype tables

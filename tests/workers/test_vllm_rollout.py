@@ -48,6 +48,16 @@ class ProbedWorker(ActorRolloutRefWorker):
             rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         return held, rss
 
+    def compilations(self) -> dict | None:
+        """vLLM's compilation counters in this process (None on a rank without an engine)."""
+        if not hasattr(getattr(self.engine, "engine", self.engine), "llm"):
+            return None
+        from torch._dynamo.utils import counters
+        from vllm.compilation.counter import compilation_counter
+
+        return {"vllm_aot_compiles": compilation_counter.num_aot_compiles,
+                **{key: n for key, n in counters["inductor"].items() if key.startswith("fxgraph_cache")}}
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one_engine_per_rank", "tensor_parallel_2"])
 def vllm_group(request, ray_session):
@@ -84,6 +94,17 @@ def test_greedy_after_weight_push_equals_hf(vllm_group, tmp_path):
     got = [row[:n].tolist() for row, n in zip(out.batch["responses"], out.batch["response_mask"].sum(-1).tolist())]
     assert got == expected
     assert not torch.equal(out.batch["responses"], before)  # the push reached the engine
+
+
+def test_the_compiled_model_goes_through_inductors_cache(vllm_group):
+    """On CPU the engine compiles its model through torch inductor's cache, which the next engine start of the same
+    model reuses (a process that compiled it before loads it), not through vLLM 0.32's AOT artifacts, which it
+    saves on CPU but cannot load back with torch 2.13 (each start compiled anew)."""
+    counts = [c for c in vllm_group.execute_all("compilations") if c is not None]
+    assert counts
+    for c in counts:
+        assert c["vllm_aot_compiles"] == 0, c
+        assert c.get("fxgraph_cache_hit", 0) + c.get("fxgraph_cache_miss", 0) >= 1, c
 
 
 def test_engine_kwargs_reach_vllm(vllm_group):
