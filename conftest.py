@@ -29,6 +29,18 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def pytest_configure(config):
+    # Two test processes (-n 2) and the Ray workers of each share this machine's cores. OpenMP's threads (torch's,
+    # vLLM's, pyrl._C's) spin after each parallel region, waiting for the next one, and that spinning takes the
+    # cores the other process's threads need: two 4-step runs at once (pyrl:tiny, hf rollout, 2 cores) took 56-65
+    # busy CPU-seconds and 31-36 s spinning, 39-53 and 23-30 s with threads that sleep as they wait. Only for
+    # parallel test runs: a run alone is faster spinning (its steps took 0.47-0.54 s, 0.63-0.78 s sleeping), so pyrl
+    # leaves OpenMP's default to its users. Set here, before xdist starts its workers, which inherit it (and their
+    # Ray workers and subprocesses after them); a value in the environment already wins.
+    if getattr(config.option, "numprocesses", None):
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def pytest_collection_modifyitems(config, items):
     recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     per_file: dict[str, float] = defaultdict(float)
