@@ -20,7 +20,7 @@ ARGS = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "data.tr
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "trainer.val_before_train=false", "trainer.test_freq=2", "trainer.total_training_steps=4",
         "trainer.save_freq=1", "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.actor.optim.lr=0.002", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.actor.optim.lr=0.0005", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.hybrid_engine=false",
         "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
         "algorithm.rollout_correction.rollout_is=token",
@@ -37,11 +37,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.fixture(scope="module")
 def run_args(tmp_path_factory):
-    """ARGS with a scorer returning fields besides the score, dynamic sampling on one of them, the rollout dump."""
+    """ARGS with a scorer returning fields besides the score, dynamic sampling on one of them, the rollout dump.
+    Drawing is capped: a policy whose groups all score alike (at lr 0.002 this one collapsed by step 3 on an Ice Lake
+    CPU, which trains the warm-start to other weights than a Sapphire Rapids one, and drew 12,747 batches for step 4)
+    stops the run with dynamic sampling's error instead of spinning until the test's timeout."""
     base = tmp_path_factory.mktemp("one_step_off")
     (base / "scorer.py").write_text(SCORER)
     return base, ARGS + [f"reward.custom_reward_function.path={base / 'scorer.py'}",
-                         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
+                         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                         "algorithm.filter_groups.max_num_gen_batches=100"]
 
 
 def rollout_dump(run_dir) -> str:

@@ -136,6 +136,20 @@ def run_sft(args, cwd, timeout=600):
                           text=True, timeout=timeout)
 
 
+def sft_here(args) -> dict:
+    """The same run as `python -m pyrl.trainer.sft_trainer ARGS`, in this process, on the session's Ray (a fresh
+    process costs ~10 CPU-seconds more: imports, tokenizer, Ray's start); the refusals below go through the command
+    line, which turns their errors into its last line."""
+    from hydra import compose, initialize_config_module
+
+    from pyrl.config import typed_config
+    from pyrl.trainer.sft_trainer import SFTConfig
+    from pyrl.trainer.sft_trainer import run_sft as run_sft_here
+
+    with initialize_config_module("pyrl.configs", version_base=None):
+        return run_sft_here(typed_config(compose("sft_trainer_engine", overrides=list(args)), SFTConfig))
+
+
 def metrics(run_dir) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -157,7 +171,7 @@ def nll_token_mean(model_dir: str, samples) -> float:
     return total / count
 
 
-def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path):
+def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path, ray_session):
     """Step 1 on two ranks in micro-batches of 3 (16 rows: 8 per rank) reports the token mean of -log p over the
     assistant tokens of the first 16 conversations under the initial weights; its validation (5 conversations: a
     count the two ranks do not split, made up with rows that carry no loss) the same under the weights after the
@@ -167,9 +181,8 @@ def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path):
 
     val = tmp_path / "val.parquet"
     pq.write_table(pq.read_table(toy_sft_task_files().val).slice(0, 5), val)
-    proc = run_sft([*RUN, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}/run",
-                    f"data.val_files={val}", "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sft_here([*RUN, "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}/run",
+              f"data.val_files={val}", "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     first = metrics(f"{tmp_path}/run")[0]
     train = MultiTurnSFTDataset(toy_sft_task_files().train, tokenizer, data_config())
     expected = nll_token_mean(resolve_model_path("pyrl:tiny", "model"), [train[i] for i in range(16)])
@@ -179,16 +192,15 @@ def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path):
     assert first["val/loss"] == pytest.approx(after, rel=1e-5)
 
 
-def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, ray_session):
     """4 steps at once, or 2 steps, then the same command for 4: the same losses at steps 3 and 4 (the weights,
-    the optimizer and the sampler come back); the checkpoint's huggingface/ is a whole model (hf_model)."""
-    whole = run_sft([*RUN, "trainer.total_training_steps=4", "data.shuffle=true",
-                     f"trainer.default_local_dir={tmp_path}/whole"], tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    the optimizer and the sampler come back); the checkpoint's huggingface/ is a whole model (hf_model). The
+    resuming run goes through the command line."""
+    sft_here([*RUN, "trainer.total_training_steps=4", "data.shuffle=true",
+              f"trainer.default_local_dir={tmp_path}/whole"])
     resumed = [*RUN, "data.shuffle=true", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}/resumed",
                "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
-    first = run_sft([*resumed, "trainer.total_training_steps=2"], tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    sft_here([*resumed, "trainer.total_training_steps=2"])
     second = run_sft([*resumed, "trainer.total_training_steps=4"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr + second.stdout
@@ -199,34 +211,33 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     assert os.path.exists(f"{tmp_path}/resumed/global_step_4/huggingface/model.safetensors")
 
 
-def test_the_hf_model_output_trains_with_pyrl_ppo(tmp_path):
+def test_the_hf_model_output_trains_with_pyrl_ppo(tmp_path, ray_session):
     """SFT, then RL from its output directory as is."""
-    sft = run_sft([*RUN, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}/sft",
-                   "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
-    assert sft.returncode == 0, sft.stderr[-3000:]
+    from trainer_helpers import compose
+
+    from pyrl.ppo import run_ppo
+
+    sft_here([*RUN, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}/sft",
+              "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     model = f"{tmp_path}/sft/global_step_2/huggingface"
-    ppo = subprocess.run([sys.executable, "-m", "pyrl.ppo", "preset=toy", f"actor_rollout_ref.model.path={model}",
-                          "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=0",
-                          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                          "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
-                          "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
-                          f"trainer.default_local_dir={tmp_path}/ppo"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=600)
-    assert ppo.returncode == 0, ppo.stderr[-3000:]
+    run_ppo(compose("preset=toy", f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
+                    "trainer.n_gpus_per_node=0", "data.train_batch_size=8",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=2",
+                    "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+                    "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp_path}/ppo"))
     assert metrics(f"{tmp_path}/ppo")[0]["step"] == 1
 
 
-def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path):
+def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path, ray_session):
     """model.lora_rank: the loss falls over 4 steps, and huggingface/ is a plain model (no adapter keys) whose
     weights differ from the start only in the adapted layers' merged products."""
     from safetensors.torch import load_file
 
     from pyrl.models import resolve_model_path
 
-    proc = run_sft([*RUN, "trainer.total_training_steps=4", "model.lora_rank=4", "model.lora_alpha=8",
-                    f"trainer.default_local_dir={tmp_path}/lora",
-                    "checkpoint.save_contents=[model,optimizer,extra,hf_model]"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sft_here([*RUN, "trainer.total_training_steps=4", "model.lora_rank=4", "model.lora_alpha=8",
+              f"trainer.default_local_dir={tmp_path}/lora",
+              "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     losses = [m["train/loss"] for m in metrics(f"{tmp_path}/lora")]
     assert losses[-1] < losses[0]
     merged = load_file(f"{tmp_path}/lora/global_step_4/huggingface/model.safetensors")
