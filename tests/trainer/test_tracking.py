@@ -33,6 +33,8 @@ def wandb_history(run_dir) -> dict:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a chunk the service process is still writing: read again later
+            break
         chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk  # full / first, or middle / last
         if kind in (1, 4):
