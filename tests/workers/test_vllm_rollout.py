@@ -30,10 +30,15 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers canno
 
 
 class ProbedWorker(ActorRolloutRefWorker):
+    def _vllm_engine(self):
+        """This rank's VLLMEngine (a tensor-parallel leader wraps its engine), None on a rank without one."""
+        engine = getattr(self.engine, "engine", self.engine)
+        return engine if hasattr(engine, "llm") else None
+
     def engine_settings(self) -> tuple | None:
         """The engine's (max_logprobs, max_num_seqs) as vLLM took them (None on a rank without an engine)."""
-        engine = getattr(self.engine, "engine", self.engine)  # a tensor-parallel leader wraps its engine
-        if not hasattr(engine, "llm"):
+        engine = self._vllm_engine()
+        if engine is None:
             return None
         config = engine.llm.llm_engine.vllm_config
         return config.model_config.max_logprobs, config.scheduler_config.max_num_seqs
@@ -42,7 +47,7 @@ class ProbedWorker(ActorRolloutRefWorker):
         """(bytes under the engine's KV cache tensors, this process's resident set in bytes)."""
         from pyrl.workers.rollout.vllm_engine import _kv_cache_storages
 
-        engine = getattr(self.engine, "engine", self.engine)
+        engine = self._vllm_engine()
         held = sum(engine.llm.collective_rpc(lambda worker: sum(s.nbytes() for s in _kv_cache_storages(worker))))
         with open("/proc/self/status") as f:
             rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
@@ -50,7 +55,7 @@ class ProbedWorker(ActorRolloutRefWorker):
 
     def compilations(self) -> dict | None:
         """vLLM's compilation counters in this process (None on a rank without an engine)."""
-        if not hasattr(getattr(self.engine, "engine", self.engine), "llm"):
+        if self._vllm_engine() is None:
             return None
         from torch._dynamo.utils import counters
         from vllm.compilation.counter import compilation_counter
