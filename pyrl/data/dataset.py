@@ -29,6 +29,18 @@ def _read_table(path: str):
         raise ValueError(f"data file {path!r}: not a readable parquet file ({type(e).__name__}: {e})") from e
 
 
+def sample_subset(count: int, max_samples: int, config) -> range | np.ndarray:
+    """The rows, of `count`, that data.train_max_samples / val_max_samples keeps, as verl picks them: with
+    config.shuffle a random subset seeded by config.seed (null: 0, where verl draws an unseeded one, which a resumed
+    run would not see again), else the first ones; all of them for max_samples <= 0 or >= count."""
+    if not 0 < max_samples < count:
+        return range(count)
+    if not config.shuffle:
+        return range(max_samples)
+    return np.random.default_rng(config.seed if config.seed is not None else 0).choice(count, max_samples,
+                                                                                      replace=False)
+
+
 def where(dataset, i: int) -> str:
     """Item i's place in error messages: the file and row when the dataset knows them."""
     return dataset.where(i) if hasattr(dataset, "where") else f"{type(dataset).__name__} item {i}"
@@ -70,12 +82,7 @@ class RLHFDataset:
                     raise ValueError(f"data file {path!r}: missing column {column!r} (has {table.column_names}); "
                                      f"see data.prompt_key / data.reward_fn_key")
             self.rows += [(path, row, record) for row, record in enumerate(table.to_pylist())]
-        if 0 < max_samples < len(self.rows):  # verl: a seeded random subset when shuffling, else the first ones
-            # data.seed null: seed 0 (verl draws an unseeded subset, which a resumed run would not see again)
-            seed = config.seed if config.seed is not None else 0
-            chosen = (np.random.default_rng(seed).choice(len(self.rows), max_samples, replace=False)
-                      if config.shuffle else range(max_samples))
-            self.rows = [self.rows[i] for i in chosen]
+        self.rows = [self.rows[i] for i in sample_subset(len(self.rows), max_samples, config)]
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -53,7 +53,7 @@ class MultiTurnSFTDataset:
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1,
                  chat_template: str | None = None):
-        from pyrl.data.dataset import _read_table  # lazy: pyrl.data.dataset loads torch
+        from pyrl.data.dataset import _read_table, sample_subset  # lazy: pyrl.data.dataset loads torch
 
         if processor is not None:
             raise ValueError("data: multimodal SFT (a processor, images/videos) is not implemented")
@@ -72,10 +72,7 @@ class MultiTurnSFTDataset:
             self.rows += [(path, row, record) for row, record in enumerate(table.to_pylist())]
         if not self.rows:
             raise ValueError(f"data: no rows in {files}")
-        if 0 < max_samples < len(self.rows):  # verl: a seeded random subset when shuffling, else the first ones
-            chosen = (np.random.default_rng(config.seed if config.seed is not None else 0).choice(
-                len(self.rows), max_samples, replace=False) if config.shuffle else range(max_samples))
-            self.rows = [self.rows[i] for i in chosen]
+        self.rows = [self.rows[i] for i in sample_subset(len(self.rows), max_samples, config)]
         kwargs = dict(config.apply_chat_template_kwargs)
         template = chat_template
         lone = _render(tokenizer, [{"role": "user", "content": ""}], template=template, **kwargs)

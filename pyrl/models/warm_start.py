@@ -94,14 +94,12 @@ def sft_until(name: str, goal: str, *, base: str, train_file: str, evaluate, don
     a save, not an evaluation, per save_every steps). If max_steps pass first, the model of the best score(metrics)
     evaluated (default: the first value) is kept, with a warning naming `goal`. Returns (the kept model's directory
     under work_dir, its step, its metrics, reached). Progress: a log line every log_every steps."""
-    # lazy: torch, transformers, Hydra's compose and the trainer load only when a warm-start runs
+    # lazy: torch, transformers and the trainer load only when a warm-start runs
     import torch
-    from hydra import compose, initialize_config_module
     from transformers import AutoModelForCausalLM
 
-    from pyrl.config import typed_config
     from pyrl.trainer import checkpoints
-    from pyrl.trainer.sft_trainer import SFTConfig, run_sft
+    from pyrl.trainer.sft_trainer import compose_sft_config, run_sft
 
     save_every = save_every or eval_every
     if eval_every % save_every:
@@ -116,8 +114,7 @@ def sft_until(name: str, goal: str, *, base: str, train_file: str, evaluate, don
                  f"trainer.max_ckpt_to_keep={eval_every // save_every + 1}", "trainer.resume_mode=disable",
                  f"trainer.seed={seed}", f"trainer.default_local_dir={run_dir}", "trainer.logger=[]",
                  "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
-    with initialize_config_module("pyrl.configs", version_base=None):
-        config = typed_config(compose("sft_trainer_engine", overrides=overrides), SFTConfig)
+    config = compose_sft_config(overrides)
     kept = os.path.join(work_dir, "kept")
     state = {"score": float("-inf"), "metrics": {}, "steps": 0, "reached": False}
 

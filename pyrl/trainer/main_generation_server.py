@@ -2,7 +2,9 @@
 changed. It reads the PPO trainer's config, as verl's does: the prompts of data.train_files (data.prompt_key: chat
 messages), actor_rollout_ref.rollout.n samples of each with the rollout's sampling (temperature, top_p, top_k,
 response_length; temperature 0 needs n = 1), written to data.output_path (verl: `+data.output_path=...`) as the
-input's rows, every column kept, plus `responses`: a list of n strings per row.
+input's rows, every column kept, plus `responses`: a list of n strings per row. data.train_max_samples keeps that
+many rows, chosen as the PPO trainer chooses its training rows (verl 0.9.1's generation reads every row, whatever
+the key says).
 
     python -m pyrl.trainer.main_generation_server data.train_files=pyrl:toy:test \\
         actor_rollout_ref.model.path=pyrl:tiny-toy-sft actor_rollout_ref.rollout.n=4 data.output_path=/tmp/gen.parquet
@@ -37,13 +39,16 @@ RESPONSES = "responses"  # the output column (verl's name; main_eval's data.resp
 
 
 class PromptRows:
-    """The rows of data.train_files in file order, each with its prompt column as `raw_prompt` chat messages: the
-    dataset PromptBatches tokenizes (no reward column needed: nothing is scored here)."""
+    """The rows of data.train_files in file order (data.train_max_samples of them, chosen as the PPO trainer
+    chooses its training rows), each with its prompt column as `raw_prompt` chat messages: the dataset PromptBatches
+    tokenizes (no reward column needed: nothing is scored here)."""
 
-    def __init__(self, files, prompt_key: str):
+    def __init__(self, data):
         import pyarrow as pa  # lazy: pyarrow loads only when a run starts
 
-        from pyrl.data.dataset import _read_table  # lazy: pyrl.data loads torch
+        from pyrl.data.dataset import _read_table, sample_subset  # lazy: pyrl.data loads torch
+
+        files, prompt_key = data.train_files, data.prompt_key
 
         files = [files] if isinstance(files, str) else list(files)
         tables = []
@@ -58,6 +63,10 @@ class PromptRows:
         self.table = pa.concat_tables(tables, promote_options="default")
         if self.table.num_rows == 0:
             raise ValueError(f"data.train_files: no rows in {files}")
+        chosen = sorted(sample_subset(self.table.num_rows, data.train_max_samples, data))  # in file order
+        if len(chosen) < self.table.num_rows:
+            self.table = self.table.take(pa.array(chosen, type=pa.int64()))
+            self.places = [self.places[i] for i in chosen]
         if RESPONSES in self.table.column_names:
             raise ValueError(f"data.train_files already has a {RESPONSES!r} column: the output would overwrite it")
         self.prompts = self.table.column(prompt_key).to_pylist()
@@ -123,7 +132,7 @@ def run_generation(config: PPOConfig) -> str:
     # (data.truncation), responses of actor_rollout_ref.rollout.response_length
     check_models(config, plan, tokenizer, ("data.max_prompt_length + actor_rollout_ref.rollout.response_length",
                                            data.max_prompt_length, config.actor_rollout_ref.rollout.response_length))
-    rows = PromptRows(data.train_files, data.prompt_key)
+    rows = PromptRows(data)
     prompts = PromptBatches(rows, tokenizer, data, config.actor_rollout_ref.model.custom_chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ppo.WORKERS_STARTED = True

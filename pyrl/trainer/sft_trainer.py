@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import hydra
+from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -453,6 +454,13 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
             tracker.close()
     finally:
         workers.shutdown()
+
+
+def compose_sft_config(overrides: list[str]) -> SFTConfig:
+    """The config `python -m pyrl.trainer.sft_trainer OVERRIDES` runs with (Hydra's composition, checked against
+    the schema), for a run started from Python: `run_sft(compose_sft_config([...]))`."""
+    with initialize_config_module("pyrl.configs", version_base=None):
+        return typed_config(compose("sft_trainer_engine", overrides=list(overrides)), SFTConfig)
 
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="sft_trainer_engine", version_base=None)

@@ -133,6 +133,27 @@ def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
     assert not (tmp_path / "o.parquet").exists()
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_train_max_samples_keeps_the_rows_the_trainer_would_train_on(prompts_file, shuffle):
+    """data.train_max_samples=3 of the 5 rows: the ones RLHFDataset keeps (the first 3, or with data.shuffle a
+    random 3 of data.seed), in file order, each still named by its row in the file; <= 0 keeps every row."""
+    from trainer_helpers import compose
+
+    from pyrl.data import RLHFDataset
+    from pyrl.trainer.main_generation_server import PromptRows
+
+    data = compose(f"data.train_files={prompts_file}", "data.train_max_samples=3", f"data.shuffle={shuffle}",
+                   "data.seed=7").data
+    rows = PromptRows(data)
+    trainer_rows = sorted(row for _, row, _ in RLHFDataset(data.train_files, config=data, max_samples=3).rows)
+    assert len(rows) == 3 and rows.table.column("row_note").to_pylist() == [f"note {i}" for i in trainer_rows]
+    assert [rows.where(i) for i in range(3)] == [f"data file {str(prompts_file)!r} row {i}" for i in trainer_rows]
+    if not shuffle:
+        assert trainer_rows == [0, 1, 2]
+    data.train_max_samples = -1
+    assert PromptRows(data).table.column("row_note").to_pylist() == [f"note {i}" for i in range(N_ROWS)]
+
+
 def test_the_ppo_trainer_refuses_the_generation_output_key(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pyrl.ppo", "data.output_path=o.parquet"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)

@@ -140,14 +140,10 @@ def sft_here(args) -> dict:
     """The same run as `python -m pyrl.trainer.sft_trainer ARGS`, in this process, on the session's Ray (a fresh
     process costs ~10 CPU-seconds more: imports, tokenizer, Ray's start); the refusals below go through the command
     line, which turns their errors into its last line."""
-    from hydra import compose, initialize_config_module
-
-    from pyrl.config import typed_config
-    from pyrl.trainer.sft_trainer import SFTConfig
+    from pyrl.trainer.sft_trainer import compose_sft_config
     from pyrl.trainer.sft_trainer import run_sft as run_sft_here
 
-    with initialize_config_module("pyrl.configs", version_base=None):
-        return run_sft_here(typed_config(compose("sft_trainer_engine", overrides=list(args)), SFTConfig))
+    return run_sft_here(compose_sft_config(args))
 
 
 def metrics(run_dir) -> list[dict]:
