@@ -99,6 +99,19 @@ def check_generation_config(config: PPOConfig) -> None:
     if data.filter_overlong_prompts:
         raise ValueError("data.filter_overlong_prompts=true would drop rows from the output; generation keeps every "
                          "row: set data.truncation (left, right, middle) or raise data.max_prompt_length instead")
+    # what the PPO trainer's rollout does and generation does not (nor verl 0.9.1's, which ignores these keys):
+    # refused, so that a training command line reused here does not silently generate something else
+    single_turn = "generation is one assistant turn per sample, the prompt rendered as data.train_files has it"
+    if rollout.multi_turn.enable:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.enable=true: {single_turn}; tool calls run in the "
+                         f"PPO trainer's rollout only")
+    if rollout.agent.default_agent_loop != "single_turn_agent" or rollout.agent.agent_loop_config_path:
+        raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop!r} / "
+                         f"agent_loop_config_path={rollout.agent.agent_loop_config_path!r}: {single_turn}; agent "
+                         f"loops run in the PPO trainer's rollout only")
+    if data.custom_cls.path:
+        raise ValueError(f"data.custom_cls.path={data.custom_cls.path!r}: generation reads the rows of "
+                         f"data.train_files as they are (their data.prompt_key column), not through a dataset class")
 
 
 def run_generation(config: PPOConfig) -> str:

@@ -4,6 +4,7 @@ worker starts, pass@k against enumerating every draw, and the metrics by hand.""
 
 import itertools
 import math
+import re
 import subprocess
 import sys
 
@@ -131,6 +132,25 @@ def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
     assert proc.returncode == 2 and "row 0: the prompt has" in proc.stderr and "data.max_prompt_length=4" in \
         proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn.enable=true: generation is one assistant turn"),
+    ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "default_agent_loop='tool_agent'"),
+    ("actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml", "agent_loop_config_path='loops.yaml'"),
+    ("data.custom_cls.path=my_dataset.py", "data.custom_cls.path='my_dataset.py': generation reads the rows"),
+])
+def test_the_trainers_rollout_features_generation_lacks_are_refused(override, message):
+    """A training command line reused for generation: what its rollout would do and generation cannot stops the
+    run, naming the key (verl 0.9.1's generation ignores them)."""
+    from trainer_helpers import compose
+
+    from pyrl.trainer.main_generation_server import check_generation_config
+
+    base = ["data.train_files=x.parquet", "data.output_path=o.parquet"]
+    check_generation_config(compose(*base))  # the base passes
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_generation_config(compose(*base, override))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
