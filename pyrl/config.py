@@ -982,13 +982,33 @@ def plus_dropped_for_known(argv: list[str], schema=None) -> list[str]:
 
 def typed_config(cfg, schema):
     """A composed config of another entry's schema (SFT, evaluation) -> its dataclass: every key known (`+key=`
-    too), every value's type checked."""
+    too), every value's type checked, no NaN (check_no_nan)."""
     from omegaconf import OmegaConf  # lazy: as the entries load it
 
     unknown = unknown_keys(cfg, schema)
     if unknown:
         raise ValueError(describe_unknown(unknown))
-    return OmegaConf.to_object(cfg)
+    config = OmegaConf.to_object(cfg)
+    check_no_nan(config)
+    return config
+
+
+def check_no_nan(value, key: str = "") -> None:
+    """Stop naming the first key whose value is NaN (`algorithm.gamma=nan` parses as a float): a NaN setting would
+    turn every number it touches into NaN, or compare false in every check, where verl takes it silently. Free-form
+    sections and lists are searched too; infinities pass (a limit may be meant to be none)."""
+    if isinstance(value, float) and value != value:
+        raise ValueError(f"{key}=nan: expected a number")
+    if dataclasses.is_dataclass(value):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return
+    for name, item in items:
+        check_no_nan(item, f"{key}.{name}" if key else str(name))
 
 
 def unknown_node(key: str) -> tuple[str, list[str]] | None:

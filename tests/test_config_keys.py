@@ -234,6 +234,29 @@ def test_registry_names_checked_before_workers(override, message):
         check_names(config)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.gamma=nan", "algorithm.gamma=nan: expected a number"),
+    ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=nan",  # a free-form section
+     "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=nan"),
+    ("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n=0: expected >= 1"),
+    ("data.train_batch_size=-3", "data.train_batch_size=-3: expected >= 1"),
+    ("data.max_prompt_length=0", "data.max_prompt_length=0: expected >= 1"),
+    ("data.max_response_length=0", "actor_rollout_ref.rollout.response_length (data.max_response_length unless "
+                                   "set)=0: expected >= 1"),
+])
+def test_nan_and_empty_counts_stop_the_run_before_workers(override, message):
+    """Each stopped by resolve_defaults, where run_ppo checks what needs no model (a worker stopped on n=0 at the
+    first step before; gamma=nan ran)."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.ppo import resolve_defaults
+
+    resolve_defaults(compose("preset=toy"))  # the base passes
+    with pytest.raises(ValueError, match=re.escape(message)):
+        resolve_defaults(compose("preset=toy", override))
+
+
 def test_prefix_grouper_needs_the_packed_path():
     from trainer.trainer_helpers import compose
 

@@ -9,6 +9,7 @@ import importlib.util
 import logging
 
 from pyrl.algos import distillation
+from pyrl.config import check_no_nan
 from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
 from pyrl.trainer.run_plan import ConfigValue
@@ -20,6 +21,7 @@ log = logging.getLogger("pyrl")
 
 def check_config(config, plan) -> None:
     """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
+    check_no_nan(config)
     check_names(config)
     check_batch_sizes(config, plan)
     check_one_step_off(config)
@@ -158,6 +160,7 @@ def check_batch_sizes(config, plan) -> None:
     workers = plan.world_size
     n = config.actor_rollout_ref.rollout.n
     train = config.data.train_batch_size
+    check_at_least_one(config)
     if train * n % workers:
         raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples "
                          f"do not split over the {workers} worker processes")
@@ -184,6 +187,17 @@ def check_batch_sizes(config, plan) -> None:
         if mini * n % workers:
             raise ValueError(f"{key}.ppo_mini_batch_size x actor_rollout_ref.rollout.n = {mini} x {n} = {mini * n} "
                              f"samples do not split over the {workers} worker processes")
+
+
+def check_at_least_one(config) -> None:
+    """The counts and lengths a rollout needs at least one of (a worker would stop on them at the first step)."""
+    for key, value in (("data.train_batch_size", config.data.train_batch_size),
+                       ("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n),
+                       ("data.max_prompt_length", config.data.max_prompt_length),
+                       ("actor_rollout_ref.rollout.response_length (data.max_response_length unless set)",
+                        config.actor_rollout_ref.rollout.response_length)):
+        if value < 1:
+            raise ValueError(f"{key}={value}: expected >= 1")
 
 
 def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None = None) -> None:
