@@ -244,10 +244,20 @@ def test_registry_names_checked_before_workers(override, message):
     ("data.max_prompt_length=0", "data.max_prompt_length=0: expected >= 1"),
     ("data.max_response_length=0", "actor_rollout_ref.rollout.response_length (data.max_response_length unless "
                                    "set)=0: expected >= 1"),
+    ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs=0: expected >= 1"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0: expected >= 0"),
+    ("actor_rollout_ref.actor.clip_ratio_low=-0.2", "clip_ratio_low=-0.2: expected null or >= 0"),
+    ("actor_rollout_ref.actor.clip_ratio_c=1", "clip_ratio_c=1.0: expected > 1"),
+    ("algorithm.lam=-1", "algorithm.lam=-1.0: expected 0 <= value <= 1"),
+    ("actor_rollout_ref.rollout.temperature=-1", "rollout.temperature=-1.0: expected >= 0"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
+    ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
+    ("critic.forward_max_token_len_per_gpu=0", "critic.forward_max_token_len_per_gpu=0: expected null or >= 1"),
 ])
-def test_nan_and_empty_counts_stop_the_run_before_workers(override, message):
-    """Each stopped by resolve_defaults, where run_ppo checks what needs no model (a worker stopped on n=0 at the
-    first step before; gamma=nan ran)."""
+def test_bad_values_stop_the_run_before_workers(override, message):
+    """Each stopped by resolve_defaults, where run_ppo checks what needs no model. Before: n=0 and top_p=1.5 stopped
+    a worker at the first step; gamma=nan, lam=-1, a negative clip ratio and ppo_epochs=0 (no update) trained."""
     from trainer.trainer_helpers import compose
 
     from pyrl.ppo import resolve_defaults

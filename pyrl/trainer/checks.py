@@ -5,6 +5,7 @@ vocabulary against each model. Each failure is one line naming the keys and valu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import logging
 
@@ -22,6 +23,7 @@ log = logging.getLogger("pyrl")
 def check_config(config, plan) -> None:
     """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
     check_no_nan(config)
+    check_ranges(config)
     check_names(config)
     check_batch_sizes(config, plan)
     check_one_step_off(config)
@@ -160,7 +162,6 @@ def check_batch_sizes(config, plan) -> None:
     workers = plan.world_size
     n = config.actor_rollout_ref.rollout.n
     train = config.data.train_batch_size
-    check_at_least_one(config)
     if train * n % workers:
         raise ValueError(f"data.train_batch_size x actor_rollout_ref.rollout.n = {train} x {n} = {train * n} samples "
                          f"do not split over the {workers} worker processes")
@@ -189,15 +190,52 @@ def check_batch_sizes(config, plan) -> None:
                              f"samples do not split over the {workers} worker processes")
 
 
-def check_at_least_one(config) -> None:
-    """The counts and lengths a rollout needs at least one of (a worker would stop on them at the first step)."""
-    for key, value in (("data.train_batch_size", config.data.train_batch_size),
-                       ("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n),
-                       ("data.max_prompt_length", config.data.max_prompt_length),
-                       ("actor_rollout_ref.rollout.response_length (data.max_response_length unless set)",
-                        config.actor_rollout_ref.rollout.response_length)):
-        if value < 1:
-            raise ValueError(f"{key}={value}: expected >= 1")
+POSITIVE = ("expected >= 1", lambda v: v >= 1)
+MICRO = ("expected null or >= 1", lambda v: v is None or v >= 1)  # a micro-batch size or token budget
+NON_NEGATIVE = ("expected >= 0", lambda v: v >= 0)
+NON_NEGATIVE_OR_NULL = ("expected null or >= 0", lambda v: v is None or v >= 0)
+UNIT = ("expected 0 <= value <= 1", lambda v: 0 <= v <= 1)
+TOP_P = ("expected 0 < top_p <= 1", lambda v: 0 < v <= 1)
+TOP_K = ("expected -1 or 0 (off) or >= 1", lambda v: v >= -1)
+ACTOR, ROLLOUT, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+# what each numeric key means: a value outside it verl 0.9.1 takes and trains on something else with (a negative
+# clip ratio, lam = -1, ppo_epochs = 0: no update), or fails on at the first step in a worker (n = 0, top_p = 1.5,
+# a micro-batch of 0). One line each, checked before any worker (check_ranges).
+RANGES = {
+    "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE,
+    f"{ROLLOUT}.response_length": POSITIVE, f"{ROLLOUT}.n": POSITIVE, f"{ROLLOUT}.val_kwargs.n": POSITIVE,
+    f"{ROLLOUT}.temperature": NON_NEGATIVE, f"{ROLLOUT}.top_p": TOP_P, f"{ROLLOUT}.top_k": TOP_K,
+    f"{ROLLOUT}.val_kwargs.temperature": NON_NEGATIVE, f"{ROLLOUT}.val_kwargs.top_p": TOP_P,
+    f"{ROLLOUT}.val_kwargs.top_k": TOP_K,
+    "algorithm.gamma": UNIT, "algorithm.lam": UNIT,
+    f"{ACTOR}.ppo_epochs": POSITIVE, "critic.ppo_epochs": POSITIVE,
+    f"{ACTOR}.optim.lr": NON_NEGATIVE, "critic.optim.lr": NON_NEGATIVE,
+    f"{ACTOR}.optim.weight_decay": NON_NEGATIVE, "critic.optim.weight_decay": NON_NEGATIVE,
+    f"{ACTOR}.clip_ratio": NON_NEGATIVE, f"{ACTOR}.clip_ratio_low": NON_NEGATIVE_OR_NULL,
+    f"{ACTOR}.clip_ratio_high": NON_NEGATIVE_OR_NULL, "critic.cliprange_value": NON_NEGATIVE,
+    **{key: MICRO for key in (
+        f"{ACTOR}.ppo_micro_batch_size", f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_max_token_len_per_gpu",
+        f"{ROLLOUT}.log_prob_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+        f"{ROLLOUT}.log_prob_max_token_len_per_gpu", f"{REF}.log_prob_micro_batch_size",
+        f"{REF}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
+        "critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size",
+        "critic.forward_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
+        "critic.forward_max_token_len_per_gpu", "reward_model.micro_batch_size_per_gpu",
+        "reward_model.forward_max_token_len_per_gpu")},
+}
+
+
+def check_ranges(config) -> None:
+    """Each RANGES key's value within its range, or one line naming the key, the value and the range."""
+    for key, (expected, within) in RANGES.items():
+        value = functools.reduce(getattr, key.split("."), config)
+        if not within(value):
+            suffix = " (data.max_response_length unless set)" if key == f"{ROLLOUT}.response_length" else ""
+            raise ValueError(f"{key}{suffix}={value}: {expected}")
+    actor = config.actor_rollout_ref.actor
+    if actor.policy_loss.loss_mode == "vanilla" and not actor.clip_ratio_c > 1:  # other losses read it otherwise
+        raise ValueError(f"{ACTOR}.clip_ratio_c={actor.clip_ratio_c}: expected > 1 (the vanilla loss's dual clip "
+                         f"bounds the loss by -A x clip_ratio_c for A < 0)")
 
 
 def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None = None) -> None:

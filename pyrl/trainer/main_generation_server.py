@@ -86,10 +86,10 @@ class PromptRows:
 
 def check_generation_config(config: PPOConfig) -> None:
     """What batch generation needs of the PPO config, before anything loads."""
-    from pyrl.trainer.checks import check_at_least_one  # lazy: the checks import torch
+    from pyrl.trainer.checks import check_ranges  # lazy: the checks import torch
 
     check_no_nan(config)
-    check_at_least_one(config)
+    check_ranges(config)
     data, rollout = config.data, config.actor_rollout_ref.rollout
     if not data.output_path:
         raise ValueError("data.output_path: where to write the generations (a parquet file path; verl's command "
