@@ -999,8 +999,8 @@ def check_no_nan(value, key: str = "") -> None:
     sections and lists are searched too; infinities pass (a limit may be meant to be none)."""
     if isinstance(value, float) and value != value:
         raise ValueError(f"{key}=nan: expected a number")
-    if dataclasses.is_dataclass(value):
-        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    if dataclasses.is_dataclass(value):  # as a whole (asdict), a bulk read: not one of a key's consumers
+        items = dataclasses.asdict(value).items()
     elif isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):
