@@ -24,6 +24,7 @@ def check_config(config, plan) -> None:
     """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
     check_no_nan(config)
     check_ranges(config)
+    check_dual_clip(config)
     check_names(config)
     check_batch_sizes(config, plan)
     check_one_step_off(config)
@@ -225,13 +226,17 @@ RANGES = {
 }
 
 
-def check_ranges(config) -> None:
-    """Each RANGES key's value within its range, or one line naming the key, the value and the range."""
-    for key, (expected, within) in RANGES.items():
+def check_ranges(config, ranges: dict | None = None) -> None:
+    """Each key's value within its range (`ranges`: the PPO config's RANGES, or another entry's table of the same
+    form), or one line naming the key, the value and the range."""
+    for key, (expected, within) in (RANGES if ranges is None else ranges).items():
         value = functools.reduce(getattr, key.split("."), config)
         if not within(value):
             suffix = " (data.max_response_length unless set)" if key == f"{ROLLOUT}.response_length" else ""
             raise ValueError(f"{key}{suffix}={value}: {expected}")
+
+
+def check_dual_clip(config) -> None:
     actor = config.actor_rollout_ref.actor
     if actor.policy_loss.loss_mode == "vanilla" and not actor.clip_ratio_c > 1:  # other losses read it otherwise
         raise ValueError(f"{ACTOR}.clip_ratio_c={actor.clip_ratio_c}: expected > 1 (the vanilla loss's dual clip "

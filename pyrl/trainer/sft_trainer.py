@@ -214,7 +214,11 @@ def _value(config, key: str):
 
 
 def check_sft_config(config: SFTConfig) -> None:
+    from pyrl.trainer.checks import NON_NEGATIVE, POSITIVE, check_ranges  # lazy: the checks load torch
     from pyrl.verl_features import Unsupported  # lazy: as in pyrl.config
+
+    ranges = {"optim.lr": NON_NEGATIVE, "optim.weight_decay": NON_NEGATIVE,  # as the PPO config's RANGES
+              "data.micro_batch_size_per_gpu": POSITIVE, "data.max_token_len_per_gpu": POSITIVE}
 
     for key, (allowed, why) in SFT_LIMITS.items():
         value = _value(config, key)
@@ -232,6 +236,7 @@ def check_sft_config(config: SFTConfig) -> None:
     if data.train_batch_size < 1 or data.max_length < 2:
         raise ValueError(f"data.train_batch_size={data.train_batch_size}, data.max_length={data.max_length}: "
                          f"expected at least 1 and 2")
+    check_ranges(config, ranges)
     for key in ("save_contents", "load_contents"):  # a resume always loads what a save always writes
         contents = set(getattr(config.checkpoint, key))
         if not {"model", "optimizer", "extra"} <= contents <= {"model", "optimizer", "extra", "hf_model"}:
