@@ -999,7 +999,7 @@ def check_no_nan(value, key: str = "") -> None:
     sections and lists are searched too; infinities pass (a limit may be meant to be none)."""
     if isinstance(value, float) and value != value:
         raise ValueError(f"{key}=nan: expected a number")
-    if dataclasses.is_dataclass(value):  # as a whole (asdict), a bulk read: not one of a key's consumers
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # read whole (asdict): not a consumer
         items = dataclasses.asdict(value).items()
     elif isinstance(value, dict):
         items = value.items()

@@ -246,14 +246,17 @@ def test_registry_names_checked_before_workers(override, message):
                                    "set)=0: expected >= 1"),
     ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs=0: expected >= 1"),
     ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0: expected >= 0"),
-    ("actor_rollout_ref.actor.clip_ratio_low=-0.2", "clip_ratio_low=-0.2: expected null or >= 0"),
+    ("actor_rollout_ref.actor.clip_ratio_low=-0.2", "clip_ratio_low=-0.2: expected >= 0"),
     ("actor_rollout_ref.actor.clip_ratio_c=1", "clip_ratio_c=1.0: expected > 1"),
     ("algorithm.lam=-1", "algorithm.lam=-1.0: expected 0 <= value <= 1"),
     ("actor_rollout_ref.rollout.temperature=-1", "rollout.temperature=-1.0: expected >= 0"),
     ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
     ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
-    ("critic.forward_max_token_len_per_gpu=0", "critic.forward_max_token_len_per_gpu=0: expected null or >= 1"),
+    ("critic.forward_max_token_len_per_gpu=0", "critic.forward_max_token_len_per_gpu=0: expected >= 1"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
+      "actor_rollout_ref.actor.clip_ratio_c=0.5"],
+     "clip_ratio_c=0.5: expected > 1"),  # bypass_mode's ppo_clip runs the vanilla loss
 ])
 def test_bad_values_stop_the_run_before_workers(override, message):
     """Each stopped by resolve_defaults, where run_ppo checks what needs no model. Before: n=0 and top_p=1.5 stopped
@@ -262,9 +265,10 @@ def test_bad_values_stop_the_run_before_workers(override, message):
 
     from pyrl.ppo import resolve_defaults
 
+    overrides = [override] if isinstance(override, str) else override
     resolve_defaults(compose("preset=toy"))  # the base passes
     with pytest.raises(ValueError, match=re.escape(message)):
-        resolve_defaults(compose("preset=toy", override))
+        resolve_defaults(compose("preset=toy", *overrides))
 
 
 def test_prefix_grouper_needs_the_packed_path():

@@ -192,9 +192,8 @@ def check_batch_sizes(config, plan) -> None:
 
 
 POSITIVE = ("expected >= 1", lambda v: v >= 1)
-MICRO = ("expected null or >= 1", lambda v: v is None or v >= 1)  # a micro-batch size or token budget
+MICRO = ("expected null or >= 1", lambda v: v is None or v >= 1)  # a micro-batch size
 NON_NEGATIVE = ("expected >= 0", lambda v: v >= 0)
-NON_NEGATIVE_OR_NULL = ("expected null or >= 0", lambda v: v is None or v >= 0)
 UNIT = ("expected 0 <= value <= 1", lambda v: 0 <= v <= 1)
 TOP_P = ("expected 0 < top_p <= 1", lambda v: 0 < v <= 1)
 TOP_K = ("expected -1 or 0 (off) or >= 1", lambda v: v >= -1)
@@ -212,17 +211,18 @@ RANGES = {
     f"{ACTOR}.ppo_epochs": POSITIVE, "critic.ppo_epochs": POSITIVE,
     f"{ACTOR}.optim.lr": NON_NEGATIVE, "critic.optim.lr": NON_NEGATIVE,
     f"{ACTOR}.optim.weight_decay": NON_NEGATIVE, "critic.optim.weight_decay": NON_NEGATIVE,
-    f"{ACTOR}.clip_ratio": NON_NEGATIVE, f"{ACTOR}.clip_ratio_low": NON_NEGATIVE_OR_NULL,
-    f"{ACTOR}.clip_ratio_high": NON_NEGATIVE_OR_NULL, "critic.cliprange_value": NON_NEGATIVE,
-    **{key: MICRO for key in (
-        f"{ACTOR}.ppo_micro_batch_size", f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_max_token_len_per_gpu",
+    f"{ACTOR}.clip_ratio": NON_NEGATIVE, f"{ACTOR}.clip_ratio_low": NON_NEGATIVE,
+    f"{ACTOR}.clip_ratio_high": NON_NEGATIVE, "critic.cliprange_value": NON_NEGATIVE,
+    **{key: MICRO for key in (  # null: unset (verl's default)
+        f"{ACTOR}.ppo_micro_batch_size", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
         f"{ROLLOUT}.log_prob_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
-        f"{ROLLOUT}.log_prob_max_token_len_per_gpu", f"{REF}.log_prob_micro_batch_size",
-        f"{REF}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
-        "critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size",
-        "critic.forward_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
-        "critic.forward_max_token_len_per_gpu", "reward_model.micro_batch_size_per_gpu",
-        "reward_model.forward_max_token_len_per_gpu")},
+        f"{REF}.log_prob_micro_batch_size", f"{REF}.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size",
+        "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size",
+        "critic.forward_micro_batch_size_per_gpu", "reward_model.micro_batch_size_per_gpu")},
+    **{key: POSITIVE for key in (  # token budgets
+        f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        f"{REF}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+        "critic.forward_max_token_len_per_gpu", "reward_model.forward_max_token_len_per_gpu")},
 }
 
 
@@ -237,8 +237,12 @@ def check_ranges(config, ranges: dict | None = None) -> None:
 
 
 def check_dual_clip(config) -> None:
+    """The vanilla loss's dual-clip bound, where the vanilla loss runs: as the policy loss, or inside bypass_mode's
+    ppo_clip (other losses read clip_ratio_c otherwise). verl 0.9.1 asserts the same at the first update."""
     actor = config.actor_rollout_ref.actor
-    if actor.policy_loss.loss_mode == "vanilla" and not actor.clip_ratio_c > 1:  # other losses read it otherwise
+    vanilla = actor.policy_loss.loss_mode == "vanilla" or (
+        actor.policy_loss.loss_mode == "bypass_mode" and config.algorithm.rollout_correction.loss_type == "ppo_clip")
+    if vanilla and not actor.clip_ratio_c > 1:
         raise ValueError(f"{ACTOR}.clip_ratio_c={actor.clip_ratio_c}: expected > 1 (the vanilla loss's dual clip "
                          f"bounds the loss by -A x clip_ratio_c for A < 0)")
 

@@ -67,6 +67,11 @@ class PromptRows:
         if len(chosen) < self.table.num_rows:
             self.table = self.table.take(pa.array(chosen, type=pa.int64()))
             self.places = [self.places[i] for i in chosen]
+        if "agent_name" in self.table.column_names:  # the trainer runs each row's loop by this column (verl's)
+            for i, name in enumerate(self.table.column("agent_name").to_pylist()):
+                if name not in (None, "single_turn_agent"):
+                    raise ValueError(f"{self.places[i]}: agent_name {name!r}; generation is one assistant turn per "
+                                     f"sample: agent loops run in the PPO trainer's rollout only")
         if RESPONSES in self.table.column_names:
             raise ValueError(f"data.train_files already has a {RESPONSES!r} column: the output would overwrite it")
         self.prompts = self.table.column(prompt_key).to_pylist()
@@ -102,7 +107,8 @@ def check_generation_config(config: PPOConfig) -> None:
                          f"same; set n=1 or a temperature above 0")
     if data.filter_overlong_prompts:
         raise ValueError("data.filter_overlong_prompts=true would drop rows from the output; generation keeps every "
-                         "row: set data.truncation (left, right, middle) or raise data.max_prompt_length instead")
+                         "row it reads (data.train_max_samples' subset names them in advance): set data.truncation "
+                         "(left, right, middle) or raise data.max_prompt_length instead")
     # what the PPO trainer's rollout does and generation does not (nor verl 0.9.1's, which ignores these keys):
     # refused, so that a training command line reused here does not silently generate something else
     single_turn = "generation is one assistant turn per sample, the prompt rendered as data.train_files has it"
@@ -119,7 +125,7 @@ def check_generation_config(config: PPOConfig) -> None:
 
 
 def run_generation(config: PPOConfig) -> str:
-    """Generate for every prompt of data.train_files; returns data.output_path."""
+    """Generate for every prompt of data.train_files (data.train_max_samples of them); returns data.output_path."""
     # lazy: torch, Ray and the models load only when a run starts
     import pyarrow as pa
     import pyarrow.parquet as pq

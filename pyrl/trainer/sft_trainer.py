@@ -40,7 +40,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import pyrl.ppo as ppo_module
-from pyrl.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig, typed_config
+from pyrl.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig, plus_dropped_for_known, typed_config
 from pyrl.trainer.metrics import reduce_metrics
 
 log = logging.getLogger("pyrl")
@@ -217,7 +217,7 @@ def check_sft_config(config: SFTConfig) -> None:
     from pyrl.trainer.checks import NON_NEGATIVE, POSITIVE, check_ranges  # lazy: the checks load torch
     from pyrl.verl_features import Unsupported  # lazy: as in pyrl.config
 
-    ranges = {"optim.lr": NON_NEGATIVE, "optim.weight_decay": NON_NEGATIVE,  # as the PPO config's RANGES
+    ranges = {"optim.lr": NON_NEGATIVE, "optim.weight_decay": NON_NEGATIVE,  # a table of RANGES' form
               "data.micro_batch_size_per_gpu": POSITIVE, "data.max_token_len_per_gpu": POSITIVE}
 
     for key, (allowed, why) in SFT_LIMITS.items():
@@ -464,8 +464,9 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
 def compose_sft_config(overrides: list[str]) -> SFTConfig:
     """The config `python -m pyrl.trainer.sft_trainer OVERRIDES` runs with (Hydra's composition, checked against
     the schema), for a run started from Python: `run_sft(compose_sft_config([...]))`."""
+    overrides = plus_dropped_for_known(list(overrides), SFTConfig)  # verl's +key= spellings, as schema_cli
     with initialize_config_module("pyrl.configs", version_base=None):
-        return typed_config(compose("sft_trainer_engine", overrides=list(overrides)), SFTConfig)
+        return typed_config(compose("sft_trainer_engine", overrides=overrides), SFTConfig)
 
 
 @hydra.main(config_path="pkg://pyrl.configs", config_name="sft_trainer_engine", version_base=None)

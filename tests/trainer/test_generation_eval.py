@@ -153,6 +153,19 @@ def test_the_trainers_rollout_features_generation_lacks_are_refused(override, me
         check_generation_config(compose(*base, override))
 
 
+def test_a_row_the_trainer_would_run_through_an_agent_loop_is_refused(prompts_file, tmp_path):
+    from trainer_helpers import compose
+
+    from pyrl.trainer.main_generation_server import PromptRows
+
+    table = pq.read_table(prompts_file)
+    loops = ["single_turn_agent", None, "tool_agent"] + ["single_turn_agent"] * (table.num_rows - 3)
+    pq.write_table(table.append_column("agent_name", pa.array(loops, type=pa.string())), tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match=re.escape(f"data file {str(tmp_path / 'p.parquet')!r} row 2: agent_name "
+                                                   f"'tool_agent'; generation is one assistant turn")):
+        PromptRows(compose(f"data.train_files={tmp_path / 'p.parquet'}").data)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_train_max_samples_keeps_the_rows_the_trainer_would_train_on(prompts_file, shuffle):
     """data.train_max_samples=3 of the 5 rows: the ones RLHFDataset keeps (the first 3, or with data.shuffle a
