@@ -218,7 +218,9 @@ def check_sft_config(config: SFTConfig) -> None:
     from pyrl.verl_features import Unsupported  # lazy: as in pyrl.config
 
     ranges = {"optim.lr": NON_NEGATIVE, "optim.weight_decay": NON_NEGATIVE,  # a table of RANGES' form
-              "data.micro_batch_size_per_gpu": POSITIVE, "data.max_token_len_per_gpu": POSITIVE}
+              "data.train_batch_size": POSITIVE, "data.micro_batch_size_per_gpu": POSITIVE,
+              "data.max_token_len_per_gpu": POSITIVE,
+              "data.max_length": ("expected >= 2 (a token before the first trained one)", lambda v: v >= 2)}
 
     for key, (allowed, why) in SFT_LIMITS.items():
         value = _value(config, key)
@@ -233,9 +235,6 @@ def check_sft_config(config: SFTConfig) -> None:
         raise ValueError(f"trainer.test_freq={trainer.test_freq!r} validates, and data.val_files is empty")
     if trainer.resume_mode not in ("auto", "disable", "resume_path"):
         raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
-    if data.train_batch_size < 1 or data.max_length < 2:
-        raise ValueError(f"data.train_batch_size={data.train_batch_size}, data.max_length={data.max_length}: "
-                         f"expected at least 1 and 2")
     check_ranges(config, ranges)
     for key in ("save_contents", "load_contents"):  # a resume always loads what a save always writes
         contents = set(getattr(config.checkpoint, key))
