@@ -103,6 +103,30 @@ def test_a_template_that_renders_turns_differently_in_context(tokenizer, tmp_pat
     assert ids == alone[0] + alone[1] and sum(mask) > 0
 
 
+def test_rows_tokenized_in_batches_are_each_rows_own(tokenizer, tmp_path):
+    """The trainer tokenizes 64 rows at a time (MultiTurnSFTDataset.__getitems__ renders them, then tokenizes every
+    text in one call), here in two worker processes and in this one: each row's tokens are its whole conversation
+    rendered, in row order, over chunks of mixed lengths and a partial last one; in a chunk, a row the template
+    renders differently in context is named by its own index."""
+    from pyrl.trainer.sft_trainer import tokenized
+
+    chats = [[{"role": m["role"], "content": m["content"].replace("7", str(i))} for m in CHAT[:(2, 3, 5)[i % 3]]]
+             for i in range(135)]
+    dataset = MultiTurnSFTDataset(conversations_file(tmp_path / "c.parquet", chats), tokenizer, data_config())
+    for workers in (0, 2):
+        rows = tokenized(dataset, workers)
+        assert [ids for ids, _ in rows] == [
+            tokenizer(tokenizer.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
+            for chat in chats]
+        assert [mask for _, mask in rows] == [dataset[i][1] for i in range(len(chats))]
+    numbered = ("{% for m in messages %}<|im_start|>{{ loop.index }} {{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    mixed = MultiTurnSFTDataset(conversations_file(tmp_path / "m.parquet", [CHAT[1:2], CHAT[1:3], CHAT[1:2]]),
+                                tokenizer, data_config(), chat_template=numbered)
+    with pytest.raises(ValueError, match=r"row 1: the conversation's turns tokenized one by one"):
+        mixed.__getitems__([0, 1, 2])
+
+
 def test_truncation_keeps_or_stops(tokenizer, tmp_path):
     path = conversations_file(tmp_path / "c.parquet", [CHAT])
     full, full_mask = MultiTurnSFTDataset(path, tokenizer, data_config())[0]
