@@ -13,11 +13,13 @@ from it.
 
 import dataclasses
 import os
+import re
 import sys
 
 from omegaconf import OmegaConf
 
 import pyrl
+from pyrl.config import PPOConfig, field_types
 
 PYRL_DIR = os.path.dirname(os.path.abspath(pyrl.__file__)) + os.sep
 TAGS = ("_reads_path", "_reads_file", "_reads_seen")
@@ -37,6 +39,33 @@ def read_keys(record_file: str) -> dict[str, set[str]]:
             key, reader = line.split()
             readers.setdefault(key, set()).add(reader)
     return readers
+
+
+def leaves(cls=PPOConfig, prefix=""):
+    """Every leaf key of the schema `cls`, by its full dotted path."""
+    for name, kind in field_types(cls).items():
+        if dataclasses.is_dataclass(kind):
+            yield from leaves(kind, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"
+
+
+def interpolation_sources() -> dict[str, str]:
+    """Key -> the key its default interpolates (critic.ppo_epochs -> actor_rollout_ref.actor.ppo_epochs): a read of
+    the first is, by default, a read of the second."""
+    sources = {}
+
+    def walk(node, prefix):
+        for f in dataclasses.fields(node):
+            value, key = getattr(node, f.name), f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{key}.")
+            elif isinstance(value, str) and (found := re.fullmatch(r"\$\{(?:oc\.select:)?([\w.]+)(,.*)?\}", value)):
+                source = found.group(1)
+                sources[key] = f"{prefix}{source[1:]}" if source.startswith(".") else source
+
+    walk(PPOConfig(), "")
+    return sources
 
 
 def _recording_copy(node, path: str, record_file: str):

@@ -4,23 +4,14 @@ in the workers, so actor_rollout_ref.actor.optim.weight_decay read says nothing 
 pyrl.config.check_supported (LIMITS, CONTENTS_KEYS) stops the run at start when it holds a value pyrl does not
 implement. Registry names are checked before any worker starts."""
 
-import dataclasses
 import importlib.util
 import pathlib
 import re
 
 import pytest
+from config_reads import interpolation_sources, leaves
 
-from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig, field_types
-
-
-def leaves(cls, prefix=""):
-    for name, kind in field_types(cls).items():
-        if dataclasses.is_dataclass(kind):
-            yield from leaves(kind, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}"
-
+from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig
 
 SCORER = """from pyrl.rewards import default_compute_score
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
@@ -162,24 +153,6 @@ CONSUMED_BY_START_CHECKS = {
 }
 
 
-def interpolation_sources() -> dict[str, str]:
-    """Key -> the key its default interpolates (critic.ppo_epochs -> actor_rollout_ref.actor.ppo_epochs): a read of
-    the first is, by default, a read of the second."""
-    sources = {}
-
-    def walk(node, prefix):
-        for f in dataclasses.fields(node):
-            value, key = getattr(node, f.name), f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(value):
-                walk(value, f"{key}.")
-            elif isinstance(value, str) and (found := re.fullmatch(r"\$\{(?:oc\.select:)?([\w.]+)(,.*)?\}", value)):
-                source = found.group(1)
-                sources[key] = f"{prefix}{source[1:]}" if source.startswith(".") else source
-
-    walk(PPOConfig(), "")
-    return sources
-
-
 def test_every_schema_key_is_read_by_its_full_path_or_limited(keys_read):
     keys = list(leaves(PPOConfig))
     assert len(keys) > 200
@@ -253,7 +226,8 @@ def test_registry_names_checked_before_workers(override, message):
     ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
     ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
-    ("critic.forward_max_token_len_per_gpu=0", "critic.forward_max_token_len_per_gpu=0: expected >= 1"),
+    ("critic.forward_max_token_len_per_gpu=0",  # its default is a copy: the key it copies is named too
+     "critic.forward_max_token_len_per_gpu (critic.ppo_max_token_len_per_gpu unless set)=0: expected >= 1"),
     (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
       "actor_rollout_ref.actor.clip_ratio_c=0.5"],
      "clip_ratio_c=0.5: expected > 1"),  # bypass_mode's ppo_clip runs the vanilla loss

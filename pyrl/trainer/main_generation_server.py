@@ -31,7 +31,7 @@ import hydra
 from omegaconf import DictConfig
 
 import pyrl.ppo as ppo
-from pyrl.config import PPOConfig, check_no_nan, generation_batch_size, plus_dropped_for_known
+from pyrl.config import PPOConfig, check_no_nan, check_supported, generation_batch_size, plus_dropped_for_known
 
 log = logging.getLogger("pyrl")
 
@@ -94,6 +94,7 @@ def check_generation_config(config: PPOConfig) -> None:
     from pyrl.trainer.checks import check_ranges  # lazy: the checks import torch
 
     check_no_nan(config)
+    check_supported(config)  # the values pyrl does not implement (pyrl.config.LIMITS), as the trainer refuses them
     check_ranges(config)
     data, rollout = config.data, config.actor_rollout_ref.rollout
     if not data.output_path:
@@ -122,6 +123,12 @@ def check_generation_config(config: PPOConfig) -> None:
     if data.custom_cls.path:
         raise ValueError(f"data.custom_cls.path={data.custom_cls.path!r}: generation reads the rows of "
                          f"data.train_files as they are (their data.prompt_key column), not through a dataset class")
+    adapter = config.actor_rollout_ref.model.lora_adapter_path
+    if adapter:
+        raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={adapter!r}: generation loads "
+                         f"actor_rollout_ref.model.path's weights only, and would answer without the adapter; name a "
+                         f"model with the adapter merged in (python -m pyrl.model_merger merge writes one from a "
+                         f"pyrl checkpoint)")
 
 
 def run_generation(config: PPOConfig) -> str:
@@ -133,7 +140,7 @@ def run_generation(config: PPOConfig) -> str:
     from pyrl.data import PromptBatches
     from pyrl.protocol import response_lengths
     from pyrl.seeding import derive_seed
-    from pyrl.trainer.checks import check_models
+    from pyrl.trainer.checks import check_engine_kwargs, check_models
     from pyrl.trainer.run_plan import resolve_generation_plan
     from pyrl.trainer.workers import build_workers
     from pyrl.workers.models import load_tokenizer
@@ -142,6 +149,7 @@ def run_generation(config: PPOConfig) -> str:
     ppo.resolve_builtin_files(config)
     ppo.resolve_rollout_engine(config)
     rollout = config.actor_rollout_ref.rollout
+    check_engine_kwargs(rollout)  # the other engine's options would do nothing
     if rollout.load_format == "dummy":  # verl's default: random weights until a trainer pushes its own; none here
         log.info("actor_rollout_ref.rollout.load_format=dummy (random weights until a push): the model's own weights "
                  "load instead (auto), as nothing pushes any here")

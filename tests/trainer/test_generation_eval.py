@@ -81,19 +81,107 @@ def test_greedy_generations_are_transformers_own(prompts_file, greedy_reference,
 
 
 @pytest.fixture(scope="module")
-def sampled(prompts_file, tmp_path_factory):
-    """n = 4 samples at temperature 1 with the hf engine: the file main_eval reads."""
+def sampled(prompts_file, tmp_path_factory, ray_session):
+    """n = 4 samples at temperature 1 with the hf engine: the file main_eval reads; generated in this process
+    (the command line runs in the greedy tests), recording which keys of the config pyrl's code read (in the driver
+    and the workers: tests/config_reads.py)."""
+    import config_reads
+    import ray.cloudpickle
+    from trainer.trainer_helpers import compose
+
+    import pyrl.ppo
+    from pyrl.trainer.main_generation_server import run_generation
+
     out = tmp_path_factory.mktemp("sampled") / "sampled.parquet"
-    proc = run_module("pyrl.trainer.main_generation_server",
-                      [*GENERATE, f"data.train_files={prompts_file}", "actor_rollout_ref.rollout.name=hf",
-                       "actor_rollout_ref.rollout.n=4", f"data.output_path={out}"], out.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    record = out.parent / "reads.txt"
+    ray.cloudpickle.register_pickle_by_value(config_reads)  # the workers cannot import tests/
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pyrl.ppo, "OmegaConf", config_reads.RecordingOmegaConf)
+            config = compose(*GENERATE, f"data.train_files={prompts_file}", "actor_rollout_ref.rollout.name=hf",
+                             "actor_rollout_ref.rollout.n=4", f"data.output_path={out}")
+            run_generation(config_reads.record_reads(config, str(record)))
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(config_reads)
+        config_reads.restore_replace()
+    return out, config_reads.read_keys(str(record))
+
+
+# what batch generation leaves unread of the PPO config (the trainer's command line it takes), each with why; a key
+# or a section (a prefix ending in ".")
+TRAINING = "training, scoring and their loop: generation trains and scores nothing (main_eval scores its output)"
+GENERATION_UNREAD = {
+    **{section: TRAINING for section in (
+        "actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.", "reward.", "reward_model.",
+        "custom_reward_function.", "algorithm.", "distillation.", "sandbox_fusion.", "data.reward_fn_key",
+        "data.val_batch_size", "data.val_max_samples", "actor_rollout_ref.rollout.val_kwargs.")},
+    **{f"trainer.{key}": "the training loop, its logging, validation and checkpoints: generation writes "
+                         "data.output_path only" for key in (
+        "balance_batch", "total_epochs", "total_training_steps", "project_name", "experiment_name", "logger",
+        "log_val_generations", "rollout_data_dir", "validation_data_dir", "save_freq", "test_freq", "val_before_train",
+        "val_only", "critic_warmup", "resume_mode", "resume_from_path", "default_local_dir", "max_actor_ckpt_to_keep",
+        "max_critic_ckpt_to_keep")},
+    "trainer.device": "the trainer's device name (verl's cuda/npu switch): the workers run where "
+                      "trainer.n_gpus_per_node puts them, as in training",
+    "trainer.memory_plan": "the memory plan sizes training's phases (update, log-prob passes) against the device",
+    "ray_kwargs.timeline_json_file": "a Ray timeline of the training steps",
+    "rollout.": "one-step-off's rollout pool: generation's workers are trainer.nnodes x trainer.n_gpus_per_node, as "
+                "verl's",
+    "actor_rollout_ref.hybrid_engine": "whether the rollout shares the actor's processes: generation has no actor",
+    **{f"actor_rollout_ref.model.{key}": "a LoRA the run would train, from zero (the base model answers as the "
+                                         "policy does at step 0); a trained adapter, lora_adapter_path, is refused"
+       for key in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")},
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "the training forward's memory",
+    "actor_rollout_ref.model.use_fused_kernels": "the training forward's log-prob kernel",
+    **{f"actor_rollout_ref.rollout.{key}": "vLLM's engine options: read with rollout.name=vllm (this run uses hf; "
+                                           "tests/test_config_keys.py's one-step-off run reads them)" for key in (
+        "prompt_length", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
+        "enable_prefix_caching", "enforce_eager", "logprobs_mode")},
+    "actor_rollout_ref.rollout.free_cache_engine": "the engine's sleep while the trainer trains: nothing trains here",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "the trainer's log-prob pass: generation computes none",
+    "actor_rollout_ref.rollout.multi_turn.": "multi_turn.enable is refused (check_generation_config), so none of "
+                                             "its options applies",
+    "data.function_tool_path": "tools are for the agent loops, which are refused",
+    **{f"data.{key}": "read with data.train_max_samples, to pick the rows kept; here every row is" for key in (
+        "shuffle", "seed")},
+    "data.custom_cls.name": "data.custom_cls.path is refused",
+    "actor_rollout_ref.rollout.agent.num_workers": "the agent loops' workers: agent loops are refused",
+    "actor_rollout_ref.rollout.checkpoint_engine.": "the trainer-to-rollout weight transport: nothing is pushed",
+}
+
+
+def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
+    """Every key of the PPO config batch generation takes is read by the code that acts on it (by its full path,
+    in the driver or the workers), or stopped at start when it holds a value pyrl does not implement
+    (pyrl.config.LIMITS, now checked for generation too), or in GENERATION_UNREAD with why; no entry there names a
+    key the run reads."""
+    from config_reads import interpolation_sources, leaves
+
+    from pyrl.config import CONTENTS_KEYS, LIMITS
+
+    _, reads = sampled
+    acting = set(reads)
+    sources = interpolation_sources()
+    for key in list(acting):
+        while key in sources:  # rollout.response_length read: data.max_response_length, its default, is read
+            key = sources[key]
+            acting.add(key)
+
+    def documented(key):
+        return key in GENERATION_UNREAD or any(key.startswith(p) for p in GENERATION_UNREAD if p.endswith("."))
+
+    keys = list(leaves())
+    unread = [k for k in keys if k not in acting and k not in LIMITS and k not in CONTENTS_KEYS and not documented(k)]
+    assert not unread, f"keys generation neither reads, refuses nor documents in GENERATION_UNREAD: {unread}"
+    assert all(any(k == p or k.startswith(p) for k in keys) for p in GENERATION_UNREAD), "an entry names no key"
+    stale = [p for p in GENERATION_UNREAD if not p.endswith(".") and p in acting]
+    assert not stale, f"GENERATION_UNREAD names keys generation reads: {stale}"
 
 
 def test_sampled_generations_and_their_evaluation(sampled, tmp_path):
     """Four strings per row; main_eval's metrics equal the toy scorer's verdicts counted by hand (a response
     scores 1 when its <answer> is the sum)."""
+    sampled, _ = sampled
     table = pq.read_table(sampled)
     responses = table.column("responses").to_pylist()
     truths = [r["ground_truth"] for r in table.column("reward_model").to_pylist()]
@@ -118,6 +206,9 @@ def test_sampled_generations_and_their_evaluation(sampled, tmp_path):
      "actor_rollout_ref.model.path='/nonexistent/model': no such directory"),
     (["data.output_path=o.parquet", "actor_rollout_ref.model.path=pyrl:tiny", "data.max_prompt_length=500",
       "data.max_response_length=100"], "exceeds actor_rollout_ref.model.path's max_position_embeddings=512"),
+    (["data.output_path=o.parquet", "actor_rollout_ref.rollout.name=hf",
+      "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"],
+     "engine_kwargs.vllm is set (swap_space) but the rollout engine is hf"),
 ])
 def test_generation_refusals_before_any_worker(prompts_file, tmp_path, args, message):
     defaults = [f"data.train_files={prompts_file}"] if not any(a.startswith("data.train_files") for a in args) else []
@@ -139,6 +230,8 @@ def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
     ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "default_agent_loop='tool_agent'"),
     ("actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml", "agent_loop_config_path='loops.yaml'"),
     ("data.custom_cls.path=my_dataset.py", "data.custom_cls.path='my_dataset.py': generation reads the rows"),
+    ("actor_rollout_ref.model.lora_adapter_path=adapter", "lora_adapter_path='adapter': generation loads"),
+    ("data.tokenizer=other", "data.tokenizer='other' is not supported"),  # pyrl.config.LIMITS, as the trainer's
 ])
 def test_the_trainers_rollout_features_generation_lacks_are_refused(override, message):
     """A training command line reused for generation: what its rollout would do and generation cannot stops the
