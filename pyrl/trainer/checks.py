@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import importlib.util
 import logging
+import re
 
 from pyrl.algos import distillation
 from pyrl.config import check_no_nan
@@ -232,8 +233,20 @@ def check_ranges(config, ranges: dict | None = None) -> None:
     for key, (expected, within) in (RANGES if ranges is None else ranges).items():
         value = functools.reduce(getattr, key.split("."), config)
         if not within(value):
-            suffix = " (data.max_response_length unless set)" if key == f"{ROLLOUT}.response_length" else ""
+            source = _default_source(type(config), key)
+            suffix = f" ({source} unless set)" if source else ""
             raise ValueError(f"{key}{suffix}={value}: {expected}")
+
+
+def _default_source(schema, key: str) -> str | None:
+    """The key whose value `key`'s schema default copies (rollout.response_length's is data.max_response_length's:
+    a value the user set under that name is named by it too), or None."""
+    default = functools.reduce(getattr, key.split("."), schema())
+    found = isinstance(default, str) and re.fullmatch(r"\$\{(?:oc\.select:)?([\w.]+)(,.*)?\}", default)
+    if not found:
+        return None
+    source = found.group(1)  # relative (.key) to the key's own section, or absolute
+    return f"{key.rsplit('.', 1)[0]}{source}" if source.startswith(".") else source
 
 
 def check_dual_clip(config) -> None:
