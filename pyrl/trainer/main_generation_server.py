@@ -89,12 +89,21 @@ class PromptRows:
         return {"raw_prompt": _check_messages(self.where(i), self.prompt_key, self.prompts[i])}
 
 
+GENERATION_SECTIONS = ("data.", "actor_rollout_ref.model.", "actor_rollout_ref.rollout.")
+NOT_IN_GENERATION = tuple(f"actor_rollout_ref.rollout.{section}." for section in (
+    "multi_turn", "agent", "checkpoint_engine"))
+
+
 def check_generation_config(config: PPOConfig) -> None:
     """What batch generation needs of the PPO config, before anything loads."""
     from pyrl.trainer.checks import check_ranges  # lazy: the checks import torch
 
     check_no_nan(config)
-    check_supported(config)  # the values pyrl does not implement (pyrl.config.LIMITS), as the trainer refuses them
+    # the values pyrl does not implement (pyrl.config.LIMITS) where generation acts: its data, model and rollout,
+    # not the training sections a reused training command line brings (nor the tool loops and weight pushes,
+    # refused or absent here)
+    check_supported(config, lambda key: key.startswith(GENERATION_SECTIONS)
+                    and not key.startswith(NOT_IN_GENERATION))
     check_ranges(config)
     data, rollout = config.data, config.actor_rollout_ref.rollout
     if not data.output_path:
@@ -123,6 +132,11 @@ def check_generation_config(config: PPOConfig) -> None:
     if data.custom_cls.path:
         raise ValueError(f"data.custom_cls.path={data.custom_cls.path!r}: generation reads the rows of "
                          f"data.train_files as they are (their data.prompt_key column), not through a dataset class")
+    overrides = dict(config.actor_rollout_ref.model.override_config)
+    if overrides:
+        raise ValueError(f"actor_rollout_ref.model.override_config={overrides}: generation's engines load "
+                         f"actor_rollout_ref.model.path's own config, and would run without these; write them into "
+                         f"the model's config.json instead")
     adapter = config.actor_rollout_ref.model.lora_adapter_path
     if adapter:
         raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={adapter!r}: generation loads "
@@ -168,21 +182,24 @@ def run_generation(config: PPOConfig) -> str:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ppo.WORKERS_STARTED = True
     workers = build_workers(config, plan)
-    per_call, n = generation_batch_size(data), rollout.n
-    texts: list[list[str]] = []
-    start = time.perf_counter()
-    for call, first in enumerate(range(0, len(rows), per_call)):
-        batch = prompts.batch(range(first, min(first + per_call, len(rows))), pad)
-        batch.meta_info.update({"n": n, "temperature": rollout.temperature,
-                                 "seed": derive_seed(plan.seed, "rollout", step=call, refill=0),
-                                 "apply_chat_template_kwargs": dict(data.apply_chat_template_kwargs)})
-        out = workers.rollout.generate_sequences(batch)  # padded to the ranks and stripped by the dispatch
-        responses, lengths = out.batch["responses"], response_lengths(out).tolist()
-        decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True)
-                   for i in range(len(out))]  # interleaved: prompt j's samples at j*n .. j*n+n-1
-        texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
-        log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
-                 time.perf_counter() - start)
+    try:  # the workers go whatever happens: a caller's Ray (a test session, a notebook) keeps running
+        per_call, n = generation_batch_size(data), rollout.n
+        texts: list[list[str]] = []
+        start = time.perf_counter()
+        for call, first in enumerate(range(0, len(rows), per_call)):
+            batch = prompts.batch(range(first, min(first + per_call, len(rows))), pad)
+            batch.meta_info.update({"n": n, "temperature": rollout.temperature,
+                                     "seed": derive_seed(plan.seed, "rollout", step=call, refill=0),
+                                     "apply_chat_template_kwargs": dict(data.apply_chat_template_kwargs)})
+            out = workers.rollout.generate_sequences(batch)  # padded to the ranks and stripped by the dispatch
+            responses, lengths = out.batch["responses"], response_lengths(out).tolist()
+            decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True)
+                       for i in range(len(out))]  # interleaved: prompt j's samples at j*n .. j*n+n-1
+            texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
+            log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
+                     time.perf_counter() - start)
+    finally:
+        workers.shutdown()
     table = rows.table.append_column(RESPONSES, pa.array(texts, type=pa.list_(pa.string())))
     directory = os.path.dirname(os.path.abspath(data.output_path))
     os.makedirs(directory, exist_ok=True)

@@ -121,8 +121,8 @@ GENERATION_UNREAD = {
         "log_val_generations", "rollout_data_dir", "validation_data_dir", "save_freq", "test_freq", "val_before_train",
         "val_only", "critic_warmup", "resume_mode", "resume_from_path", "default_local_dir", "max_actor_ckpt_to_keep",
         "max_critic_ckpt_to_keep")},
-    "trainer.device": "the trainer's device name (verl's cuda/npu switch): the workers run where "
-                      "trainer.n_gpus_per_node puts them, as in training",
+    "trainer.device": "read with trainer.n_gpus_per_node=-1 (the default: this machine's GPUs, of that device, "
+                      "are counted); this run sets 0",
     "trainer.memory_plan": "the memory plan sizes training's phases (update, log-prob passes) against the device",
     "ray_kwargs.timeline_json_file": "a Ray timeline of the training steps",
     "rollout.": "one-step-off's rollout pool: generation's workers are trainer.nnodes x trainer.n_gpus_per_node, as "
@@ -136,8 +136,13 @@ GENERATION_UNREAD = {
     **{f"actor_rollout_ref.rollout.{key}": "vLLM's engine options: read with rollout.name=vllm (this run uses hf; "
                                            "tests/test_config_keys.py's one-step-off run reads them)" for key in (
         "prompt_length", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
-        "enable_prefix_caching", "enforce_eager", "logprobs_mode")},
-    "actor_rollout_ref.rollout.free_cache_engine": "the engine's sleep while the trainer trains: nothing trains here",
+        "enable_prefix_caching", "enforce_eager", "logprobs_mode", "max_model_len")},
+    "actor_rollout_ref.rollout.engine_kwargs": "read with rollout.name=vllm (vLLM's own options); with hf, "
+                                               "check_engine_kwargs refuses any set",
+    **{f"actor_rollout_ref.rollout.{key}": "the rollout's log-prob pass (rollout.calculate_log_probs, for training's "
+                                           "rollout correction): generation returns text only" for key in (
+        "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")},
+    "actor_rollout_ref.rollout.free_cache_engine": "read with rollout.name=vllm (its sleep mode); this run uses hf",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "the trainer's log-prob pass: generation computes none",
     "actor_rollout_ref.rollout.multi_turn.": "multi_turn.enable is refused (check_generation_config), so none of "
                                              "its options applies",
@@ -145,22 +150,24 @@ GENERATION_UNREAD = {
     **{f"data.{key}": "read with data.train_max_samples, to pick the rows kept; here every row is" for key in (
         "shuffle", "seed")},
     "data.custom_cls.name": "data.custom_cls.path is refused",
-    "actor_rollout_ref.rollout.agent.num_workers": "the agent loops' workers: agent loops are refused",
+    "actor_rollout_ref.rollout.agent.": "the agent loops' settings: an agent loop other than single_turn_agent is "
+                                        "refused",
     "actor_rollout_ref.rollout.checkpoint_engine.": "the trainer-to-rollout weight transport: nothing is pushed",
 }
 
 
 def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
     """Every key of the PPO config batch generation takes is read by the code that acts on it (by its full path,
-    in the driver or the workers), or stopped at start when it holds a value pyrl does not implement
-    (pyrl.config.LIMITS, now checked for generation too), or in GENERATION_UNREAD with why; no entry there names a
-    key the run reads."""
+    in the driver or the workers; a read by the trainer's range checks alone does not count), or stopped at start
+    when it holds a value pyrl does not implement (pyrl.config.LIMITS, for the sections generation acts on), or in
+    GENERATION_UNREAD with why; no entry there names a key the run acts on."""
     from config_reads import interpolation_sources, leaves
 
-    from pyrl.config import CONTENTS_KEYS, LIMITS
+    from pyrl.config import LIMITS
+    from pyrl.trainer.main_generation_server import GENERATION_SECTIONS, NOT_IN_GENERATION
 
     _, reads = sampled
-    acting = set(reads)
+    acting = {key for key, files in reads.items() if files - {"trainer/checks.py"}}
     sources = interpolation_sources()
     for key in list(acting):
         while key in sources:  # rollout.response_length read: data.max_response_length, its default, is read
@@ -171,7 +178,8 @@ def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
         return key in GENERATION_UNREAD or any(key.startswith(p) for p in GENERATION_UNREAD if p.endswith("."))
 
     keys = list(leaves())
-    unread = [k for k in keys if k not in acting and k not in LIMITS and k not in CONTENTS_KEYS and not documented(k)]
+    limited = {k for k in LIMITS if k.startswith(GENERATION_SECTIONS) and not k.startswith(NOT_IN_GENERATION)}
+    unread = [k for k in keys if k not in acting and k not in limited and not documented(k)]
     assert not unread, f"keys generation neither reads, refuses nor documents in GENERATION_UNREAD: {unread}"
     assert all(any(k == p or k.startswith(p) for k in keys) for p in GENERATION_UNREAD), "an entry names no key"
     stale = [p for p in GENERATION_UNREAD if not p.endswith(".") and p in acting]
@@ -232,6 +240,7 @@ def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
     ("data.custom_cls.path=my_dataset.py", "data.custom_cls.path='my_dataset.py': generation reads the rows"),
     ("actor_rollout_ref.model.lora_adapter_path=adapter", "lora_adapter_path='adapter': generation loads"),
     ("data.tokenizer=other", "data.tokenizer='other' is not supported"),  # pyrl.config.LIMITS, as the trainer's
+    ("+actor_rollout_ref.model.override_config.rope_theta=5000", "override_config={'rope_theta': 5000}: generation"),
 ])
 def test_the_trainers_rollout_features_generation_lacks_are_refused(override, message):
     """A training command line reused for generation: what its rollout would do and generation cannot stops the
@@ -242,6 +251,9 @@ def test_the_trainers_rollout_features_generation_lacks_are_refused(override, me
 
     base = ["data.train_files=x.parquet", "data.output_path=o.parquet"]
     check_generation_config(compose(*base))  # the base passes
+    # and so does a training section's value pyrl does not implement (a verl training command line reused here)
+    check_generation_config(compose(*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                    "actor_rollout_ref.rollout.checkpoint_engine.backend=nixl"))
     with pytest.raises(ValueError, match=re.escape(message)):
         check_generation_config(compose(*base, override))
 
