@@ -89,22 +89,22 @@ class PromptRows:
         return {"raw_prompt": _check_messages(self.where(i), self.prompt_key, self.prompts[i])}
 
 
-GENERATION_SECTIONS = ("data.", "actor_rollout_ref.model.", "actor_rollout_ref.rollout.")
-NOT_IN_GENERATION = tuple(f"actor_rollout_ref.rollout.{section}." for section in (
-    "multi_turn", "agent", "checkpoint_engine"))
+def acts_on(key: str) -> bool:
+    """Whether generation acts on `key`: its data, model and rollout sections, less the rollout's tool loops
+    (refused here) and weight pushes (none here). The rest is what a reused training command line brings: taken,
+    and neither read nor checked, as in verl."""
+    return key.startswith(("data.", "actor_rollout_ref.model.", "actor_rollout_ref.rollout.")) and not \
+        key.startswith(("actor_rollout_ref.rollout.multi_turn.", "actor_rollout_ref.rollout.checkpoint_engine."))
 
 
 def check_generation_config(config: PPOConfig) -> None:
     """What batch generation needs of the PPO config, before anything loads."""
-    from pyrl.trainer.checks import check_ranges  # lazy: the checks import torch
+    from pyrl.trainer.checks import RANGES, check_ranges  # lazy: the checks import torch
 
     check_no_nan(config)
-    # the values pyrl does not implement (pyrl.config.LIMITS) where generation acts: its data, model and rollout,
-    # not the training sections a reused training command line brings (nor the tool loops and weight pushes,
-    # refused or absent here)
-    check_supported(config, lambda key: key.startswith(GENERATION_SECTIONS)
-                    and not key.startswith(NOT_IN_GENERATION))
-    check_ranges(config)
+    # the values pyrl does not implement (pyrl.config.LIMITS) and those out of range, where generation acts
+    check_supported(config, acts_on)
+    check_ranges(config, {key: limit for key, limit in RANGES.items() if acts_on(key)})
     data, rollout = config.data, config.actor_rollout_ref.rollout
     if not data.output_path:
         raise ValueError("data.output_path: where to write the generations (a parquet file path; verl's command "

@@ -146,51 +146,53 @@ def build_workers(config, plan) -> Workers:
     if own_cpu_pools(plan):  # their processes share the nodes' CPUs
         pools["trainer"].cpus_per_process = shared_cpus_per_process(plan)
     place(pools["trainer"], config.trainer)
-    if plan.rollout_pool is not None:  # placed now too, on what the trainer's pool leaves free
-        shape = plan.rollout_pool
-        pools["rollout"] = ResourcePool([shape.processes_per_node] * shape.nnodes,
-                                        gpus_per_process=shape.gpus_per_process,
-                                        cpus_per_process=pools["trainer"].cpus_per_process)
-        try:
-            place(pools["rollout"], config.rollout, "rollout")
-        except ValueError:
-            pools["trainer"].release()
-            raise
-    for shape in plan.own_pools():  # the servers' own pools, on what the others leave free
-        pools[shape.name] = ResourcePool([shape.processes_per_node] * shape.nnodes,
-                                         gpus_per_process=shape.gpus_per_process,
-                                         cpus_per_process=pools["trainer"].cpus_per_process if
-                                         shape.gpus_per_process == 0 else 1)
-        try:
-            pools[shape.name].placement_groups()
-        except PlacementError as e:
-            for pool in pools.values():
-                pool.release()
-            raise ValueError(f"{OWN_POOL_KEYS[shape.name]}: its pool, nnodes={shape.nnodes} x "
-                             f"{shape.processes_per_node} {'GPU' if shape.gpus_per_process else 'CPU'} server "
-                             f"process(es) of {max(shape.gpus_per_process, 1)} device(s), cannot be placed: {e}") \
-                from None
-    on_cpu = trainer.gpus_per_process == 0
-    if on_cpu:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
-        # nothing else runs: workers measuring it at once would each see a fraction of it
-        for dtype in (torch.float32, torch.bfloat16):
-            peak_flops(torch.device("cpu"), dtype)
-    # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
-    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
-    threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
-               **{name: pools[name].cpus_per_process if on_cpu and name in pools else None
-                  for name in ("rollout", "reward_model", "teacher")}}
     groups = {}
-    for group in plan.groups:
-        worker = load_object(group.worker, f"the {group.name} group's worker class")
-        section = ConfigValue(group.section).read(config)
-        args = [a.read(config) if isinstance(a, ConfigValue) else a for a in group.args]
-        group_env = {**env, "OMP_NUM_THREADS": threads[group.pool]} if threads[group.pool] else env
-        groups[group.name] = WorkerGroup(pools[group.pool], worker, section, *args, group_name=group.name,
-                                         init_distributed=group.distributed, env=group_env,
-                                         dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
-        if len(groups) == 1:
-            for line in groups[group.name].describe_placements():
-                log.info("placement: %s", line)
-        groups[group.name].init_model()
-    return Workers(groups, plan, pools["trainer"])
+    try:
+        if plan.rollout_pool is not None:  # placed now too, on what the trainer's pool leaves free
+            shape = plan.rollout_pool
+            pools["rollout"] = ResourcePool([shape.processes_per_node] * shape.nnodes,
+                                            gpus_per_process=shape.gpus_per_process,
+                                            cpus_per_process=pools["trainer"].cpus_per_process)
+            place(pools["rollout"], config.rollout, "rollout")
+        for shape in plan.own_pools():  # the servers' own pools, on what the others leave free
+            pools[shape.name] = ResourcePool([shape.processes_per_node] * shape.nnodes,
+                                             gpus_per_process=shape.gpus_per_process,
+                                             cpus_per_process=pools["trainer"].cpus_per_process if
+                                             shape.gpus_per_process == 0 else 1)
+            try:
+                pools[shape.name].placement_groups()
+            except PlacementError as e:
+                raise ValueError(f"{OWN_POOL_KEYS[shape.name]}: its pool, nnodes={shape.nnodes} x "
+                                 f"{shape.processes_per_node} {'GPU' if shape.gpus_per_process else 'CPU'} server "
+                                 f"process(es) of {max(shape.gpus_per_process, 1)} device(s), cannot be placed: {e}") \
+                    from None
+        on_cpu = trainer.gpus_per_process == 0
+        if on_cpu:  # the CPU's peak FLOP rate for perf/mfu/*, measured now (once per machine, cached) while
+            # nothing else runs: workers measuring it at once would each see a fraction of it
+            for dtype in (torch.float32, torch.bfloat16):
+                peak_flops(torch.device("cpu"), dtype)
+        # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
+        env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+        threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
+                   **{name: pools[name].cpus_per_process if on_cpu and name in pools else None
+                      for name in ("rollout", "reward_model", "teacher")}}
+        for group in plan.groups:
+            worker = load_object(group.worker, f"the {group.name} group's worker class")
+            section = ConfigValue(group.section).read(config)
+            args = [a.read(config) if isinstance(a, ConfigValue) else a for a in group.args]
+            group_env = {**env, "OMP_NUM_THREADS": threads[group.pool]} if threads[group.pool] else env
+            groups[group.name] = WorkerGroup(pools[group.pool], worker, section, *args, group_name=group.name,
+                                             init_distributed=group.distributed, env=group_env,
+                                             dist_timeout_s=config.actor_rollout_ref.nccl_timeout)
+            if len(groups) == 1:
+                for line in groups[group.name].describe_placements():
+                    log.info("placement: %s", line)
+            groups[group.name].init_model()
+        return Workers(groups, plan, pools["trainer"])
+    except BaseException:  # a start that fails gives back what it took: a caller's Ray (a test session, a
+        # notebook) keeps running, and the next run places its pools on it
+        for group in reversed(list(groups.values())):
+            group.kill()
+        for pool in pools.values():
+            pool.release()
+        raise

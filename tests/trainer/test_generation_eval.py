@@ -150,21 +150,33 @@ GENERATION_UNREAD = {
     **{f"data.{key}": "read with data.train_max_samples, to pick the rows kept; here every row is" for key in (
         "shuffle", "seed")},
     "data.custom_cls.name": "data.custom_cls.path is refused",
-    "actor_rollout_ref.rollout.agent.": "the agent loops' settings: an agent loop other than single_turn_agent is "
-                                        "refused",
+    "actor_rollout_ref.rollout.agent.num_workers": "the agent loops' workers: an agent loop other than "
+                                                   "single_turn_agent is refused",
     "actor_rollout_ref.rollout.checkpoint_engine.": "the trainer-to-rollout weight transport: nothing is pushed",
+}
+
+
+# keys under a GENERATION_UNREAD section that generation reads all the same, each with what for
+READ_IN_UNREAD_SECTIONS = {
+    "actor_rollout_ref.rollout.multi_turn.enable": "to refuse true (check_generation_config)",
+    **{f"actor_rollout_ref.rollout.multi_turn.{key}": "a pyrl: built-in name resolved to its file, as for every "
+                                                      "entry (pyrl.ppo.resolve_builtin_files)"
+       for key in ("tool_config_path", "interaction_config_path")},
+    "actor_rollout_ref.actor.data_loader_seed": "seeds torch in each worker as it starts (pyrl.workers.actor), as in "
+                                                "training",
 }
 
 
 def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
     """Every key of the PPO config batch generation takes is read by the code that acts on it (by its full path,
-    in the driver or the workers; a read by the trainer's range checks alone does not count), or stopped at start
-    when it holds a value pyrl does not implement (pyrl.config.LIMITS, for the sections generation acts on), or in
-    GENERATION_UNREAD with why; no entry there names a key the run acts on."""
+    in the driver or the workers; a read by pyrl/trainer/checks.py alone does not count), or stopped at start when
+    it holds a value pyrl does not implement (pyrl.config.LIMITS, for the sections generation acts on), or in
+    GENERATION_UNREAD with why; no key an entry there covers is one the run reads, but READ_IN_UNREAD_SECTIONS'
+    (each of them read)."""
     from config_reads import interpolation_sources, leaves
 
     from pyrl.config import LIMITS
-    from pyrl.trainer.main_generation_server import GENERATION_SECTIONS, NOT_IN_GENERATION
+    from pyrl.trainer.main_generation_server import acts_on
 
     _, reads = sampled
     acting = {key for key, files in reads.items() if files - {"trainer/checks.py"}}
@@ -178,12 +190,12 @@ def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
         return key in GENERATION_UNREAD or any(key.startswith(p) for p in GENERATION_UNREAD if p.endswith("."))
 
     keys = list(leaves())
-    limited = {k for k in LIMITS if k.startswith(GENERATION_SECTIONS) and not k.startswith(NOT_IN_GENERATION)}
-    unread = [k for k in keys if k not in acting and k not in limited and not documented(k)]
+    unread = [k for k in keys if k not in acting and not (k in LIMITS and acts_on(k)) and not documented(k)]
     assert not unread, f"keys generation neither reads, refuses nor documents in GENERATION_UNREAD: {unread}"
     assert all(any(k == p or k.startswith(p) for k in keys) for p in GENERATION_UNREAD), "an entry names no key"
-    stale = [p for p in GENERATION_UNREAD if not p.endswith(".") and p in acting]
-    assert not stale, f"GENERATION_UNREAD names keys generation reads: {stale}"
+    stale = [k for k in keys if documented(k) and k in acting and k not in READ_IN_UNREAD_SECTIONS]
+    assert not stale, f"GENERATION_UNREAD covers keys generation reads: {stale}"
+    assert set(READ_IN_UNREAD_SECTIONS) <= acting, set(READ_IN_UNREAD_SECTIONS) - acting
 
 
 def test_sampled_generations_and_their_evaluation(sampled, tmp_path):

@@ -184,6 +184,37 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
         assert all(len({s["input"] for s in g}) == 1 and len({s["score"] for s in g}) > 1 for g in groups.values())
 
 
+def test_a_start_that_fails_in_a_worker_gives_back_its_processes_and_pool(tmp_path, ray_session):
+    """A model whose weights cannot load passes the driver's checks (they read its config and tokenizer) and fails
+    in the worker's init_model: the run stops naming it, and the Ray it ran on is left as it was (the next run of
+    a notebook or of this test session places its pools there): no placement group held, no pool of this process
+    placed, every CPU free again."""
+    import shutil
+    import time
+
+    from ray.util import placement_group_table
+
+    from pyrl.controller.worker_group import _PLACED
+    from pyrl.models import resolve_model_path
+    from pyrl.ppo import run_ppo
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("pyrl:tiny", "model"), model)
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    cpus = ray_session.cluster_resources()["CPU"]
+    config = compose(*[o for o in SMALL if not o.startswith("actor_rollout_ref.model.path=")],
+                     f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
+                     "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}")
+    with pytest.raises(Exception, match="init_model"):
+        run_ppo(config)
+    assert not _PLACED
+    assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+    deadline = time.monotonic() + 30  # Ray frees a killed actor's CPUs asynchronously
+    while ray_session.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("CPU", 0) == cpus
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_a_verl_command_line_trains_with_verls_defaults(engine, tmp_path, ray_session):
     """Nothing but data, model, sizes and the logger named, as a verl user would: verl 0.9.1's defaults for the
