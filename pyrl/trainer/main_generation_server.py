@@ -132,11 +132,6 @@ def check_generation_config(config: PPOConfig) -> None:
     if data.custom_cls.path:
         raise ValueError(f"data.custom_cls.path={data.custom_cls.path!r}: generation reads the rows of "
                          f"data.train_files as they are (their data.prompt_key column), not through a dataset class")
-    overrides = dict(config.actor_rollout_ref.model.override_config)
-    if overrides:
-        raise ValueError(f"actor_rollout_ref.model.override_config={overrides}: generation's engines load "
-                         f"actor_rollout_ref.model.path's own config, and would run without these; write them into "
-                         f"the model's config.json instead")
     adapter = config.actor_rollout_ref.model.lora_adapter_path
     if adapter:
         raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={adapter!r}: generation loads "

@@ -105,8 +105,9 @@ class ActorRolloutRefWorker(Worker):
         if self.has_rollout:
             from transformers import AutoConfig  # lazy: transformers loads with the first model
 
+            overrides = dict(self.config.model.override_config)  # the engine runs the model the actor trains
             self.hf_config = self.lm.config if self.has_actor else AutoConfig.from_pretrained(
-                self.model_path, trust_remote_code=self.config.model.trust_remote_code)
+                self.model_path, trust_remote_code=self.config.model.trust_remote_code, **overrides)
             tp = self.config.rollout.tensor_model_parallel_size
             if tp > 1:
                 self.tp_group = TensorParallelGroup(self.rank, self.world_size, tp, self.config.nccl_timeout)
@@ -116,7 +117,7 @@ class ActorRolloutRefWorker(Worker):
                                           seed=derive_seed(self.config.rollout.seed, "engine", bits=32,
                                                            rank=engine_rank))
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
-                                      self.tp_group.name if self.tp_group else "")
+                                      self.tp_group.name if self.tp_group else "", config_overrides=overrides)
             if self.tp_group is not None and self.tp_group.is_leader:
                 self.engine = LeaderEngine(self.engine, self.tp_group)
             self.engine_uses_actor_weights = self._engine_can_use_actor_weights()

@@ -252,7 +252,6 @@ def test_a_prompt_over_the_limit_is_named(prompts_file, tmp_path):
     ("data.custom_cls.path=my_dataset.py", "data.custom_cls.path='my_dataset.py': generation reads the rows"),
     ("actor_rollout_ref.model.lora_adapter_path=adapter", "lora_adapter_path='adapter': generation loads"),
     ("data.tokenizer=other", "data.tokenizer='other' is not supported"),  # pyrl.config.LIMITS, as the trainer's
-    ("+actor_rollout_ref.model.override_config.rope_theta=5000", "override_config={'rope_theta': 5000}: generation"),
 ])
 def test_the_trainers_rollout_features_generation_lacks_are_refused(override, message):
     """A training command line reused for generation: what its rollout would do and generation cannot stops the

@@ -5,12 +5,10 @@ and resumes; the merged checkpoint is what the run trained."""
 import os
 
 import pytest
-from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read_metrics
+from trainer_helpers import FP32, SMALL, assert_rollout_matches_trainer, compose, read_metrics
 
 LORA = ["actor_rollout_ref.model.path=pyrl:tiny-toy-sft", "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=0.003"]
-FP32 = ["actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.ref.fsdp_config.dtype=float32", "critic.fsdp.dtype=float32"]
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])

@@ -11,6 +11,8 @@ from pathlib import Path
 SMALL = ["preset=toy", "actor_rollout_ref.model.path=pyrl:tiny", "data.train_batch_size=8",
          "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
          "trainer.val_before_train=false", "trainer.test_freq=-1"]
+FP32 = ["actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.ref.fsdp_config.dtype=float32", "critic.fsdp.dtype=float32"]
 
 
 def run_cli(args, cwd, timeout=600, env=None):

@@ -19,9 +19,10 @@ from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec, check_seeds
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model_path: str, config, device: torch.device, tokenizer):
+    def __init__(self, model_path: str, config, device: torch.device, tokenizer, config_overrides: dict | None = None):
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype,
+                                                          **(config_overrides or {})).to(device).eval()
         self.device = device
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.generator = torch.Generator(device=device).manual_seed(config.seed)

@@ -42,10 +42,12 @@ def set_vllm_env(on_cuda: bool) -> None:
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, model_path: str, config, device: torch.device, group_name: str = "", own_workers: bool = False):
+    def __init__(self, model_path: str, config, device: torch.device, group_name: str = "", own_workers: bool = False,
+                 config_overrides: dict | None = None):
         """group_name: with tensor parallelism, a name the group's ranks share, unique to this run. own_workers: with
         tensor parallelism, vLLM's own executor starts a worker process per device (as `vllm serve` does), instead
-        of the TP group's ranks being its workers."""
+        of the TP group's ranks being its workers. config_overrides: over the model's config.json (vLLM's
+        hf_overrides)."""
         on_cuda = device.type == "cuda"
         set_vllm_env(on_cuda)
         from vllm import LLM  # lazy: vllm is optional
@@ -89,6 +91,7 @@ class VLLMEngine(RolloutEngine):
             logprobs_mode=config.logprobs_mode,
             load_format=config.load_format,
             enable_sleep_mode=self.sleeps and on_cuda,
+            hf_overrides=dict(config_overrides) if config_overrides else None,
             **tensor_parallel,
         ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.asleep, self.weights_kept = False, False
