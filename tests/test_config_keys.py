@@ -320,6 +320,14 @@ def test_lengths_and_vocabulary_checked_against_the_models():
         checked(kv_split, tokenizer)
     checked(compose("preset=toy", f"actor_rollout_ref.model.path={path}",  # 2 heads split, 1 KV head copied
                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"), tokenizer)
+    # override_config: fields of the model's config only (transformers would hand another key to the model's
+    # constructor, vLLM's hf_overrides would set it unread), never from_pretrained's loading options
+    for override, message in [("rope_theta=5000.0", r"\['rope_theta'\] are not fields of .*'s config \(Qwen2Config\)"),
+                              ("model_config.max_position_embeddings=64", r"\['model_config'\] are not fields"),
+                              ("dtype=float16", r"\['dtype'\] are loading options of from_pretrained")]:
+        with pytest.raises(ValueError, match=r"actor_rollout_ref.model.override_config: " + message):
+            checked(compose("preset=toy", f"actor_rollout_ref.model.path={path}",
+                            f"+actor_rollout_ref.model.override_config.{override}"), tokenizer)
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
         checked(config, tokenizer)

@@ -260,11 +260,36 @@ def check_dual_clip(config) -> None:
                          f"bounds the loss by -A x clip_ratio_c for A < 0)")
 
 
+# from_pretrained's own options, which it would take from override_config as loading options (or as a second
+# value of the dtype it is given), not as the model's config: the engines (vLLM's hf_overrides) would not
+LOADING_OPTIONS = ("dtype", "torch_dtype", "attn_implementation", "revision", "subfolder", "variant", "device_map",
+                   "quantization_config", "output_loading_info", "key_mapping", "trust_remote_code", "cache_dir",
+                   "force_download", "local_files_only", "token", "low_cpu_mem_usage", "tp_plan", "config")
+
+
+def model_config_with_overrides(key: str, model):
+    """The model's Hugging Face config with `{key}.override_config` over it, each override a field the config
+    has: one it lacks would reach the model's constructor as an unknown argument (transformers) or be set and never
+    read (vLLM's hf_overrides), and from_pretrained's loading options are not config fields."""
+    from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
+
+    overrides = dict(model.override_config)
+    options = sorted(set(overrides) & set(LOADING_OPTIONS))
+    if options:
+        raise ValueError(f"{key}.override_config: {options} are loading options of from_pretrained, not fields of "
+                         f"the model's config; the engines would not take them")
+    hf, unused = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
+                                            return_unused_kwargs=True, **overrides)
+    if unused:
+        raise ValueError(f"{key}.override_config: {sorted(unused)} are not fields of {model.path}'s config "
+                         f"({type(hf).__name__}); the model would take no such setting")
+    return hf
+
+
 def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None = None) -> None:
     """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
     embeddings (they read the actor's token ids). lengths: (their keys, prompt, response) where not the data's
     (batch generation: the data's prompt and the rollout's response lengths)."""
-    from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     data = config.data
     keys, prompt, response = lengths or ("data.max_prompt_length + data.max_response_length",
@@ -278,8 +303,7 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
     elif config.reward.reward_model.enable:
         check_fsdp_reward_model(config)
     for key, model, reads_actor_ids in models:
-        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code,
-                                        **dict(model.override_config))
+        hf = model_config_with_overrides(key, model)
         limit = getattr(hf, "max_position_embeddings", None)
         if limit is not None and length > limit:
             raise ValueError(f"{keys} = {prompt} + {response} = {length} exceeds {key}.path's max_position_embeddings="

@@ -191,8 +191,10 @@ def build_workers(config, plan) -> Workers:
         return Workers(groups, plan, pools["trainer"])
     except BaseException:  # a start that fails gives back what it took: a caller's Ray (a test session, a
         # notebook) keeps running, and the next run places its pools on it
-        for group in reversed(list(groups.values())):
-            group.kill()
-        for pool in pools.values():
-            pool.release()
+        for release in [group.kill for group in reversed(list(groups.values()))] + \
+                [pool.release for pool in pools.values()]:
+            try:
+                release()
+            except Exception:  # the start's own error is the one to see (Ray itself may be what failed)
+                log.exception("while giving back a failed start's workers and pools")
         raise

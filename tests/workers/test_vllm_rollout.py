@@ -207,3 +207,16 @@ def test_seeded_samples_draw_distinct_streams(ray_session):
         assert torch.equal(first, again)
     finally:
         wg.kill()
+
+
+def test_the_policys_config_overrides_go_to_vllm_under_its_own_hf_overrides():
+    """LLM's hf_overrides: model.override_config (the policy's, which the actor trains with), and
+    engine_kwargs.vllm.hf_overrides (vLLM's alone) over it field by field; nothing when neither is set."""
+    from pyrl.workers.rollout.vllm_engine import hf_overrides
+
+    assert hf_overrides({"rms_norm_eps": 0.5, "max_position_embeddings": 64},
+                        {"hf_overrides": {"max_position_embeddings": 128, "sliding_window": 8}}) == \
+        {"hf_overrides": {"rms_norm_eps": 0.5, "max_position_embeddings": 128, "sliding_window": 8}}
+    assert hf_overrides({"rms_norm_eps": 0.5}, {"swap_space": 4}) == {"hf_overrides": {"rms_norm_eps": 0.5}}
+    assert hf_overrides(None, {"hf_overrides": {"sliding_window": 8}}) == {"hf_overrides": {"sliding_window": 8}}
+    assert hf_overrides({}, {}) == {} and hf_overrides(None, {"hf_overrides": None}) == {}

@@ -41,6 +41,13 @@ def set_vllm_env(on_cuda: bool) -> None:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
+def hf_overrides(config_overrides: dict | None, options: dict) -> dict:
+    """LLM's hf_overrides: the policy's model.override_config, under engine_kwargs.vllm.hf_overrides (an option
+    the user gave vLLM alone) where both name a field; {} when neither is set."""
+    merged = {**(config_overrides or {}), **(options.get("hf_overrides") or {})}
+    return {"hf_overrides": merged} if merged else {}
+
+
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, config, device: torch.device, group_name: str = "", own_workers: bool = False,
                  config_overrides: dict | None = None):
@@ -76,6 +83,7 @@ class VLLMEngine(RolloutEngine):
                                    disable_custom_all_reduce=True)
             if not on_cuda:
                 _prefix_cpu_shm_names(group_name)
+        options = engine_options(config)  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.llm = LLM(**{**dict(
             model=model_path,
             dtype=str(self.dtype).removeprefix("torch."),
@@ -91,9 +99,8 @@ class VLLMEngine(RolloutEngine):
             logprobs_mode=config.logprobs_mode,
             load_format=config.load_format,
             enable_sleep_mode=self.sleeps and on_cuda,
-            hf_overrides=dict(config_overrides) if config_overrides else None,
             **tensor_parallel,
-        ), **engine_options(config)})  # verl's order: engine_kwargs.vllm over the engine's own arguments
+        ), **options, **hf_overrides(config_overrides, options)})
         self.asleep, self.weights_kept = False, False
         if config.tensor_model_parallel_size > 1 and not on_cuda and not own_workers:
             # every rank of the group has mapped the segments once LLM() returns (vLLM joins them behind a barrier):
