@@ -262,18 +262,24 @@ def check_dual_clip(config) -> None:
 
 # from_pretrained's own options, which it would take from override_config as loading options (or as a second
 # value of the dtype it is given), not as the model's config: the engines (vLLM's hf_overrides) would not
-LOADING_OPTIONS = ("dtype", "torch_dtype", "attn_implementation", "revision", "subfolder", "variant", "device_map",
-                   "quantization_config", "output_loading_info", "key_mapping", "trust_remote_code", "cache_dir",
-                   "force_download", "local_files_only", "token", "low_cpu_mem_usage", "tp_plan", "config")
+LOADING_OPTIONS = ("dtype", "torch_dtype", "revision", "subfolder", "variant", "device_map", "quantization_config",
+                   "output_loading_info", "key_mapping", "trust_remote_code", "cache_dir", "force_download",
+                   "local_files_only", "token", "low_cpu_mem_usage", "tp_plan", "config", "proxies", "gguf_file",
+                   "code_revision", "_configuration_file", "_from_auto", "_from_pipeline")
 
 
 def model_config_with_overrides(key: str, model):
     """The model's Hugging Face config with `{key}.override_config` over it, each override a field the config
     has: one it lacks would reach the model's constructor as an unknown argument (transformers) or be set and never
-    read (vLLM's hf_overrides), and from_pretrained's loading options are not config fields."""
+    read (vLLM's hf_overrides), and from_pretrained's loading options are not config fields. A field is set as
+    given (what the config derives from it when built is not derived again, by transformers or vLLM alike)."""
     from transformers import AutoConfig  # lazy: transformers loads only to read the models' configs
 
     overrides = dict(model.override_config)
+    if "attn_implementation" in overrides:  # verl's FSDP workers read it there
+        raise ValueError(f"{key}.override_config.attn_implementation: pyrl chooses the attention itself, its packed "
+                         f"(varlen) kernel with {key}.use_remove_padding=true, transformers' default with false; the "
+                         f"rollout engines run their own")
     options = sorted(set(overrides) & set(LOADING_OPTIONS))
     if options:
         raise ValueError(f"{key}.override_config: {options} are loading options of from_pretrained, not fields of "
