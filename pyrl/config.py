@@ -1058,14 +1058,15 @@ def _value(config, key: str):
 def check_supported(config: PPOConfig, acts_on=None) -> None:
     """Every LIMITS key holds an allowed value; checkpoint contents hold model, optimizer and extra. acts_on(key):
     only the keys the entry acts on (batch generation: its data, model and rollout; no checkpoints)."""
+    acts_on = acts_on or (lambda key: True)
     for key, (allowed, why) in LIMITS.items():
-        if acts_on is not None and not acts_on(key):
+        if not acts_on(key):
             continue
         value = _value(config, key)
         if value not in allowed:
             raise Unsupported(f"{key}={value!r} is not supported ({why}); expected "
                              f"{' or '.join(map(repr, allowed))}")
-    for key in CONTENTS_KEYS if acts_on is None else [k for k in CONTENTS_KEYS if acts_on(k)]:
+    for key in filter(acts_on, CONTENTS_KEYS):
         contents = set(_value(config, key))
         # hf_model: a whole HF model in <checkpoint>/huggingface on save; loading ignores it (verl too)
         if not set(CHECKPOINT_CONTENTS) <= contents <= {*CHECKPOINT_CONTENTS, "hf_model"}:

@@ -68,6 +68,17 @@ def interpolation_sources() -> dict[str, str]:
     return sources
 
 
+def with_interpolation_sources(keys: set[str]) -> set[str]:
+    """`keys` and every key their defaults copy, through chains (reward_model.use_dynamic_bsz -> critic's -> the
+    actor's): a read of a key at its default is a read of its source."""
+    sources, found = interpolation_sources(), set(keys)
+    for key in keys:
+        while key in sources:
+            key = sources[key]
+            found.add(key)
+    return found
+
+
 def _recording_copy(node, path: str, record_file: str):
     values = {name: _recording_copy(value, f"{path}{name}.", record_file)
               if dataclasses.is_dataclass(value) and not isinstance(value, type) else value

@@ -9,7 +9,7 @@ import pathlib
 import re
 
 import pytest
-from config_reads import interpolation_sources, leaves
+from config_reads import leaves, with_interpolation_sources
 
 from pyrl.config import CONTENTS_KEYS, LIMITS, PPOConfig
 
@@ -156,12 +156,8 @@ CONSUMED_BY_START_CHECKS = {
 def test_every_schema_key_is_read_by_its_full_path_or_limited(keys_read):
     keys = list(leaves(PPOConfig))
     assert len(keys) > 200
-    acting = {key for key, files in keys_read.items() if files - START_CHECKS or key in CONSUMED_BY_START_CHECKS}
-    sources = interpolation_sources()
-    for key in list(acting):
-        while key in sources:  # a chain: reward_model.use_dynamic_bsz -> critic's -> the actor's
-            key = sources[key]
-            acting.add(key)
+    acting = with_interpolation_sources(
+        {key for key, files in keys_read.items() if files - START_CHECKS or key in CONSUMED_BY_START_CHECKS})
 
     def read(key):  # or a whole section above it (policy_loss.rollout_correction, None unless pyrl fills it)
         parts = key.split(".")

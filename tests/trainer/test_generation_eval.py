@@ -173,18 +173,14 @@ def test_generation_reads_every_key_it_does_not_document_or_refuse(sampled):
     it holds a value pyrl does not implement (pyrl.config.LIMITS, for the sections generation acts on), or in
     GENERATION_UNREAD with why; no key an entry there covers is one the run reads, but READ_IN_UNREAD_SECTIONS'
     (each of them read)."""
-    from config_reads import interpolation_sources, leaves
+    from config_reads import leaves, with_interpolation_sources
 
     from pyrl.config import LIMITS
     from pyrl.trainer.main_generation_server import acts_on
 
     _, reads = sampled
-    acting = {key for key, files in reads.items() if files - {"trainer/checks.py"}}
-    sources = interpolation_sources()
-    for key in list(acting):
-        while key in sources:  # rollout.response_length read: data.max_response_length, its default, is read
-            key = sources[key]
-            acting.add(key)
+    # rollout.response_length read: data.max_response_length, its default, is read
+    acting = with_interpolation_sources({key for key, files in reads.items() if files - {"trainer/checks.py"}})
 
     def documented(key):
         return key in GENERATION_UNREAD or any(key.startswith(p) for p in GENERATION_UNREAD if p.endswith("."))
