@@ -117,7 +117,8 @@ class ActorRolloutRefWorker(Worker):
                                           seed=derive_seed(self.config.rollout.seed, "engine", bits=32,
                                                            rank=engine_rank))
             self.engine = make_engine(rollout.name, self.model_path, rollout, self.device, self.tokenizer,
-                                      self.tp_group.name if self.tp_group else "", config_overrides=overrides)
+                                      self.tp_group.name if self.tp_group else "", config_overrides=overrides,
+                                      trust_remote_code=self.config.model.trust_remote_code)
             if self.tp_group is not None and self.tp_group.is_leader:
                 self.engine = LeaderEngine(self.engine, self.tp_group)
             self.engine_uses_actor_weights = self._engine_can_use_actor_weights()

@@ -184,19 +184,45 @@ def test_dapo_pieces_with_dynamic_sampling(tmp_path, ray_session):
         assert all(len({s["input"] for s in g}) == 1 and len({s["score"] for s in g}) > 1 for g in groups.values())
 
 
+def remote_code_model(directory) -> str:
+    """pyrl:tiny as a model that brings its own code (config.json's auto_map names a Qwen2 subclass in the
+    directory, under a model_type transformers does not know): it loads only with trust_remote_code."""
+    import shutil
+
+    from pyrl.models import resolve_model_path
+
+    shutil.copytree(resolve_model_path("pyrl:tiny", "model"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(model_type="pyrl_remote_qwen2",
+                  auto_map={"AutoConfig": "configuration_remote.RemoteQwen2Config",
+                            "AutoModelForCausalLM": "modeling_remote.RemoteQwen2ForCausalLM"})
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "configuration_remote.py").write_text(
+        "from transformers import Qwen2Config\n\n\nclass RemoteQwen2Config(Qwen2Config):\n"
+        "    model_type = 'pyrl_remote_qwen2'\n")
+    (directory / "modeling_remote.py").write_text(
+        "from transformers import Qwen2ForCausalLM\n\nfrom .configuration_remote import RemoteQwen2Config\n\n\n"
+        "class RemoteQwen2ForCausalLM(Qwen2ForCausalLM):\n    config_class = RemoteQwen2Config\n")
+    return str(directory)
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_the_models_override_config_reaches_the_rollout_engine(engine, tmp_path, ray_session):
-    """actor_rollout_ref.model.override_config changes the model the actor trains (here rms_norm_eps 1e-6 -> 100,
-    which moves every log-prob): the rollout engine runs the same model (hf: from_pretrained's overrides, vLLM:
-    hf_overrides), so its log-probs equal the trainer's at float32 noise. verl 0.9.1 starts its engines from
-    config.json alone."""
+def test_the_rollout_engine_runs_the_model_the_actor_trains(engine, tmp_path, ray_session):
+    """The engine loads the policy as the actor does: with actor_rollout_ref.model.override_config (here
+    rms_norm_eps 1e-6 -> 100, which moves every log-prob; hf: from_pretrained's overrides, vLLM: hf_overrides), so
+    its log-probs equal the trainer's at float32 noise, and with model.trust_remote_code (a model of its own code,
+    which neither engine loaded before: only the actor passed it). verl 0.9.1 starts its engines from config.json
+    alone."""
     from pyrl.ppo import run_ppo
 
-    run_ppo(compose(*SMALL, *FP32, f"actor_rollout_ref.rollout.name={engine}",
+    model = remote_code_model(tmp_path / "model")
+    run_ppo(compose(*[o for o in SMALL if not o.startswith("actor_rollout_ref.model.path=")], *FP32,
+                    f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.trust_remote_code=true",
+                    f"actor_rollout_ref.rollout.name={engine}",
                     "+actor_rollout_ref.model.override_config.rms_norm_eps=100.0",
                     "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.total_training_steps=1",
-                    f"trainer.default_local_dir={tmp_path}"))
-    rows = read_metrics(tmp_path)
+                    f"trainer.default_local_dir={tmp_path / 'run'}"))
+    rows = read_metrics(tmp_path / "run")
     assert_rollout_matches_trainer(rows, 1)
     # one step, before any update: the same weights in float32 (measured 3e-9 on both engines; 4.7e-3 when the
     # engine ran config.json's eps)

@@ -145,18 +145,20 @@ def assemble_rollout(prompts: DataProto, responses: list[list[int]], logprobs: l
 
 
 def make_engine(name: str, model_path: str, rollout_config, device: torch.device, tokenizer,
-                group_name: str = "", own_workers: bool = False, config_overrides: dict | None = None
-                ) -> RolloutEngine:
+                group_name: str = "", own_workers: bool = False, config_overrides: dict | None = None,
+                trust_remote_code: bool = False) -> RolloutEngine:
     """The engine actor_rollout_ref.rollout.name asks for. group_name: with tensor parallelism, the name of the
     ranks sharing the engine (pyrl.workers.rollout.tensor_parallel); own_workers: vLLM starts the TP workers itself
     (VLLMEngine); config_overrides: values over the model's config.json (the policy's model.override_config: the
-    engine must run the model the trainer scores)."""
+    engine must run the model the trainer scores); trust_remote_code: the model's own code may run (the policy's
+    model.trust_remote_code, as the actor loads it)."""
     if name == "vllm":
         from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: import cycle (it imports this module)
 
-        return VLLMEngine(model_path, rollout_config, device, group_name, own_workers, config_overrides)
+        return VLLMEngine(model_path, rollout_config, device, group_name, own_workers, config_overrides,
+                          trust_remote_code)
     if name == "hf":
         from pyrl.workers.rollout.hf_engine import HFEngine  # lazy: import cycle (it imports this module)
 
-        return HFEngine(model_path, rollout_config, device, tokenizer, config_overrides)
+        return HFEngine(model_path, rollout_config, device, tokenizer, config_overrides, trust_remote_code)
     raise ValueError(f"actor_rollout_ref.rollout.name: unknown engine {name!r}, expected 'vllm' or 'hf'")

@@ -19,10 +19,12 @@ from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec, check_seeds
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model_path: str, config, device: torch.device, tokenizer, config_overrides: dict | None = None):
+    def __init__(self, model_path: str, config, device: torch.device, tokenizer, config_overrides: dict | None = None,
+                 trust_remote_code: bool = False):
         self.dtype = runnable_dtype(config.dtype, "rollout.dtype", device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype,
-                                                          **(config_overrides or {})).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, trust_remote_code=trust_remote_code, **(config_overrides or {})
+        ).to(device).eval()
         self.device = device
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.generator = torch.Generator(device=device).manual_seed(config.seed)

@@ -50,11 +50,11 @@ def hf_overrides(config_overrides: dict | None, options: dict) -> dict:
 
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, config, device: torch.device, group_name: str = "", own_workers: bool = False,
-                 config_overrides: dict | None = None):
+                 config_overrides: dict | None = None, trust_remote_code: bool = False):
         """group_name: with tensor parallelism, a name the group's ranks share, unique to this run. own_workers: with
         tensor parallelism, vLLM's own executor starts a worker process per device (as `vllm serve` does), instead
         of the TP group's ranks being its workers. config_overrides: over the model's config.json (vLLM's
-        hf_overrides)."""
+        hf_overrides). trust_remote_code: the model's own code may run (for its config and tokenizer)."""
         on_cuda = device.type == "cuda"
         set_vllm_env(on_cuda)
         from vllm import LLM  # lazy: vllm is optional
@@ -86,6 +86,7 @@ class VLLMEngine(RolloutEngine):
         options = engine_options(config)  # verl's order: engine_kwargs.vllm over the engine's own arguments
         self.llm = LLM(**{**dict(
             model=model_path,
+            trust_remote_code=trust_remote_code,
             dtype=str(self.dtype).removeprefix("torch."),
             seed=config.seed,
             enforce_eager=config.enforce_eager,
