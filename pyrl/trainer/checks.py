@@ -292,6 +292,14 @@ def model_config_with_overrides(key: str, model):
     return hf
 
 
+def check_vocabulary(key: str, model, hf, tokenizer) -> None:
+    """Every token id the tokenizer gives is a row of the model's embedding (hf: its config)."""
+    vocab = getattr(hf, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {key}.path's vocab_size is {vocab} "
+                         f"({model.path}): its embedding cannot read every token id")
+
+
 def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None = None) -> None:
     """prompt + response within each model's context; the tokenizer's ids within the actor's and critic's
     embeddings (they read the actor's token ids). lengths: (their keys, prompt, response) where not the data's
@@ -314,10 +322,8 @@ def check_models(config, plan, tokenizer, lengths: tuple[str, int, int] | None =
         if limit is not None and length > limit:
             raise ValueError(f"{keys} = {prompt} + {response} = {length} exceeds {key}.path's max_position_embeddings="
                              f"{limit} ({model.path})")
-        vocab = getattr(hf, "vocab_size", None)
-        if reads_actor_ids and vocab is not None and len(tokenizer) > vocab:
-            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {key}.path's vocab_size is {vocab} "
-                             f"({model.path}): its embedding cannot read every token id")
+        if reads_actor_ids:
+            check_vocabulary(key, model, hf, tokenizer)
         if key == "actor_rollout_ref.model":
             check_tensor_parallel_heads(hf, config.actor_rollout_ref.rollout.tensor_model_parallel_size,
                                         "actor_rollout_ref.rollout.tensor_model_parallel_size", f"{key}.path",

@@ -411,6 +411,7 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     # lazy: torch, Ray and the models load only when a run starts
     from pyrl.data.sft_dataset import MultiTurnSFTDataset
     from pyrl.models import resolve_model_path
+    from pyrl.trainer.checks import check_vocabulary, model_config_with_overrides
     from pyrl.trainer.run_plan import sft_run_plan
     from pyrl.trainer.tracking import Tracking
     from pyrl.trainer.workers import build_workers
@@ -429,6 +430,8 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     plan = sft_run_plan(ppo)
     log.info("%s", plan.describe())
     tokenizer = load_tokenizer(ppo.actor_rollout_ref.model)
+    # the model's config as the workers will build it, checked before they start (as check_models does for RL)
+    check_vocabulary("model", config.model, model_config_with_overrides("model", config.model), tokenizer)
     data = config.data
     if data.seed is None:
         data.seed = config.trainer.seed
@@ -445,8 +448,7 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     steps = config.trainer.total_training_steps or (len(train) // data.train_batch_size) * config.trainer.total_epochs
     ppo.actor_rollout_ref.actor.optim.total_training_steps = steps
     ppo_module.WORKERS_STARTED = True
-    workers = build_workers(ppo, plan)
-    try:
+    with build_workers(ppo, plan) as workers:
         trainer = SFTTrainer(config, workers, tokenizer, train, val)
         trainer.resume()
         tracker = Tracking(config.trainer.logger, trainer.run_dir, config.trainer.project_name,
@@ -456,8 +458,6 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
             return trainer.fit(tracker, after_save)
         finally:
             tracker.close()
-    finally:
-        workers.shutdown()
 
 
 def compose_sft_config(overrides: list[str]) -> SFTConfig:

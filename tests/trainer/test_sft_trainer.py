@@ -280,6 +280,8 @@ def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path, ray_sessi
     (["optim.lr=nan"], "optim.lr=nan: expected a number"),
     (["optim.lr=-1"], "optim.lr=-1.0: expected >= 0"),
     (["data.max_length=1"], "data.max_length=1: expected >= 2"),
+    (["+model.override_config.no_such_field=1"], "model.override_config: ['no_such_field'] are not fields of"),
+    (["+model.override_config.vocab_size=100"], "model.path's vocab_size is 100"),
 ])
 def test_refusals_before_any_worker(tmp_path, args, message):
     proc = run_sft(["model.path=pyrl:tiny", "data.train_files=pyrl:toy_addition_sft", *args], tmp_path, timeout=120)
