@@ -286,20 +286,19 @@ def run_ppo(config: PPOConfig) -> dict:
         f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
     global WORKERS_STARTED
     WORKERS_STARTED = True
-    workers = build_workers(config, plan)
     trainer = None
-    try:
-        trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers, plan)
-        final_val = trainer.fit()
-    finally:
-        if trainer is not None and trainer.reward_server is not None:
-            trainer.reward_server.close()
-        if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends
-            import ray  # lazy: Ray stays off the CLI's import path
+    with build_workers(config, plan) as workers:
+        try:
+            trainer = PPOTrainer(config, tokenizer, train, val, reward_fn, val_reward_fn, workers, plan)
+            final_val = trainer.fit()
+        finally:
+            if trainer is not None and trainer.reward_server is not None:
+                trainer.reward_server.close()
+            if config.ray_kwargs.timeline_json_file:  # verl's: Ray's task timeline, written as the run ends
+                import ray  # lazy: Ray stays off the CLI's import path
 
-            ray.timeline(filename=config.ray_kwargs.timeline_json_file)
-        workers.shutdown()
-        close_scoring_pools()
+                ray.timeline(filename=config.ray_kwargs.timeline_json_file)
+            close_scoring_pools()  # the reward function's process pools (made at the first scoring)
     outputs = {"run_dir": run_dir}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_path):

@@ -176,8 +176,7 @@ def run_generation(config: PPOConfig) -> str:
     prompts = PromptBatches(rows, tokenizer, data, config.actor_rollout_ref.model.custom_chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ppo.WORKERS_STARTED = True
-    workers = build_workers(config, plan)
-    try:  # the workers go whatever happens: a caller's Ray (a test session, a notebook) keeps running
+    with build_workers(config, plan) as workers:
         per_call, n = generation_batch_size(data), rollout.n
         texts: list[list[str]] = []
         start = time.perf_counter()
@@ -193,8 +192,6 @@ def run_generation(config: PPOConfig) -> str:
             texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
             log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
                      time.perf_counter() - start)
-    finally:
-        workers.shutdown()
     table = rows.table.append_column(RESPONSES, pa.array(texts, type=pa.list_(pa.string())))
     directory = os.path.dirname(os.path.abspath(data.output_path))
     os.makedirs(directory, exist_ok=True)

@@ -42,6 +42,12 @@ class Workers:
         for group in reversed(list(self.groups.values())):
             group.kill()
 
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:  # the workers go whatever happens: a caller's Ray (a test session, a
+        self.shutdown()  # notebook) keeps running
+
 
 def place(pool, section, prefix: str = "trainer") -> None:
     """Reserve the pool's bundles on section.nnodes distinct Ray nodes now, before any worker starts; a cluster
