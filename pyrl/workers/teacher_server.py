@@ -52,7 +52,7 @@ def ranks_of(distillation) -> list[list[int]]:
     return out
 
 
-def teacher_engine_config(inference, topk: int, seed: int, trust_remote_code: bool = False):
+def teacher_engine_config(inference, topk: int, seed: int):
     """pyrl's vLLM engine settings (pyrl.config.RolloutConfig) for a teacher replica, as verl prepares its teacher
     server: room for the student's prompt and whole response plus one token, the raw log-probs, max_logprobs >= k
     (engine_kwargs.vllm.max_logprobs, set to k where unset), and no sleep (the pool is the teacher's alone)."""
@@ -61,8 +61,6 @@ def teacher_engine_config(inference, topk: int, seed: int, trust_remote_code: bo
     vllm_kwargs = dict(inference.engine_kwargs.get("vllm") or {})
     if vllm_kwargs.get("max_logprobs") is None:
         vllm_kwargs["max_logprobs"] = max(topk, 1)
-    if trust_remote_code:  # the student's model.trust_remote_code, as the colocated teacher loads with it
-        vllm_kwargs.setdefault("trust_remote_code", True)
     return RolloutConfig(
         name="vllm", dtype=inference.dtype, gpu_memory_utilization=inference.gpu_memory_utilization,
         tensor_model_parallel_size=inference.tensor_model_parallel_size,
@@ -102,8 +100,8 @@ class TeacherServer(Worker):
             from pyrl.workers.rollout.vllm_engine import VLLMEngine  # lazy: vllm is optional
 
             topk = self.distillation.distillation_loss.topk or 0
-            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(
-                inference, topk, self.replica, self.trust_remote_code), self.device, own_workers=True)
+            self.engine = VLLMEngine(self.teacher.model_path, teacher_engine_config(inference, topk, self.replica),
+                                     self.device, own_workers=True, trust_remote_code=self.trust_remote_code)
             self.model = None
         else:
             from transformers import AutoModelForCausalLM  # lazy: transformers loads with the model
