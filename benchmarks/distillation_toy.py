@@ -49,6 +49,7 @@ def sft(name: str, base: str, lr: float, steps: int, out: str) -> tuple[str, flo
     command = [sys.executable, "-m", "pyrl.trainer.sft_trainer", "data.train_files=pyrl:toy_addition_sft",
                "data.val_files=pyrl:toy_addition_sft:val", f"model.path={base}", "trainer.n_gpus_per_node=0",
                "data.train_batch_size=128", f"optim.lr={lr}", f"trainer.total_training_steps={steps}",
+               f"trainer.total_epochs={steps}",  # at least an epoch per step: the steps set the run's length
                f"trainer.test_freq={steps}", f"trainer.save_freq={steps}", "trainer.logger=[console]",
                f"trainer.default_local_dir={run_dir}", "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     done = subprocess.run(command, capture_output=True, text=True)

@@ -22,7 +22,7 @@ class OptimConfig:
     lr: float = 1e-6
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.01
-    lr_warmup_steps: int = -1  # < 0: lr_warmup_steps_ratio x total_training_steps
+    lr_warmup_steps: int = -1  # <= 0: lr_warmup_steps_ratio x total_training_steps
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler_type: str = "constant"  # constant | cosine
     warmup_style: Optional[str] = None  # verl 0.9.1's deprecated spelling of lr_scheduler_type, copied there at start
@@ -735,7 +735,13 @@ CONTENTS_KEYS = tuple(f"{role}.checkpoint.{name}" for role in ("actor_rollout_re
 
 # verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
 # why). Anything else stops the run at start instead of being silently ignored.
+# the dtypes a trained model computes and keeps its master weights in: float16 would need loss scaling
+TRAINING_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
+FLOAT16_TRAINING = ("float16 training needs loss scaling, which pyrl does not implement (verl 0.9.1 adds a "
+                    "ShardedGradScaler): bfloat16 keeps float32's range")
 LIMITS: dict[str, tuple[tuple, str]] = {
+    **{f"{section}.{key}": (TRAINING_DTYPES, FLOAT16_TRAINING)
+       for section in ("actor_rollout_ref.actor.fsdp_config", "critic.fsdp") for key in ("dtype", "model_dtype")},
     "reward.reward_manager.source": (("register",), "pyrl's registered managers: naive, dapo, batch, gdpo, "
                                                     "rate_limited, remote (verl's importlib managers are classes of "
                                                     "verl's own reward-loop API)"),

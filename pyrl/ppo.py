@@ -167,21 +167,27 @@ def resolve_fast_paths(config: PPOConfig) -> None:
                  "to match): %s", ", ".join(chosen))
 
 
+def migrate_warmup_style(optim, key: str) -> None:
+    """verl 0.9.1's deprecated optim.warmup_style (section `key`), copied into lr_scheduler_type with a warning
+    (constant or cosine, as verl asserts)."""
+    if optim.warmup_style is not None:
+        if optim.warmup_style not in ("constant", "cosine"):
+            raise ValueError(f"{key}.warmup_style: expected constant or cosine, got {optim.warmup_style!r} (it is "
+                             f"deprecated: set {key}.lr_scheduler_type)")
+        log.warning("%s.warmup_style is deprecated (verl 0.9.1): use %s.lr_scheduler_type; taking %s", key, key,
+                    optim.warmup_style)
+        optim.lr_scheduler_type = optim.warmup_style
+
+
 def migrate_deprecated_keys(config: PPOConfig, ranks: int) -> None:
-    """verl 0.9.1's deprecated spellings, accepted as it accepts them, each with a warning: optim.warmup_style is copied
-    into lr_scheduler_type (constant or cosine, as verl asserts); a global micro-batch size (ppo_micro_batch_size,
+    """verl 0.9.1's deprecated spellings, accepted as it accepts them, each with a warning: optim.warmup_style
+    (migrate_warmup_style); a global micro-batch size (ppo_micro_batch_size,
     log_prob_micro_batch_size, critic.forward_micro_batch_size) becomes the per-rank one, divided by the `ranks`
     data-parallel ranks as verl's FSDP workers did (verl 0.9.1 checks these keys but its engine workers never read
     them: there they do nothing). Both spellings at once is verl's error."""
     for key, optim in (("actor_rollout_ref.actor.optim", config.actor_rollout_ref.actor.optim),
                        ("critic.optim", config.critic.optim)):
-        if optim.warmup_style is not None:
-            if optim.warmup_style not in ("constant", "cosine"):
-                raise ValueError(f"{key}.warmup_style: expected constant or cosine, got {optim.warmup_style!r} (it is "
-                                 f"deprecated: set {key}.lr_scheduler_type)")
-            log.warning("%s.warmup_style is deprecated (verl 0.9.1): use %s.lr_scheduler_type; taking %s", key, key,
-                        optim.warmup_style)
-            optim.lr_scheduler_type = optim.warmup_style
+        migrate_warmup_style(optim, key)
     arr, critic = config.actor_rollout_ref, config.critic
     pairs = [("actor_rollout_ref.actor", "ppo_micro_batch_size", arr.actor, arr.actor.ppo_mini_batch_size),
              ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", arr.rollout, None),

@@ -222,6 +222,12 @@ def test_registry_names_checked_before_workers(override, message):
     ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
     ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
+    ("actor_rollout_ref.actor.grad_clip=0", "actor_rollout_ref.actor.grad_clip=0.0: expected > 0"),
+    ("critic.grad_clip=-1", "critic.grad_clip=-1.0: expected > 0"),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio=-0.5", "optim.min_lr_ratio=-0.5: expected 0 <= value <= 1"),
+    ("actor_rollout_ref.actor.fsdp_config.dtype=float16",
+     "actor_rollout_ref.actor.fsdp_config.dtype='float16' is not supported (float16 training needs loss scaling"),
+    ("critic.fsdp.model_dtype=fp16", "critic.fsdp.model_dtype='fp16' is not supported"),
     ("critic.forward_max_token_len_per_gpu=0",  # its default is a copy: the key it copies is named too
      "critic.forward_max_token_len_per_gpu (critic.ppo_max_token_len_per_gpu unless set)=0: expected >= 1"),
     (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true",

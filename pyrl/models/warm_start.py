@@ -110,7 +110,8 @@ def sft_until(name: str, goal: str, *, base: str, train_file: str, evaluate, don
                  f"optim.lr={lr}", f"optim.lr_scheduler_type={lr_scheduler}", f"optim.min_lr_ratio={min_lr_ratio}",
                  "engine.dtype=float32", "model.enable_gradient_checkpointing=false", "trainer.device=cpu",
                  "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=1",
-                 f"trainer.total_training_steps={max_steps}", f"trainer.save_freq={save_every}",
+                 f"trainer.total_training_steps={max_steps}", f"trainer.total_epochs={max_steps}",  # room for them
+                 f"trainer.save_freq={save_every}",
                  f"trainer.max_ckpt_to_keep={eval_every // save_every + 1}", "trainer.resume_mode=disable",
                  f"trainer.seed={seed}", f"trainer.default_local_dir={run_dir}", "trainer.logger=[]",
                  "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]

@@ -198,6 +198,8 @@ NON_NEGATIVE = ("expected >= 0", lambda v: v >= 0)
 UNIT = ("expected 0 <= value <= 1", lambda v: 0 <= v <= 1)
 TOP_P = ("expected 0 < top_p <= 1", lambda v: 0 < v <= 1)
 TOP_K = ("expected -1 or 0 (off) or >= 1", lambda v: v >= -1)
+# clip_grad_norm_ to 0 zeroes every gradient and a negative bound flips them; a large bound is clipping off
+GRAD_CLIP = ("expected > 0 (the gradient norm's bound: 0 would zero every gradient)", lambda v: v > 0)
 ACTOR, ROLLOUT, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 # what each numeric key means: a value outside it verl 0.9.1 takes and trains on something else with (a negative
 # clip ratio, lam = -1, ppo_epochs = 0: no update), or fails on at the first step in a worker (n = 0, top_p = 1.5,
@@ -212,6 +214,8 @@ RANGES = {
     f"{ACTOR}.ppo_epochs": POSITIVE, "critic.ppo_epochs": POSITIVE,
     f"{ACTOR}.optim.lr": NON_NEGATIVE, "critic.optim.lr": NON_NEGATIVE,
     f"{ACTOR}.optim.weight_decay": NON_NEGATIVE, "critic.optim.weight_decay": NON_NEGATIVE,
+    f"{ACTOR}.optim.min_lr_ratio": UNIT, "critic.optim.min_lr_ratio": UNIT,  # verl asserts it
+    f"{ACTOR}.grad_clip": GRAD_CLIP, "critic.grad_clip": GRAD_CLIP,
     f"{ACTOR}.clip_ratio": NON_NEGATIVE, f"{ACTOR}.clip_ratio_low": NON_NEGATIVE,
     f"{ACTOR}.clip_ratio_high": NON_NEGATIVE, "critic.cliprange_value": NON_NEGATIVE,
     **{key: MICRO for key in (  # null: unset (verl's default)

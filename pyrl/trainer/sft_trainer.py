@@ -26,6 +26,7 @@ refused other than at their defaults, except trainer.seed (the shuffle's seed he
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -40,7 +41,16 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import pyrl.ppo as ppo_module
-from pyrl.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig, plus_dropped_for_known, typed_config
+from pyrl.config import (
+    FLOAT16_TRAINING,
+    TRAINING_DTYPES,
+    CheckpointConfig,
+    FSDPConfig,
+    ModelConfig,
+    OptimConfig,
+    plus_dropped_for_known,
+    typed_config,
+)
 from pyrl.trainer.metrics import reduce_metrics
 
 log = logging.getLogger("pyrl")
@@ -69,7 +79,7 @@ class SFTDataConfig:
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     num_workers: int = 8
     ignore_input_ids_mismatch: bool = False
-    shuffle: bool = True
+    shuffle: bool = False  # verl's: max_samples keeps a random subset (seeded by data.seed), not the first rows
     seed: Optional[int] = None  # the max_samples subset's seed (null: trainer.seed)
 
 
@@ -128,7 +138,7 @@ class SFTTrainerSection:
     total_epochs: int = 4
     total_training_steps: Optional[int] = None
     logger: Any = field(default_factory=lambda: ["console", "wandb"])
-    seed: int = 1  # the conversations' shuffle (verl 0.9.1 reads it nowhere)
+    seed: int = 1  # each epoch's shuffle (verl 0.9.1 reads it nowhere: its sampler's seed is 0)
     save_freq: Any = -1  # steps, or after_each_epoch; the last step always saves
     test_freq: Any = -1  # steps, or after_each_epoch; the last step always validates (with data.val_files)
     max_ckpt_to_keep: Optional[int] = None
@@ -179,6 +189,7 @@ SFT_LIMITS = {
     "engine.strategy": (("fsdp", "fsdp2"), "both run FSDP2; Megatron and fsdp_turbo are not implemented"),
     "engine.ulysses_sequence_parallel_size": ((1,), "Ulysses sequence parallelism is not implemented"),
     "engine.forward_only": ((False,), "SFT trains"),
+    **{f"engine.{key}": (TRAINING_DTYPES, FLOAT16_TRAINING) for key in ("dtype", "model_dtype")},
     "engine.offload_policy": ((False,), "not implemented (param_offload offloads)"),
     "engine.full_determinism": ((False,), "not implemented"),
     "engine.pad_to_length": ((False,), "not implemented"),
@@ -214,13 +225,17 @@ def _value(config, key: str):
 
 
 def check_sft_config(config: SFTConfig) -> None:
-    from pyrl.trainer.checks import NON_NEGATIVE, POSITIVE, check_ranges  # lazy: the checks load torch
+    # lazy: the checks load torch
+    from pyrl.trainer.checks import GRAD_CLIP, MICRO, NON_NEGATIVE, POSITIVE, UNIT, check_ranges
     from pyrl.verl_features import Unsupported  # lazy: as in pyrl.config
+    from pyrl.workers.lora import check_lora_config  # lazy: as above
 
     ranges = {"optim.lr": NON_NEGATIVE, "optim.weight_decay": NON_NEGATIVE,  # a table of RANGES' form
+              "optim.clip_grad": GRAD_CLIP, "optim.min_lr_ratio": UNIT,
               "data.train_batch_size": POSITIVE, "data.micro_batch_size_per_gpu": POSITIVE,
               "data.max_token_len_per_gpu": POSITIVE,
-              "data.max_length": ("expected >= 2 (a token before the first trained one)", lambda v: v >= 2)}
+              "data.max_length": ("expected >= 2 (a token before the first trained one)", lambda v: v >= 2),
+              "trainer.total_epochs": POSITIVE, "trainer.total_training_steps": MICRO, "nccl_timeout": POSITIVE}
 
     for key, (allowed, why) in SFT_LIMITS.items():
         value = _value(config, key)
@@ -236,6 +251,8 @@ def check_sft_config(config: SFTConfig) -> None:
     if trainer.resume_mode not in ("auto", "disable", "resume_path"):
         raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
     check_ranges(config, ranges)
+    check_lora_config(config.model, "model", "CAUSAL_LM")
+    ppo_module.migrate_warmup_style(config.optim, "optim")
     for key in ("save_contents", "load_contents"):  # a resume always loads what a save always writes
         contents = set(getattr(config.checkpoint, key))
         if not {"model", "optimizer", "extra"} <= contents <= {"model", "optimizer", "extra", "hf_model"}:
@@ -262,7 +279,9 @@ def ppo_config_of(config: SFTConfig):
     actor.use_dynamic_bsz = config.data.use_dynamic_bsz
     actor.ppo_max_token_len_per_gpu = config.data.max_token_len_per_gpu
     actor.data_loader_seed = config.trainer.seed
-    actor.checkpoint = config.checkpoint
+    # the whole model goes to global_step_N/huggingface once (SFTTrainer.save), not also into the actor's directory
+    actor.checkpoint = dataclasses.replace(
+        config.checkpoint, save_contents=[c for c in config.checkpoint.save_contents if c != "hf_model"])
     for key in ("nnodes", "n_gpus_per_node", "n_cpu_workers_per_node", "ray_address", "device", "project_name",
                 "experiment_name"):
         setattr(ppo.trainer, key, getattr(config.trainer, key))
@@ -273,6 +292,24 @@ def ppo_config_of(config: SFTConfig):
 
 def freq_hit(freq, step: int, epoch_end: bool) -> bool:
     return epoch_end if freq == "after_each_epoch" else freq > 0 and step % freq == 0
+
+
+def total_steps(config: SFTConfig, rows: int) -> int:
+    """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of `rows` conversations in
+    whole batches. verl 0.9.1 stops after total_epochs whatever total_training_steps says (short of its last step,
+    so without the last step's save and validation): a count the epochs do not hold is refused."""
+    trainer, batch = config.trainer, config.data.train_batch_size
+    per_epoch = rows // batch
+    in_epochs = per_epoch * trainer.total_epochs
+    if trainer.total_training_steps is None:
+        return in_epochs
+    if trainer.total_training_steps > in_epochs:
+        needed = -(-trainer.total_training_steps // per_epoch)
+        raise ValueError(f"trainer.total_training_steps={trainer.total_training_steps} is more than "
+                         f"trainer.total_epochs={trainer.total_epochs} epochs of {per_epoch} steps ({rows} "
+                         f"conversations, data.train_batch_size={batch}) hold: verl 0.9.1 would stop after "
+                         f"{in_epochs} steps; set trainer.total_epochs={needed} or fewer steps")
+    return trainer.total_training_steps
 
 
 class SFTTrainer:
@@ -286,9 +323,10 @@ class SFTTrainer:
         self.config, self.workers, self.train, self.val = config, workers, train, val
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         data, trainer = config.data, config.trainer
-        self.sampler = StatefulSampler(len(train), data.train_batch_size, data.shuffle, trainer.seed)
+        # every epoch reshuffled, as verl's DistributedSampler(shuffle=True) (data.shuffle is the subset's)
+        self.sampler = StatefulSampler(len(train), data.train_batch_size, True, trainer.seed)
         self.steps_per_epoch = self.sampler.batches_per_epoch
-        self.total_steps = trainer.total_training_steps or self.steps_per_epoch * trainer.total_epochs
+        self.total_steps = total_steps(config, len(train))
         self.run_dir = os.path.abspath(trainer.default_local_dir)
         self.global_step, self.total_tokens = 0, 0
 
@@ -445,8 +483,9 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     if data.train_batch_size % plan.world_size:
         raise ValueError(f"data.train_batch_size={data.train_batch_size} does not split over the {plan.world_size} "
                          f"ranks")
-    steps = config.trainer.total_training_steps or (len(train) // data.train_batch_size) * config.trainer.total_epochs
-    ppo.actor_rollout_ref.actor.optim.total_training_steps = steps
+    optim = ppo.actor_rollout_ref.actor.optim
+    if optim.total_training_steps < 0:  # the LR schedule spans the run unless set (as the PPO trainer's)
+        optim.total_training_steps = total_steps(config, len(train))
     ppo_module.WORKERS_STARTED = True
     with build_workers(ppo, plan) as workers:
         trainer = SFTTrainer(config, workers, tokenizer, train, val)

@@ -16,10 +16,14 @@ __all__ = ["load_policy", "load_reward_classifier", "load_tokenizer", "load_valu
 
 
 def load_tokenizer(model_config):
+    """The model section's tokenizer (tokenizer_path, else path), with its custom_chat_template when set."""
     from transformers import AutoTokenizer  # lazy: transformers loads with the first model
 
     path = resolve_model_path(model_config.tokenizer_path or model_config.path)
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    if model_config.custom_chat_template is not None:  # saved with the model too, as verl's HFModelConfig does:
+        tokenizer.chat_template = model_config.custom_chat_template  # the export renders as training did
+    return tokenizer
 
 
 def model_kwargs(model_config) -> dict:

@@ -55,11 +55,11 @@ def restore_fused_step(optimizer) -> None:
 
 
 def build_lr_scheduler(optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over lr_warmup_steps (or lr_warmup_steps_ratio x total_training_steps), then constant,
-    or cosine down to min_lr_ratio over the remaining steps (verl's schedules)."""
+    """Linear warmup over lr_warmup_steps (or, at <= 0, lr_warmup_steps_ratio x total_training_steps), then
+    constant, or cosine down to min_lr_ratio over the remaining steps (verl's schedules)."""
     total = optim_config.total_training_steps
     warmup = optim_config.lr_warmup_steps
-    if warmup < 0:
+    if warmup <= 0:  # verl 0.9.1's engine: 0 reads the ratio too
         warmup = int(optim_config.lr_warmup_steps_ratio * max(total, 0))
     kind = optim_config.lr_scheduler_type
     if kind not in LR_SCHEDULES:

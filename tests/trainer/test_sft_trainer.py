@@ -3,8 +3,10 @@ loss masks by hand, the first step's loss against a float64 transcription of ver
 (two ranks, micro-batched), a resumed run equal to an uninterrupted one, the hf_model output trained on by
 pyrl.ppo, and the refusals before any worker starts."""
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -150,7 +152,7 @@ def test_the_batch_layout_scores_each_token_after_the_first(tokenizer):
 # ---- whole runs ----
 
 RUN = ["model.path=pyrl:tiny", "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=2",
-       "data.train_files=pyrl:toy_addition_sft", "data.train_batch_size=16", "data.shuffle=false",
+       "data.train_files=pyrl:toy_addition_sft", "data.train_batch_size=16",
        "engine.dtype=float32", "model.enable_gradient_checkpointing=false", "optim.lr=3e-3",
        "trainer.logger=[jsonl]", "data.use_dynamic_bsz=false", "data.micro_batch_size_per_gpu=3"]
 
@@ -193,10 +195,11 @@ def nll_token_mean(model_dir: str, samples) -> float:
 
 def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path, ray_session):
     """Step 1 on two ranks in micro-batches of 3 (16 rows: 8 per rank) reports the token mean of -log p over the
-    assistant tokens of the first 16 conversations under the initial weights; its validation (5 conversations: a
-    count the two ranks do not split, made up with rows that carry no loss) the same under the weights after the
-    step (the step's hf_model export); both computed here in float64."""
+    assistant tokens of the first batch's 16 conversations (trainer.seed's shuffle) under the initial weights; its
+    validation (5 conversations: a count the two ranks do not split, made up with rows that carry no loss) the same
+    under the weights after the step (the step's hf_model export); both computed here in float64."""
     from pyrl.data import toy_sft_task_files
+    from pyrl.data.dataset import StatefulSampler
     from pyrl.models import resolve_model_path
 
     val = tmp_path / "val.parquet"
@@ -205,7 +208,8 @@ def test_the_losses_are_verls_sft_loss(tokenizer, tmp_path, ray_session):
               f"data.val_files={val}", "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     first = metrics(f"{tmp_path}/run")[0]
     train = MultiTurnSFTDataset(toy_sft_task_files().train, tokenizer, data_config())
-    expected = nll_token_mean(resolve_model_path("pyrl:tiny", "model"), [train[i] for i in range(16)])
+    first_batch = StatefulSampler(len(train), 16, True, seed=1).next_batch()  # trainer.seed's default
+    expected = nll_token_mean(resolve_model_path("pyrl:tiny", "model"), [train[i] for i in first_batch])
     assert first["train/loss"] == pytest.approx(expected, rel=1e-5)
     held = MultiTurnSFTDataset(str(val), tokenizer, data_config())
     after = nll_token_mean(f"{tmp_path}/run/global_step_1/huggingface", [held[i] for i in range(5)])
@@ -216,9 +220,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, ray_session):
     """4 steps at once, or 2 steps, then the same command for 4: the same losses at steps 3 and 4 (the weights,
     the optimizer and the sampler come back); the checkpoint's huggingface/ is a whole model (hf_model). The
     resuming run goes through the command line."""
-    sft_here([*RUN, "trainer.total_training_steps=4", "data.shuffle=true",
-              f"trainer.default_local_dir={tmp_path}/whole"])
-    resumed = [*RUN, "data.shuffle=true", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}/resumed",
+    sft_here([*RUN, "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path}/whole"])
+    resumed = [*RUN, "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}/resumed",
                "checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     sft_here([*resumed, "trainer.total_training_steps=2"])
     second = run_sft([*resumed, "trainer.total_training_steps=4"], tmp_path)
@@ -250,18 +253,29 @@ def test_the_hf_model_output_trains_with_pyrl_ppo(tmp_path, ray_session):
 
 def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path, ray_session):
     """model.lora_rank: the loss falls over 4 steps, and huggingface/ is a plain model (no adapter keys) whose
-    weights differ from the start only in the adapted layers' merged products."""
+    weights differ from the start only in the adapted layers' merged products, its tokenizer rendering with
+    model.custom_chat_template (as verl saves it); the whole weights are written there only, not also beside the
+    actor's shards."""
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
     from pyrl.models import resolve_model_path
+    from pyrl.trainer.sft_trainer import compose_sft_config
+    from pyrl.trainer.sft_trainer import run_sft as run_sft_here
 
-    sft_here([*RUN, "trainer.total_training_steps=4", "model.lora_rank=4", "model.lora_alpha=8",
-              f"trainer.default_local_dir={tmp_path}/lora",
-              "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
+    config = compose_sft_config([*RUN, "trainer.total_training_steps=4", "model.lora_rank=4", "model.lora_alpha=8",
+                                 f"trainer.default_local_dir={tmp_path}/lora",
+                                 "checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
+    base = resolve_model_path("pyrl:tiny", "model")
+    config.model.custom_chat_template = AutoTokenizer.from_pretrained(base).chat_template + "{# pyrl's test #}"
+    run_sft_here(config)
+    exported = f"{tmp_path}/lora/global_step_4/huggingface"
+    assert AutoTokenizer.from_pretrained(exported).chat_template == config.model.custom_chat_template
+    assert not glob.glob(f"{tmp_path}/lora/global_step_4/actor/huggingface/*.safetensors")
     losses = [m["train/loss"] for m in metrics(f"{tmp_path}/lora")]
     assert losses[-1] < losses[0]
-    merged = load_file(f"{tmp_path}/lora/global_step_4/huggingface/model.safetensors")
-    start = load_file(os.path.join(resolve_model_path("pyrl:tiny", "model"), "model.safetensors"))
+    merged = load_file(f"{exported}/model.safetensors")
+    start = load_file(os.path.join(base, "model.safetensors"))
     assert not [k for k in merged if "lora" in k]
     if "lm_head.weight" not in start:  # a tied head, written out by the export: the embedding itself
         assert torch.equal(merged.pop("lm_head.weight"), merged["model.embed_tokens.weight"])
@@ -286,3 +300,48 @@ def test_lora_trains_the_adapters_and_exports_a_merged_model(tmp_path, ray_sessi
 def test_refusals_before_any_worker(tmp_path, args, message):
     proc = run_sft(["model.path=pyrl:tiny", "data.train_files=pyrl:toy_addition_sft", *args], tmp_path, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.clip_grad=0", "optim.clip_grad=0.0: expected > 0"),
+    ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5: expected 0 <= value <= 1"),
+    ("trainer.total_epochs=0", "trainer.total_epochs=0: expected >= 1"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps=0: expected null or >= 1"),
+    ("nccl_timeout=0", "nccl_timeout=0: expected >= 1"),
+    ("optim.warmup_style=linear", "optim.warmup_style: expected constant or cosine"),
+    ("model.lora_rank=-4", "model.lora_rank: expected >= 0"),
+    ("model.lora_adapter_path=/tmp/adapter", "model.lora_adapter_path is set but model.lora_rank is 0"),
+    ("engine.dtype=float16", "engine.dtype='float16' is not supported (float16 training needs loss scaling"),
+    ("engine.model_dtype=fp16", "engine.model_dtype='fp16' is not supported"),
+])
+def test_values_the_start_checks_refuse(override, message):
+    """check_sft_config, in this process (the command line's own refusals are above): values verl 0.9.1 would
+    train on with something else (no gradient, an LR below zero, the whole model instead of the adapter)."""
+    from pyrl.trainer.sft_trainer import check_sft_config, compose_sft_config
+
+    with pytest.raises(Exception, match=re.escape(message)):
+        check_sft_config(compose_sft_config(["model.path=pyrl:tiny", override]))
+
+
+def test_deprecated_warmup_style_sets_the_schedule():
+    """optim.warmup_style=cosine is verl's deprecated spelling of lr_scheduler_type=cosine: taken, with a warning."""
+    from pyrl.trainer.sft_trainer import check_sft_config, compose_sft_config, ppo_config_of
+
+    config = compose_sft_config(["model.path=pyrl:tiny", "optim.warmup_style=cosine"])
+    check_sft_config(config)
+    assert ppo_config_of(config).actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+
+
+def test_more_steps_than_the_epochs_hold_is_refused_before_any_worker():
+    """verl 0.9.1 stops after trainer.total_epochs whatever trainer.total_training_steps says (9,488 conversations
+    in batches of 16: 593 steps an epoch, 1,779 in 3); pyrl says so before any worker starts."""
+    from pyrl.trainer import workers
+
+    started = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workers, "build_workers", lambda *a: started.append(a))
+        with pytest.raises(ValueError, match=re.escape("trainer.total_training_steps=2000 is more than "
+                                                       "trainer.total_epochs=3 epochs of 593 steps")) as error:
+            sft_here(["model.path=pyrl:tiny", "data.train_files=pyrl:toy_addition_sft", "data.train_batch_size=16",
+                      "trainer.total_training_steps=2000", "trainer.total_epochs=3", "trainer.n_gpus_per_node=0"])
+    assert "set trainer.total_epochs=4 or fewer steps" in str(error.value) and not started

@@ -148,3 +148,43 @@ def test_a_checkpoint_of_the_loop_adamw_resumes_into_the_fused_one(tmp_path):
         step(new, new_optimizer, seed)
     for got, want in zip(new.parameters(), old.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def verl091_lr_factor(step: int, kind: str, total: int, warmup_steps: int, warmup_ratio: float, min_ratio: float,
+                      cycles: float) -> float:
+    """verl 0.9.1's schedules, transcribed: the FSDP engine's warmup choice (engine/fsdp/transformer_impl.py:
+    lr_warmup_steps <= 0 takes the ratio), get_constant_schedule_with_warmup and get_cosine_schedule_with_warmup
+    (utils/torch_functional.py, init_lr_ratio 0, zero-indexed steps)."""
+    warmup = warmup_steps if warmup_steps > 0 else int(warmup_ratio * total)
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    x = math.cos(math.pi * cycles * 2.0 * progress)
+    return max(min_ratio, x * (1 - min_ratio) * 0.5 + (1 + min_ratio) * 0.5)
+
+
+@pytest.mark.parametrize("kind, warmup_steps, warmup_ratio, min_ratio, cycles", [
+    ("constant", -1, 0.0, 0.0, 0.5), ("constant", 3, 0.0, 0.0, 0.5), ("constant", 0, 0.25, 0.0, 0.5),
+    ("cosine", -1, 0.1, 0.1, 0.5), ("cosine", 0, 0.3, 0.0, 0.5), ("cosine", 4, 0.9, 0.2, 1.0),
+    ("cosine", 1, 0.0, 1.0, 0.5)])
+def test_the_lr_schedule_is_verls(kind, warmup_steps, warmup_ratio, min_ratio, cycles):
+    """Each step's LR factor over a 20-step run, warmup by steps or (at lr_warmup_steps <= 0, as verl: 0 too) by
+    the ratio."""
+    from pyrl.workers.optim import build_lr_scheduler
+
+    total = 20
+    config = SimpleNamespace(total_training_steps=total, lr_warmup_steps=warmup_steps,
+                             lr_warmup_steps_ratio=warmup_ratio, lr_scheduler_type=kind, min_lr_ratio=min_ratio,
+                             num_cycles=cycles)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_lr_scheduler(optimizer, config)
+    got = []
+    for _ in range(total + 1):
+        got.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    expected = [verl091_lr_factor(step, kind, total, warmup_steps, warmup_ratio, min_ratio, cycles)
+                for step in range(total + 1)]
+    assert got == pytest.approx(expected, abs=1e-12)
