@@ -247,6 +247,26 @@ def test_bad_values_stop_the_run_before_workers(override, message):
         resolve_defaults(compose("preset=toy", *overrides))
 
 
+def test_more_steps_than_the_epochs_hold_are_refused():
+    """verl 0.9.1 stops after trainer.total_epochs whatever trainer.total_training_steps says; pyrl refuses the count
+    at start (run_ppo computes the steps before any worker), naming the epochs it needs. 3,000 prompts in batches of
+    64: 46 steps an epoch."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.ppo_trainer import training_steps
+
+    def steps(*overrides):
+        return training_steps(compose("preset=toy", "data.train_batch_size=64", *overrides), 3000)
+
+    assert steps("trainer.total_training_steps=null", "trainer.total_epochs=2") == 92
+    assert steps("trainer.total_training_steps=92", "trainer.total_epochs=2") == 92
+    with pytest.raises(ValueError, match=re.escape("trainer.total_training_steps=93 is more than "
+                                                   "trainer.total_epochs=2 epochs of 46 steps (3000 prompts in "
+                                                   "generation batches of 64) hold: verl 0.9.1 would stop after 92 "
+                                                   "steps; set trainer.total_epochs=3 or fewer steps")):
+        steps("trainer.total_training_steps=93", "trainer.total_epochs=2")
+
+
 def test_prefix_grouper_needs_the_packed_path():
     from trainer.trainer_helpers import compose
 

@@ -140,12 +140,29 @@ class RunStopped(SystemExit):
         self.line = line
 
 
+def steps_within_epochs(trainer, per_epoch: int, batches: str) -> int:
+    """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of `per_epoch` steps (verl's
+    count; `batches` says what an epoch is made of, for the message). verl 0.9.1 stops after total_epochs whatever
+    total_training_steps says (short of its last step: without the last step's save and validation), so a count
+    the epochs do not hold is refused, naming the epochs it needs."""
+    in_epochs = per_epoch * trainer.total_epochs
+    if trainer.total_training_steps is None:
+        return in_epochs
+    if trainer.total_training_steps > in_epochs:
+        needed = -(-trainer.total_training_steps // max(per_epoch, 1))
+        raise ValueError(f"trainer.total_training_steps={trainer.total_training_steps} is more than "
+                         f"trainer.total_epochs={trainer.total_epochs} epochs of {per_epoch} steps ({batches}) hold: "
+                         f"verl 0.9.1 would stop after {in_epochs} steps; set trainer.total_epochs={needed} or fewer "
+                         f"steps")
+    return trainer.total_training_steps
+
+
 def training_steps(config, train_prompts: int) -> int:
-    """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of whole generation batches
-    (verl's count)."""
-    if config.trainer.total_training_steps is not None:
-        return config.trainer.total_training_steps
-    return train_prompts // generation_batch_size(config.data) * config.trainer.total_epochs
+    """The run's steps (steps_within_epochs): an epoch is the whole generation batches of the prompts (with
+    dynamic sampling a step takes one or more)."""
+    gen = generation_batch_size(config.data)
+    return steps_within_epochs(config.trainer, train_prompts // gen,
+                               f"{train_prompts} prompts in generation batches of {gen}")
 
 
 class PPOTrainer:

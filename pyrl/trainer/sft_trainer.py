@@ -295,21 +295,13 @@ def freq_hit(freq, step: int, epoch_end: bool) -> bool:
 
 
 def total_steps(config: SFTConfig, rows: int) -> int:
-    """The run's steps: trainer.total_training_steps, else trainer.total_epochs epochs of `rows` conversations in
-    whole batches. verl 0.9.1 stops after total_epochs whatever total_training_steps says (short of its last step,
-    so without the last step's save and validation): a count the epochs do not hold is refused."""
-    trainer, batch = config.trainer, config.data.train_batch_size
-    per_epoch = rows // batch
-    in_epochs = per_epoch * trainer.total_epochs
-    if trainer.total_training_steps is None:
-        return in_epochs
-    if trainer.total_training_steps > in_epochs:
-        needed = -(-trainer.total_training_steps // per_epoch)
-        raise ValueError(f"trainer.total_training_steps={trainer.total_training_steps} is more than "
-                         f"trainer.total_epochs={trainer.total_epochs} epochs of {per_epoch} steps ({rows} "
-                         f"conversations, data.train_batch_size={batch}) hold: verl 0.9.1 would stop after "
-                         f"{in_epochs} steps; set trainer.total_epochs={needed} or fewer steps")
-    return trainer.total_training_steps
+    """The run's steps (the PPO trainer's rule, steps_within_epochs): an epoch is the whole batches of `rows`
+    conversations."""
+    from pyrl.trainer.ppo_trainer import steps_within_epochs  # lazy: the trainer's modules load torch
+
+    batch = config.data.train_batch_size
+    return steps_within_epochs(config.trainer, rows // batch,
+                               f"{rows} conversations, data.train_batch_size={batch}")
 
 
 class SFTTrainer:
