@@ -233,7 +233,7 @@ class CheckpointEngineConfig:
 @dataclass
 class RolloutConfig:
     name: str = "vllm"  # vllm | hf
-    mode: str = "async"  # async | sync: the same in-process generation (verl 0.9.1 serves both asynchronously too)
+    mode: str = "async"  # async only: verl 0.9.1 removed sync (pyrl generates in-process)
     n: int = 1
     temperature: float = 1.0
     top_k: int = -1
@@ -777,7 +777,11 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "actor_rollout_ref.ref.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "critic.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
-    "actor_rollout_ref.rollout.mode": (("async", "sync"), "pyrl generates each batch in-process either way"),
+    "actor_rollout_ref.rollout.mode": (("async",), "verl 0.9.1 removed rollout mode 'sync' (its error: set mode=async "
+                                                 "or remove the setting)"),
+    "trainer.device": (("auto", "cuda", "cpu"), "auto: CUDA where this machine has GPUs, else CPU workers; Ascend NPUs "
+                                                "are not implemented"),
+    "trainer.resume_mode": (("auto", "disable", "resume_path"), "verl 0.9.1's three modes"),
     # refused under every key that names it, as verl 0.9.1 has them
     **{key: ((1,), "Ulysses sequence parallelism is not implemented") for key in (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size",

@@ -222,6 +222,17 @@ def test_registry_names_checked_before_workers(override, message):
     ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
     ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
+    ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0.0: expected > 0"),
+    ("actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.mode='sync' is not supported (verl 0.9.1 "
+                                            "removed rollout mode 'sync'"),
+    ("trainer.device=npu", "trainer.device='npu' is not supported"),
+    (["trainer.device=cpu", "trainer.n_gpus_per_node=2"], "trainer.device=cpu with trainer.n_gpus_per_node=2"),
+    ("trainer.resume_mode=resume_path", "trainer.resume_mode=resume_path: trainer.resume_from_path names no"),
+    ("trainer.resume_mode=latest", "trainer.resume_mode='latest' is not supported"),
+    ("data.val_batch_size=-2", "data.val_batch_size=-2: expected null or >= 1"),
+    ("data.seed=-1", "data.seed=-1: expected null or >= 0"),
+    ("trainer.total_epochs=0", "trainer.total_epochs=0: expected >= 1"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps=0: expected null or >= 1"),
     ("actor_rollout_ref.actor.grad_clip=0", "actor_rollout_ref.actor.grad_clip=0.0: expected > 0"),
     ("critic.grad_clip=-1", "critic.grad_clip=-1.0: expected > 0"),
     ("actor_rollout_ref.actor.optim.min_lr_ratio=-0.5", "optim.min_lr_ratio=-0.5: expected 0 <= value <= 1"),
@@ -250,7 +261,8 @@ def test_bad_values_stop_the_run_before_workers(override, message):
 def test_more_steps_than_the_epochs_hold_are_refused():
     """verl 0.9.1 stops after trainer.total_epochs whatever trainer.total_training_steps says; pyrl refuses the count
     at start (run_ppo computes the steps before any worker), naming the epochs it needs. 3,000 prompts in batches of
-    64: 46 steps an epoch."""
+    64: 46 steps an epoch, with dynamic sampling too (verl 0.9.1's default trainer, trainer/ppo/v1, counts an
+    epoch in training batches)."""
     from trainer.trainer_helpers import compose
 
     from pyrl.trainer.ppo_trainer import training_steps
@@ -260,9 +272,11 @@ def test_more_steps_than_the_epochs_hold_are_refused():
 
     assert steps("trainer.total_training_steps=null", "trainer.total_epochs=2") == 92
     assert steps("trainer.total_training_steps=92", "trainer.total_epochs=2") == 92
+    assert steps("trainer.total_training_steps=null", "trainer.total_epochs=2", "algorithm.filter_groups.enable=true",
+                 "data.gen_batch_size=192") == 92
     with pytest.raises(ValueError, match=re.escape("trainer.total_training_steps=93 is more than "
-                                                   "trainer.total_epochs=2 epochs of 46 steps (3000 prompts in "
-                                                   "generation batches of 64) hold: verl 0.9.1 would stop after 92 "
+                                                   "trainer.total_epochs=2 epochs of 46 steps (3000 prompts, "
+                                                   "data.train_batch_size=64) hold: verl 0.9.1 would stop after 92 "
                                                    "steps; set trainer.total_epochs=3 or fewer steps")):
         steps("trainer.total_training_steps=93", "trainer.total_epochs=2")
 

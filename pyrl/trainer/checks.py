@@ -25,6 +25,8 @@ def check_config(config, plan) -> None:
     """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
     check_no_nan(config)
     check_ranges(config)
+    check_ranges(config, TRAINING_RANGES)
+    check_trainer_section(config)
     check_dual_clip(config)
     check_names(config)
     check_batch_sizes(config, plan)
@@ -205,7 +207,9 @@ ACTOR, ROLLOUT, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "a
 # clip ratio, lam = -1, ppo_epochs = 0: no update), or fails on at the first step in a worker (n = 0, top_p = 1.5,
 # a micro-batch of 0). One line each, checked before any worker (check_ranges).
 RANGES = {
-    "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE,
+    "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE, "data.val_batch_size": MICRO,
+    "data.seed": ("expected null or >= 0", lambda v: v is None or v >= 0),
+    "trainer.total_epochs": POSITIVE, "trainer.total_training_steps": MICRO,
     f"{ROLLOUT}.response_length": POSITIVE, f"{ROLLOUT}.n": POSITIVE, f"{ROLLOUT}.val_kwargs.n": POSITIVE,
     f"{ROLLOUT}.temperature": NON_NEGATIVE, f"{ROLLOUT}.top_p": TOP_P, f"{ROLLOUT}.top_k": TOP_K,
     f"{ROLLOUT}.val_kwargs.temperature": NON_NEGATIVE, f"{ROLLOUT}.val_kwargs.top_p": TOP_P,
@@ -229,6 +233,24 @@ RANGES = {
         f"{REF}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
         "critic.forward_max_token_len_per_gpu", "reward_model.forward_max_token_len_per_gpu")},
 }
+
+
+# what training alone needs (batch generation decodes greedily at temperature 0)
+TRAINING_RANGES = {
+    f"{ROLLOUT}.temperature": ("expected > 0: the trainer scores the samples' log-probs at this temperature (0 is "
+                               "greedy decoding, nothing to train on; val_kwargs.temperature=0 validates greedily)",
+                               lambda v: v > 0)}
+
+
+def check_trainer_section(config) -> None:
+    """trainer.device against the GPU count asked for; a resume_path resume names its checkpoint."""
+    trainer = config.trainer
+    if trainer.device == "cpu" and trainer.n_gpus_per_node > 0:
+        raise ValueError(f"trainer.device=cpu with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: CPU workers are "
+                         f"trainer.n_gpus_per_node=0 (and n_cpu_workers_per_node); set one or the other")
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+        raise ValueError("trainer.resume_mode=resume_path: trainer.resume_from_path names no checkpoint "
+                         "(a global_step_<k> directory)")
 
 
 def check_ranges(config, ranges: dict | None = None) -> None:

@@ -17,7 +17,6 @@ from pyrl.algos import get_kl_controller
 from pyrl.algos.advantage import ESTIMATORS
 from pyrl.algos.registry import FIELD_SOURCES
 from pyrl.algos.rollout_correction import apply_rollout_correction, rollout_probs_diff
-from pyrl.config import generation_batch_size
 from pyrl.controller import WorkerError
 from pyrl.data import StatefulSampler
 from pyrl.protocol import DataProto, balanced_partitions, response_lengths
@@ -158,11 +157,11 @@ def steps_within_epochs(trainer, per_epoch: int, batches: str) -> int:
 
 
 def training_steps(config, train_prompts: int) -> int:
-    """The run's steps (steps_within_epochs): an epoch is the whole generation batches of the prompts (with
-    dynamic sampling a step takes one or more)."""
-    gen = generation_batch_size(config.data)
-    return steps_within_epochs(config.trainer, train_prompts // gen,
-                               f"{train_prompts} prompts in generation batches of {gen}")
+    """The run's steps (steps_within_epochs): an epoch is the prompts' whole training batches, as verl 0.9.1's
+    default trainer (trainer/ppo/v1) counts them, whatever dynamic sampling generates."""
+    batch = config.data.train_batch_size
+    return steps_within_epochs(config.trainer, train_prompts // batch,
+                               f"{train_prompts} prompts, data.train_batch_size={batch}")
 
 
 class PPOTrainer:
