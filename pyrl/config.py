@@ -29,6 +29,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     total_training_steps: int = -1  # set by the trainer
+    clip_grad: float = 1.0  # the gradient norm's bound (verl 0.9.1's engine clips with it)
 
 
 @dataclass
@@ -149,7 +150,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # read nowhere by verl 0.9.1 (its engine clips at optim.clip_grad): limited
     ulysses_sequence_parallel_size: int = 1
     data_loader_seed: int = 42
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -302,7 +303,7 @@ class CriticConfig:
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
     # seq-mean-token-sum-norm's divisor (None: the response width)
     loss_scale_factor: Optional[float] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # read nowhere by verl 0.9.1 (its engine clips at optim.clip_grad): limited
     ulysses_sequence_parallel_size: int = 1  # verl's; LIMITS: 1
     data_loader_seed: int = 42
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # verl 0.9.1's name (actor and ref: fsdp_config)
@@ -779,6 +780,9 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     "reward_model.strategy": (FSDP2_STRATEGIES, "Megatron is not implemented"),
     "actor_rollout_ref.rollout.mode": (("async",), "verl 0.9.1 removed rollout mode 'sync' (its error: set mode=async "
                                                  "or remove the setting)"),
+    **{f"{section}.grad_clip": ((1.0,), f"verl 0.9.1 reads it nowhere: its engine clips the gradient norm at "
+                                        f"{section}.optim.clip_grad; set that")
+       for section in ("actor_rollout_ref.actor", "critic")},
     "trainer.device": (("auto", "cuda", "cpu"), "auto: CUDA where this machine has GPUs, else CPU workers; Ascend NPUs "
                                                 "are not implemented"),
     "trainer.resume_mode": (("auto", "disable", "resume_path"), "verl 0.9.1's three modes"),

@@ -83,9 +83,8 @@ FEATURES: list[tuple[str, str]] = [
      "FSDP options pyrl does not expose (offload_policy, forward_prefetch, use_orig_params, seed, "
      "full_determinism, use_no_sync_for_gradient_accumulation, fsdp_config.strategy, wrap_policy)"),
     (r"\.checkpoint\.(async_save|strict)$", "asynchronous checkpoint saving and non-strict loading"),
-    (r"\.optim\.(optimizer_impl|clip_grad|zero_indexed_step|override_optimizer_config)$",
-     "verl's engine optimizer options (optim.optimizer_impl, clip_grad, zero_indexed_step, "
-     "override_optimizer_config)"),
+    (r"\.optim\.(optimizer_impl|zero_indexed_step|override_optimizer_config)$",
+     "verl's engine optimizer options (optim.optimizer_impl, zero_indexed_step, override_optimizer_config)"),
     (r"^(actor_rollout_ref\.(actor|ref)|critic)\.rollout_n$", "verl's engine workers' rollout_n (pyrl reads "
                                                               "actor_rollout_ref.rollout.n)"),
     (r"^actor_rollout_ref\.rollout\.(nnodes|n_gpus_per_node|data_parallel_size|expert_parallel_size|"

@@ -233,8 +233,11 @@ def test_registry_names_checked_before_workers(override, message):
     ("data.seed=-1", "data.seed=-1: expected null or >= 0"),
     ("trainer.total_epochs=0", "trainer.total_epochs=0: expected >= 1"),
     ("trainer.total_training_steps=0", "trainer.total_training_steps=0: expected null or >= 1"),
-    ("actor_rollout_ref.actor.grad_clip=0", "actor_rollout_ref.actor.grad_clip=0.0: expected > 0"),
-    ("critic.grad_clip=-1", "critic.grad_clip=-1.0: expected > 0"),
+    ("actor_rollout_ref.actor.optim.clip_grad=0", "actor_rollout_ref.actor.optim.clip_grad=0.0: expected > 0"),
+    ("critic.optim.clip_grad=-1", "critic.optim.clip_grad=-1.0: expected > 0"),
+    ("actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.grad_clip=0.5 is not supported (verl 0.9.1 "
+                                              "reads it nowhere: its engine clips the gradient norm at "
+                                              "actor_rollout_ref.actor.optim.clip_grad; set that)"),
     ("actor_rollout_ref.actor.optim.min_lr_ratio=-0.5", "optim.min_lr_ratio=-0.5: expected 0 <= value <= 1"),
     ("actor_rollout_ref.actor.fsdp_config.dtype=float16",
      "actor_rollout_ref.actor.fsdp_config.dtype='float16' is not supported (float16 training needs loss scaling"),

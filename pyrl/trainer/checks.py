@@ -219,7 +219,7 @@ RANGES = {
     f"{ACTOR}.optim.lr": NON_NEGATIVE, "critic.optim.lr": NON_NEGATIVE,
     f"{ACTOR}.optim.weight_decay": NON_NEGATIVE, "critic.optim.weight_decay": NON_NEGATIVE,
     f"{ACTOR}.optim.min_lr_ratio": UNIT, "critic.optim.min_lr_ratio": UNIT,  # verl asserts it
-    f"{ACTOR}.grad_clip": GRAD_CLIP, "critic.grad_clip": GRAD_CLIP,
+    f"{ACTOR}.optim.clip_grad": GRAD_CLIP, "critic.optim.clip_grad": GRAD_CLIP,
     f"{ACTOR}.clip_ratio": NON_NEGATIVE, f"{ACTOR}.clip_ratio_low": NON_NEGATIVE,
     f"{ACTOR}.clip_ratio_high": NON_NEGATIVE, "critic.cliprange_value": NON_NEGATIVE,
     **{key: MICRO for key in (  # null: unset (verl's default)

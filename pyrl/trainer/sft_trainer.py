@@ -124,7 +124,6 @@ class SFTOptimConfig(OptimConfig):
     """verl 0.9.1's optim/fsdp.yaml."""
     lr: float = 1e-3
     optimizer_impl: str = "torch.optim"
-    clip_grad: float = 1.0
     zero_indexed_step: bool = True
     override_optimizer_config: Optional[dict] = None
 
@@ -273,7 +272,6 @@ def ppo_config_of(config: SFTConfig):
         arr.model.use_fused_kernels = True
     actor.fsdp_config = FSDPConfig(**{name: getattr(config.engine, name) for name in FSDPConfig.__dataclass_fields__})
     actor.optim = OptimConfig(**{name: getattr(config.optim, name) for name in OptimConfig.__dataclass_fields__})
-    actor.grad_clip = config.optim.clip_grad
     actor.strategy = config.engine.strategy
     actor.ppo_micro_batch_size_per_gpu = None if config.data.use_dynamic_bsz else config.data.micro_batch_size_per_gpu
     actor.use_dynamic_bsz = config.data.use_dynamic_bsz

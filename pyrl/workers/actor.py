@@ -360,7 +360,7 @@ class ActorRolloutRefWorker(Worker):
         temperature = data.meta_info.get("temperature", self.config.rollout.temperature)
         plan = UpdatePlan("actor", cfg.ppo_mini_batch_size * self.config.rollout.n // self.world_size, cfg.ppo_epochs,
                           cfg.shuffle, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                          cfg.ppo_max_token_len_per_gpu, cfg.grad_clip,
+                          cfg.ppo_max_token_len_per_gpu, cfg.optim.clip_grad,
                           cfg.loss_scale_factor or data.batch["responses"].shape[-1],
                           hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
                                f"{self.config.rollout.n} / {self.world_size} ranks)",
@@ -490,7 +490,7 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config.actor
         batching.require_tokens("train_sft", data, ["responses", "response_mask"])
         plan = UpdatePlan("train", len(data), 1, False, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu,
-                          cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.grad_clip, 1.0,
+                          cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.optim.clip_grad, 1.0,
                           hint=" (data.train_batch_size / ranks)")
         response_length = data.batch["responses"].shape[-1]
 

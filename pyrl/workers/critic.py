@@ -90,7 +90,7 @@ class CriticWorker(Worker):
         response_length = data.batch["responses"].shape[-1]
         plan = UpdatePlan("critic", cfg.ppo_mini_batch_size * self.rollout_n // self.world_size, cfg.ppo_epochs,
                           cfg.shuffle, cfg.data_loader_seed, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                          cfg.ppo_max_token_len_per_gpu, cfg.grad_clip, cfg.loss_scale_factor or response_length,
+                          cfg.ppo_max_token_len_per_gpu, cfg.optim.clip_grad, cfg.loss_scale_factor or response_length,
                           hint=f" (critic.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n={self.rollout_n} "
                                f"/ {self.world_size} ranks)")
 
