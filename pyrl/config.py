@@ -40,6 +40,8 @@ class FSDPConfig:
     fsdp_size: int = -1
     model_dtype: str = "fp32"  # the sharded master parameters
     dtype: str = "bfloat16"  # compute dtype (mixed precision): on CUDA, and on CPUs with native bf16 (else model_dtype)
+    # verl 0.9.1's FSDP engine's: param_dtype is its compute dtype (it reads dtype nowhere); taken into dtype at start
+    mixed_precision: dict = field(default_factory=dict)
     forward_only: bool = False
     ulysses_sequence_parallel_size: int = 1  # verl's; LIMITS: 1 (Ulysses is not implemented)
 
@@ -1090,6 +1092,35 @@ def check_supported(config: PPOConfig, acts_on=None) -> None:
 
 TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
                 "fp16": "float16", "float16": "float16"}
+
+
+def apply_mixed_precision(section, key: str, trains: bool) -> None:
+    """verl 0.9.1's FSDP engine computes in `{key}.mixed_precision.param_dtype` (bf16 unless given) and reads
+    `{key}.dtype` nowhere (Megatron's key); pyrl computes in `{key}.dtype`. A given param_dtype becomes dtype (the
+    two given and different: an error); reduce and buffer dtypes other than float32 are refused (pyrl reduces
+    gradients and keeps buffers in float32); float16 where the model trains is refused (FLOAT16_TRAINING)."""
+    given = dict(section.mixed_precision)
+    if not given:
+        return
+    unknown = sorted(set(given) - {"param_dtype", "reduce_dtype", "buffer_dtype"})
+    if unknown:
+        raise ValueError(f"{key}.mixed_precision: unknown {unknown}; verl's FSDP engine reads param_dtype, "
+                         f"reduce_dtype and buffer_dtype")
+    for name, value in given.items():
+        torch_dtype(value, f"{key}.mixed_precision.{name}")  # a known name
+    for name in ("reduce_dtype", "buffer_dtype"):
+        if name in given and TORCH_DTYPES[given[name]] != "float32":
+            raise Unsupported(f"{key}.mixed_precision.{name}={given[name]!r} is not supported (pyrl reduces "
+                              f"gradients and keeps buffers in float32); expected fp32")
+    param = given.get("param_dtype")
+    if param is None:
+        return
+    if trains and TORCH_DTYPES[param] == "float16":
+        raise Unsupported(f"{key}.mixed_precision.param_dtype={param!r} is not supported ({FLOAT16_TRAINING})")
+    if section.dtype != FSDPConfig.dtype and TORCH_DTYPES.get(section.dtype) != TORCH_DTYPES[param]:
+        raise ValueError(f"{key}.dtype={section.dtype!r} and {key}.mixed_precision.param_dtype={param!r}: two "
+                         f"compute dtypes; give one (verl 0.9.1's FSDP engine reads param_dtype)")
+    section.dtype = param
 
 
 def torch_dtype(name: str, key: str):

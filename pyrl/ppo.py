@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pyrl.config import (
     PPOConfig,
+    apply_mixed_precision,
     check_known_keys,
     check_supported,
     migrate_legacy_reward,
@@ -30,7 +31,7 @@ from pyrl.plot import plot_run
 from pyrl.trainer.run_plan import ConfigValue, RunPlan, resolve_run_plan, trainer_pool
 from pyrl.trainer.workers import build_workers
 from pyrl.usercode import load_object
-from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line
+from pyrl.verl_features import ROLLOUT_FEATURES, NotImplementedFeature, check_command_line, without_effect
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOConfig)
 log = logging.getLogger("pyrl")
@@ -226,6 +227,12 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
     migrate_legacy_reward(config)
     migrate_deprecated_keys(config, trainer_pool(config.trainer).world_size)
     resolve_teacher_entries(config)
+    arr = config.actor_rollout_ref
+    for key, section, trains in (("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config, True),
+                                 ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config, False),
+                                 ("critic.fsdp", config.critic.fsdp, True),
+                                 ("reward_model.fsdp_config", config.reward_model.fsdp_config, False)):
+        apply_mixed_precision(section, key, trains)
     check_supported(config)
     if not config.actor_rollout_ref.model.path:
         raise ValueError("actor_rollout_ref.model.path: no model given; name a local Hugging Face model directory, a "
@@ -376,6 +383,7 @@ def cli(hydra_main=None, toy_preset: bool = True, ppo_command_line: bool = True)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its composition errors here instead of printing them
     try:
         if ppo_command_line:  # every override form, and verl's features pyrl lacks, named before Hydra
+            sys.argv[1:] = without_effect(sys.argv[1:])
             check_command_line(sys.argv[1:])
         (hydra_main or main)()
     except SystemExit as e:

@@ -13,6 +13,7 @@ FEATURES is checked against every leaf of verl 0.9.1's generated configs by test
 from __future__ import annotations
 
 import re
+import sys
 
 
 class Unsupported(ValueError):
@@ -68,7 +69,6 @@ FEATURES: list[tuple[str, str]] = [
      "verl's reward-loop classes (reward_model.reward_loop_*)"),
     (r"^data\.(image_key|video_key|audio_key|image_patch_size|return_multi_modal_inputs|mm_processor_kwargs)$"
      r"|(^|\.)freeze_vision_tower$|(^|\.)limit_images$", "multimodal (image, video, audio) inputs"),
-    (r"(^|\.)use_torch_compile$", "torch.compile of the trained models (use_torch_compile)"),
     (r"(^|\.)(entropy_from_logits_with_chunking|entropy_from_logits_chunk_size|entropy_checkpointing)$",
      "verl's chunked and checkpointed entropy (pyrl's fused entropy: model.use_fused_kernels)"),
     (r"(^|\.)enable_activation_offload$", "activation offloading"),
@@ -95,9 +95,9 @@ FEATURES: list[tuple[str, str]] = [
     (r"^actor_rollout_ref\.rollout\.(enable_rollout_routing_replay|moe_load_balance_metrics_interval|"
      r"router_config_path)$", "MoE routing replay and router settings"),
     (r"^actor_rollout_ref\.rollout\.(full_determinism|cudagraph_capture_sizes|scheduling_policy|disable_log_stats|"
-     r"over_sample_rate|multi_stage_wake_up|skip_tokenizer_init)$",
+     r"over_sample_rate|multi_stage_wake_up)$",
      "verl's rollout-server options (full_determinism, cudagraph_capture_sizes, scheduling_policy, "
-     "disable_log_stats, over_sample_rate, multi_stage_wake_up, skip_tokenizer_init)"),
+     "disable_log_stats, over_sample_rate, multi_stage_wake_up)"),
     (r"^algorithm\.(use_pf_ppo$|pf_ppo(\.|$))", "PF-PPO (algorithm.use_pf_ppo)"),
     (r"^algorithm\.filter_groups\.max_inflight_gen_batches$", "asynchronous dynamic-sampling generation "
                                                               "(filter_groups.max_inflight_gen_batches)"),
@@ -122,6 +122,33 @@ def feature_of(key: str) -> str | None:
         if feature:
             return feature
     return None
+
+
+# verl 0.9.1 keys whose value changes nothing there either: accepted at any value, dropped before Hydra composes,
+# each said in one log line (pyrl's schema lacks them)
+WITHOUT_EFFECT: list[tuple[str, str]] = [
+    (r"^(actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?|critic\.fsdp\.)use_torch_compile$",
+     "verl 0.9.1's FSDP engine compiles only its entropy function with it, a speed setting; pyrl's entropy is its "
+     "own fused kernel"),
+    (r"^(actor_rollout_ref\.rollout|reward_model\.rollout|reward\.reward_model\.rollout|"
+     r"distillation\.teacher_models\.\w+\.inference)\.skip_tokenizer_init$",
+     "verl 0.9.1's vLLM server starts with its tokenizer whatever it says"),
+]
+_WITHOUT_EFFECT = [(re.compile(pattern), why) for pattern, why in WITHOUT_EFFECT]
+
+
+def no_effect(key: str) -> str | None:
+    """Why a WITHOUT_EFFECT key changes nothing, or None for any other key."""
+    return next((why for pattern, why in _WITHOUT_EFFECT if pattern.search(key)), None)
+
+
+def without_effect(argv: list[str]) -> list[str]:
+    """The command line less its overrides of WITHOUT_EFFECT keys, each said on stderr with why it changes
+    nothing (before Hydra configures logging)."""
+    dropped = {arg: no_effect(key) for key, arg in override_keys(argv) if no_effect(key)}
+    for arg, why in dropped.items():
+        print(f"pyrl: {arg.lstrip('+')}: accepted, with no effect ({why})", file=sys.stderr, flush=True)
+    return [arg for arg in argv if arg not in dropped]
 
 
 CONFIG_GROUPS = ("preset",)  # pyrl's config groups (configs/preset): `preset=toy` chooses, it sets no key

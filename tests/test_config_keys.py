@@ -222,6 +222,14 @@ def test_registry_names_checked_before_workers(override, message):
     ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", "val_kwargs.top_p=1.5: expected 0 < top_p <= 1"),
     ("actor_rollout_ref.rollout.top_k=-5", "rollout.top_k=-5: expected -1 or 0 (off) or >= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0: expected null or >= 1"),
+    ("+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype='fp16' is not supported (float16 training"),
+    ("+critic.fsdp.mixed_precision.reduce_dtype=bf16",
+     "critic.fsdp.mixed_precision.reduce_dtype='bf16' is not supported (pyrl reduces gradients and keeps buffers"),
+    (["actor_rollout_ref.actor.fsdp_config.dtype=float32",
+      "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"], "two compute dtypes; give one"),
+    ("+actor_rollout_ref.ref.fsdp_config.mixed_precision.cast_forward_inputs=true",
+     "actor_rollout_ref.ref.fsdp_config.mixed_precision: unknown ['cast_forward_inputs']"),
     ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0.0: expected > 0"),
     ("actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.mode='sync' is not supported (verl 0.9.1 "
                                             "removed rollout mode 'sync'"),
@@ -259,6 +267,21 @@ def test_bad_values_stop_the_run_before_workers(override, message):
     resolve_defaults(compose("preset=toy"))  # the base passes
     with pytest.raises(ValueError, match=re.escape(message)):
         resolve_defaults(compose("preset=toy", *overrides))
+
+
+def test_verls_mixed_precision_param_dtype_is_the_compute_dtype():
+    """verl 0.9.1's FSDP engine computes in fsdp_config.mixed_precision.param_dtype (and reads fsdp_config.dtype
+    nowhere): given, it is pyrl's compute dtype; float32 reduce and buffer dtypes are pyrl's own."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.ppo import resolve_defaults
+
+    config = compose("preset=toy", "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+                     "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
+                     "+critic.fsdp.mixed_precision.buffer_dtype=float32")
+    resolve_defaults(config)
+    assert config.actor_rollout_ref.actor.fsdp_config.dtype == "fp32"
+    assert config.critic.fsdp.dtype == "bfloat16"  # its default: no param_dtype given
 
 
 def test_more_steps_than_the_epochs_hold_are_refused():

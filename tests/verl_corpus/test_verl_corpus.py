@@ -36,9 +36,9 @@ def start(entry: dict) -> dict:
     from omegaconf import OmegaConf
 
     from pyrl.ppo import resolve_settings
-    from pyrl.verl_features import check_command_line
+    from pyrl.verl_features import check_command_line, without_effect
 
-    overrides = entry.get("config_overrides", []) + entry["overrides"]
+    overrides = without_effect(entry.get("config_overrides", []) + entry["overrides"])  # as the command line does
     check_command_line(([f"--config-name={entry['config_name']}"] if entry["config_name"] else []) + overrides)
     config = compose(*overrides, config_name=ENTRY_CONFIGS[entry["entry"]])
     values = flat(OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
@@ -108,10 +108,10 @@ def test_a_verl_example_composes_as_in_verl_or_is_refused_by_feature(entry):
 
 def test_every_verl_key_pyrl_lacks_names_a_feature():
     from pyrl.config import unknown_node
-    from pyrl.verl_features import feature_of
+    from pyrl.verl_features import feature_of, no_effect
 
     assert len(VERL_KEYS) > 1000
-    unnamed = [key for key in VERL_KEYS if unknown_node(key) and not feature_of(key)]
+    unnamed = [key for key in VERL_KEYS if unknown_node(key) and not feature_of(key) and not no_effect(key)]
     assert not unnamed, f"verl 0.9.1 keys pyrl lacks that no feature names: {unnamed}"
     assert feature_of("actor_rollout_ref.actor.bogus_key") is None  # a key verl lacks too stays unknown
 
@@ -122,8 +122,8 @@ def test_every_verl_key_pyrl_lacks_names_a_feature():
      r"Megatron strategy: not implemented in pyrl \(actor_rollout_ref\.actor\.megatron\.tensor_model_parallel_size=2 "),
     (["+actor_rollout_ref.actor.profiler.enable=True"], r"verl's profilers .*profiler\.enable=True asks for it"),
     (["++data.image_key=images"], r"multimodal \(image, video, audio\) inputs"),
-    (["~actor_rollout_ref.actor.use_torch_compile"],
-     r"torch\.compile of the trained models \(use_torch_compile\): .*\(~actor_rollout_ref\.actor\.use_torch_compile "),
+    (["~actor_rollout_ref.actor.entropy_checkpointing"],
+     r"verl's chunked and checkpointed entropy .*\(~actor_rollout_ref\.actor\.entropy_checkpointing "),
     (["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1"],
      r"verl's engine optimizer options .*override_optimizer_config\.optimizer_offload_fraction=1 asks for it"),
     (["critic.model.fsdp_config.param_offload=True", "critic.model.fsdp_config.optimizer_offload=True"],
@@ -136,6 +136,22 @@ def test_every_override_form_is_checked_before_hydra(argv, message):
         check_command_line(["preset=toy", *argv])
     check_command_line(["preset=toy", "hydra.run.dir=.", "+actor_rollout_ref.model.override_config.a=1",
                         "++trainer.total_epochs=2", "~trainer.val_before_train"])
+
+
+def test_keys_without_effect_are_dropped_saying_so(capsys):
+    """verl 0.9.1 keys that change no number there either (use_torch_compile compiles verl's entropy function,
+    skip_tokenizer_init is hard-coded off in its vLLM server) are taken at any value, in any override form, each
+    said in one line; the same name elsewhere stays an unknown key."""
+    from pyrl.verl_features import check_command_line, without_effect
+
+    argv = ["actor_rollout_ref.actor.use_torch_compile=False", "+actor_rollout_ref.ref.fsdp_config.use_torch_compile=0",
+            "~critic.fsdp.use_torch_compile", "++actor_rollout_ref.rollout.skip_tokenizer_init=true",
+            "data.train_batch_size=8"]
+    assert without_effect(argv) == ["data.train_batch_size=8"]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 4 and all("accepted, with no effect (verl 0.9.1" in line for line in said), said
+    with pytest.raises(ValueError, match=r"unknown config key: critic\.model\.use_torch_compile"):
+        check_command_line(without_effect(["critic.model.use_torch_compile=false"]))
 
 
 def corpus_table() -> str:

@@ -16,7 +16,8 @@ def distill_config(teacher_path, *overrides):
     return make_config("distillation.enabled=true",
                        f"distillation.teacher_models.teacher_model.model_path={teacher_path}",
                        f"distillation.distillation_loss.topk={K}", "actor_rollout_ref.actor.optim.lr=1e-4",
-                       "actor_rollout_ref.actor.optim.clip_grad=1e9", f"actor_rollout_ref.actor.ppo_mini_batch_size={ROWS}",
+                       "actor_rollout_ref.actor.optim.clip_grad=1e9",
+                       f"actor_rollout_ref.actor.ppo_mini_batch_size={ROWS}",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", *overrides)
 
 
