@@ -27,6 +27,7 @@ def check_config(config, plan) -> None:
     check_ranges(config)
     check_ranges(config, TRAINING_RANGES)
     check_trainer_section(config)
+    say_what_do_sample_does(config)
     check_dual_clip(config)
     check_names(config)
     check_batch_sizes(config, plan)
@@ -240,6 +241,17 @@ TRAINING_RANGES = {
     f"{ROLLOUT}.temperature": ("expected > 0: the trainer scores the samples' log-probs at this temperature (0 is "
                                "greedy decoding, nothing to train on; val_kwargs.temperature=0 validates greedily)",
                                lambda v: v > 0)}
+
+
+def say_what_do_sample_does(config) -> None:
+    """rollout.do_sample and val_kwargs.do_sample, read nowhere by verl 0.9.1's rollout (the temperature decides: 0
+    is greedy decoding) nor by pyrl's: one log line where a value asks for what its temperature does not do."""
+    rollout = config.actor_rollout_ref.rollout
+    for key, section in ((ROLLOUT, rollout), (f"{ROLLOUT}.val_kwargs", rollout.val_kwargs)):
+        if section.do_sample != (section.temperature > 0):
+            log.info("%s.do_sample=%s: not read (verl 0.9.1's rollout neither): %s.temperature=%s decodes %s", key,
+                     section.do_sample, key, section.temperature, "by sampling" if section.temperature > 0 else
+                     "greedily")
 
 
 def check_trainer_section(config) -> None:

@@ -414,7 +414,7 @@ class PPOTrainer:
             batch = self.val_dataset.batch(indices, self.pad_token_id)
             batch.non_tensor_batch["uid"] = np.asarray([f"val-{i}" for i in indices], dtype=object)
             out = self.generate(batch, n=val.n, temperature=val.temperature, top_k=val.top_k, top_p=val.top_p,
-                                do_sample=val.do_sample, seed=self.plan.seed)
+                                seed=self.plan.seed)
             token_scores, extra, _ = self.score(out, self.val_reward_fn)
             sequence_scores = token_scores.sum(-1)
             batch_infos.append((len(out), {"reward": sequence_scores.tolist(), **extra}))

@@ -442,7 +442,7 @@ def test_verl_values_pyrl_does_not_implement_stop_the_run(override):
         check_supported(compose(override))
     check_supported(compose("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",  # verl's defaults pass
                             "critic.strategy=fsdp2",
-                            "actor_rollout_ref.rollout.mode=sync",
+                            "actor_rollout_ref.rollout.mode=async",
                             "critic.checkpoint.save_contents=[optimizer,model,extra,hf_model]"))
 
 

@@ -282,3 +282,16 @@ def test_hf_per_row_sampling_draws_from_the_tempered_top_k_top_p_softmax(hf_engi
     assert chi2 < dof + 6 * (2 * dof) ** 0.5, (chi2, dof)  # far inside the 1e-6 tail
     for token, logprob in zip(tokens[:50], logprobs[:50]):
         assert logprob[0] == pytest.approx(want[token[0]].item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("config_do_sample, meta, greedy", [
+    (False, {"temperature": 1.0}, False),  # verl 0.9.1's rollout samples: do_sample is read nowhere
+    (True, {"temperature": 0.0}, True),  # temperature 0 decodes greedily whatever do_sample says
+    (True, {}, False),  # the rollout's own temperature (1.0)
+    (True, {"do_sample": False}, True),  # pyrl's internal greedy pass (ReMax's baseline)
+])
+def test_the_temperature_decides_greedy_decoding_as_in_verl(config_do_sample, meta, greedy):
+    from pyrl.config import RolloutConfig
+
+    config = RolloutConfig(temperature=1.0, do_sample=config_do_sample, response_length=8)
+    assert SamplingSpec.from_config(config, meta).greedy is greedy

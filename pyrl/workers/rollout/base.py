@@ -42,7 +42,9 @@ class SamplingSpec:
             temperature=float(meta.get("temperature", rollout_config.temperature)),
             top_k=int(meta.get("top_k", rollout_config.top_k)),
             top_p=float(meta.get("top_p", rollout_config.top_p)),
-            do_sample=bool(meta.get("do_sample", rollout_config.do_sample)),
+            # verl 0.9.1's rollout reads do_sample nowhere (its temperature decides: 0 is greedy); a batch's own
+            # do_sample=False is pyrl's internal greedy pass (ReMax's baseline, as verl's __do_sample__)
+            do_sample=bool(meta.get("do_sample", True)),
             max_tokens=int(meta.get("response_length", rollout_config.response_length)),
             ignore_eos=bool(meta.get("ignore_eos", rollout_config.ignore_eos)),
             logprobs=bool(meta.get("calculate_log_probs", rollout_config.calculate_log_probs)),
