@@ -15,8 +15,8 @@ void policy_loss_forward(PolicyLossMode mode, const float* logp, const float* ol
   check(m >= 0 && m <= 2, "loss_mode: unknown policy loss code " + std::to_string(m));
   check(n >= 0, "log_prob: size must be >= 0");
   check(n == 0 || (logp && old_logp && advantages && mask && loss && dloss_dlogp), "log_prob: null data pointer");
-  check(std::isfinite(clip_low) && clip_low >= 0.0f && clip_low < 1.0f,
-        "clip_ratio_low: must be in [0, 1), got " + std::to_string(clip_low));
+  // clip_low >= 1: the lower bound 1 - clip_low <= 0 lies under every ratio, so there is no lower clip
+  check(std::isfinite(clip_low) && clip_low >= 0.0f, "clip_ratio_low: must be >= 0, got " + std::to_string(clip_low));
   check(std::isfinite(clip_high) && clip_high >= 0.0f, "clip_ratio_high: must be >= 0, got " + std::to_string(clip_high));
   check(mode != PolicyLossMode::VANILLA || clip_c > 1.0f,
         "clip_ratio_c: dual-clip bound must be > 1, got " + std::to_string(clip_c));

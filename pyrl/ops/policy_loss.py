@@ -83,9 +83,10 @@ def ppo_policy_loss(
     if loss_mode not in POLICY_LOSS_MODES:
         raise ValueError(f"loss_mode: unknown {loss_mode!r}, expected one of {', '.join(POLICY_LOSS_MODES)}")
     for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
-        if not isinstance(value, (int, float)) or not 0 <= value < (1 if name == "clip_ratio_low" else float("inf")):
-            raise ValueError(f"{name}: must be a number in [0, {'1' if name == 'clip_ratio_low' else 'inf'}), "
-                             f"got {value!r}")
+        # clip_ratio_low >= 1 puts the lower bound 1 - low at or below 0, under every ratio: no lower clip (verl's
+        # CISPO example sets 10)
+        if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
     if loss_mode == "vanilla" and not (isinstance(clip_ratio_c, (int, float)) and clip_ratio_c > 1):
         raise ValueError(f"clip_ratio_c: the dual-clip bound must be > 1, got {clip_ratio_c!r}")
     agg_loss(log_prob.new_zeros((1, 1)), log_prob.new_ones((1, 1)), loss_agg_mode)  # validates the mode early

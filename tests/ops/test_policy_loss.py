@@ -134,6 +134,20 @@ def test_matches_float64_reference(backend, device, loss_mode, loss_agg_mode):
     _check_oracle(loss, metrics, logp.grad, oracle_policy_loss(logp, old, adv, mask, **kwargs))
 
 
+@pytest.mark.parametrize("loss_mode", ["vanilla", "cispo", "gpg", "gspo"])
+def test_a_lower_clip_ratio_of_one_or_more_leaves_no_lower_bound(backend, device, loss_mode):
+    """clip_ratio_low >= 1 (verl 0.9.1's CISPO example sets 10): the lower bound 1 - low <= 0 lies under every
+    ratio, so nothing is clipped below; as the float64 oracle, and as clip_ratio_low = 1."""
+    logp, old, adv, mask = _inputs(device=device)
+    logp = logp.requires_grad_()
+    kwargs = dict(clip_ratio_low=10.0, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_mode=loss_mode)
+    loss, metrics = ppo_policy_loss(logp, old, adv, mask, **kwargs)
+    loss.backward()
+    _check_oracle(loss, metrics, logp.grad, oracle_policy_loss(logp, old, adv, mask, **kwargs))
+    at_one, _ = ppo_policy_loss(logp.detach(), old, adv, mask, **{**kwargs, "clip_ratio_low": 1.0})
+    torch.testing.assert_close(loss.detach(), at_one, atol=1e-6, rtol=1e-6)
+
+
 def _weights(like):
     """Random positive rollout_is_weights, about a quarter exactly 0, some above 1."""
     weights = torch.rand(like.shape, device=like.device) * 2.5
@@ -269,7 +283,8 @@ def test_all_masked_gives_zero_loss(backend, device):
         ({"loss_mode": "ppo2"}, ValueError, "loss_mode: unknown 'ppo2'"),
         ({"loss_agg_mode": "sum"}, ValueError, "loss_agg_mode: unknown mode 'sum'"),
         ({"clip_ratio_c": 1.0}, ValueError, "clip_ratio_c: the dual-clip bound must be > 1"),
-        ({"clip_ratio_low": 1.5}, ValueError, "clip_ratio_low"),
+        ({"clip_ratio_low": -0.1}, ValueError, "clip_ratio_low"),
+        ({"clip_ratio_low": float("nan")}, ValueError, "clip_ratio_low"),
         ({"clip_ratio_high": -0.1}, ValueError, "clip_ratio_high"),
     ],
 )
