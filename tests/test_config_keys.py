@@ -431,8 +431,7 @@ def test_agent_loops_checked_against_the_rows_before_workers(tmp_path):
     check([{}, {"agent_name": "tool_agent"}])
     with pytest.raises(ValueError, match="data row 1: agent_name 'react' is not one of"):
         check([{}, {"agent_name": "react"}])
-    with pytest.raises(ValueError, match="data.return_raw_chat=false, but the tool agent"):
-        check([{"agent_name": "tool_agent"}], "data.return_raw_chat=false")
+    check([{"agent_name": "tool_agent"}], "data.return_raw_chat=false")  # read nowhere: raw_prompt is always kept
     with pytest.raises(ValueError, match="multi_turn.enable=true, but no row runs the tool agent"):
         check([{}, {"agent_name": "single_turn_agent"}], "actor_rollout_ref.rollout.multi_turn.enable=true")
     config = tmp_path / "interactions.yaml"

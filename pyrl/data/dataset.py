@@ -173,7 +173,7 @@ class PromptBatches:
                     self.filtered += 1
                     continue
                 ids = self._truncate(ids, data_config.truncation, where(dataset, i))
-            self.rows.append(_non_tensor_fields(item, i, data_config.return_raw_chat))
+            self.rows.append(_non_tensor_fields(item, i))
             self.prompt_ids.append(ids)
         if not self.rows:
             raise ValueError(f"data: no usable rows in {type(dataset).__name__} (filtered as overlong: "
@@ -203,10 +203,12 @@ class PromptBatches:
 VERL_PLACEHOLDERS = ("dummy_tensor",)
 
 
-def _non_tensor_fields(item: dict, row: int, return_raw_chat: bool) -> dict:
+def _non_tensor_fields(item: dict, row: int) -> dict:
+    """An item's per-sample fields; raw_prompt (the prompt's messages) always, as verl 0.9.1's dataset keeps it
+    whatever data.return_raw_chat says."""
     fields = {}
     for key, value in item.items():
-        if key in VERL_PLACEHOLDERS or (key == "raw_prompt" and not return_raw_chat):
+        if key in VERL_PLACEHOLDERS:
             continue
         if isinstance(value, torch.Tensor):
             raise ValueError(f"data: item {row} field {key!r} is a tensor; pyrl tokenizes raw_prompt itself and takes "

@@ -27,7 +27,7 @@ def check_config(config, plan) -> None:
     check_ranges(config)
     check_ranges(config, TRAINING_RANGES)
     check_trainer_section(config)
-    say_what_do_sample_does(config)
+    say_what_unread_keys_do(config)
     check_dual_clip(config)
     check_names(config)
     check_batch_sizes(config, plan)
@@ -243,9 +243,13 @@ TRAINING_RANGES = {
                                lambda v: v > 0)}
 
 
-def say_what_do_sample_does(config) -> None:
-    """rollout.do_sample and val_kwargs.do_sample, read nowhere by verl 0.9.1's rollout (the temperature decides: 0
-    is greedy decoding) nor by pyrl's: one log line where a value asks for what its temperature does not do."""
+def say_what_unread_keys_do(config) -> None:
+    """Keys read nowhere by verl 0.9.1 nor by pyrl, one log line each where the value asks for something else:
+    rollout.do_sample and val_kwargs.do_sample (the temperature decides: 0 is greedy decoding);
+    data.return_raw_chat=false (each prompt's messages, raw_prompt, are kept whatever it says)."""
+    if not config.data.return_raw_chat:
+        log.info("data.return_raw_chat=false: not read (verl 0.9.1's dataset neither): each prompt's messages "
+                 "(raw_prompt) are kept for the agent loops and reward functions")
     rollout = config.actor_rollout_ref.rollout
     for key, section in ((ROLLOUT, rollout), (f"{ROLLOUT}.val_kwargs", rollout.val_kwargs)):
         if section.do_sample != (section.temperature > 0):
@@ -464,9 +468,6 @@ def check_served_reward_model(config, plan) -> None:
     hf = AutoConfig.from_pretrained(section.model_path)
     check_tensor_parallel_heads(hf, tp, tp_key, f"{key}.model_path", section.model_path)
     classifier = any(name.endswith("ForSequenceClassification") for name in hf.architectures or [])
-    if classifier and not config.reward.custom_reward_function.path and not config.data.return_raw_chat:
-        raise ValueError(f"{key}: a classifier scores each prompt's messages and response (verl's raw_prompt), and "
-                         "data.return_raw_chat=false drops them; set it true")
     if not classifier and not config.reward.custom_reward_function.path:
         raise ValueError(f"{key}.model_path={section.model_path} is a generative model ({hf.architectures}): a "
                          "generative reward model scores through reward.custom_reward_function (its prompt and score "
@@ -541,9 +542,6 @@ def check_agent_loops(config, datasets) -> None:
             used.add(name)
             if name == TOOL_AGENT and interactions:
                 interaction_name(row.get("interaction_kwargs") or {}, interactions, f"data row {i}")
-    if TOOL_AGENT in used and not config.data.return_raw_chat:
-        raise ValueError("data.return_raw_chat=false, but the tool agent needs each prompt's messages (raw_prompt): "
-                         "its tools and interactions see the conversation")
     if rollout.multi_turn.enable and TOOL_AGENT not in used:
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true, but no row runs the tool agent: set "
                          "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")

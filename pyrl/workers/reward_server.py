@@ -624,9 +624,9 @@ class ServedRewardModel:
         use_activation false) on its last response token."""
         from pyrl.protocol import DataProto, response_lengths  # lazy: torch-heavy
 
-        if "raw_prompt" not in data.non_tensor_batch:
+        if "raw_prompt" not in data.non_tensor_batch:  # a custom dataset class's items may lack it
             raise ValueError("reward.reward_model: a served classifier scores each prompt's messages and response "
-                             "(verl's raw_prompt); set data.return_raw_chat=true")
+                             "(verl's raw_prompt), and the batch has none")
         lengths = response_lengths(data).tolist()
         prompts = [self.rm_prompt(data.non_tensor_batch["raw_prompt"][i],
                                   data.batch["responses"][i, :n].tolist()) for i, n in enumerate(lengths)]

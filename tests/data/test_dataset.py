@@ -133,8 +133,9 @@ def test_every_column_reaches_the_batch_and_reward_fn_key_any_column(tokenizer, 
     assert nt["difficulty"].tolist() == [3, 5] and nt["index"].tolist() == [7, 0]
     assert nt["tools_kwargs"][0] == {"calc": {"x": 1}} and nt["extra_info"][1] == {}
     assert nt["raw_prompt"][1] == [{"role": "user", "content": "2+2="}] and "prompt" not in nt
+    # kept whatever data.return_raw_chat says, as verl 0.9.1's dataset (its agent loops read it)
     no_chat = prompts(path, tokenizer, DataConfig(max_prompt_length=64, reward_fn_key="source", return_raw_chat=False))
-    assert "raw_prompt" not in no_chat.batch([0], tokenizer.pad_token_id).non_tensor_batch
+    assert no_chat.batch([1], tokenizer.pad_token_id).non_tensor_batch["raw_prompt"][0] == nt["raw_prompt"][1]
     # the reward manager reads the data source from the same column
     ids = [tokenizer("<answer>2</answer>", add_special_tokens=False)["input_ids"],
            tokenizer("<answer>5</answer>", add_special_tokens=False)["input_ids"]]

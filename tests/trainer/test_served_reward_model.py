@@ -192,8 +192,6 @@ def test_the_classifier_score_is_verls_disrm_score_on_each_row():
     (["reward.reward_model.model_path=pyrl:tiny"], "generative model .* reward.custom_reward_function"),
     (["reward.reward_model.model_path=pyrl:tiny-classifier", "reward_model.micro_batch_size_per_gpu=2"],
      "reward_model.micro_batch_size_per_gpu=2 is read by pyrl's FSDP scorer only"),
-    (["reward.reward_model.model_path=pyrl:tiny-classifier", "data.return_raw_chat=false"],
-     "data.return_raw_chat=false drops them"),
 
     (["reward.reward_model.model_path=pyrl:tiny-classifier",
       "reward.reward_model.rollout.tensor_model_parallel_size=2"], "tensor_model_parallel_size=2 .*name=hf runs a "
