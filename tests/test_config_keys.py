@@ -269,6 +269,17 @@ def test_bad_values_stop_the_run_before_workers(override, message):
         resolve_defaults(compose("preset=toy", *overrides))
 
 
+def test_val_only_needs_a_validation_set():
+    from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_trainer_section
+
+    config = compose("preset=toy", "trainer.val_only=true")
+    config.data.val_files = None  # as a command line with train files of its own and no val_files leaves it
+    with pytest.raises(ValueError, match="trainer.val_only=true validates, and data.val_files is empty"):
+        check_trainer_section(config)
+
+
 def test_verls_mixed_precision_param_dtype_is_the_compute_dtype():
     """verl 0.9.1's FSDP engine computes in fsdp_config.mixed_precision.param_dtype (and reads fsdp_config.dtype
     nowhere): given, it is pyrl's compute dtype; float32 reduce and buffer dtypes are pyrl's own."""

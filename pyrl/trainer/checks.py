@@ -259,11 +259,14 @@ def say_what_unread_keys_do(config) -> None:
 
 
 def check_trainer_section(config) -> None:
-    """trainer.device against the GPU count asked for; a resume_path resume names its checkpoint."""
+    """trainer.device against the GPU count asked for; val_only has a validation set; a resume_path resume names its
+    checkpoint."""
     trainer = config.trainer
     if trainer.device == "cpu" and trainer.n_gpus_per_node > 0:
         raise ValueError(f"trainer.device=cpu with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: CPU workers are "
                          f"trainer.n_gpus_per_node=0 (and n_cpu_workers_per_node); set one or the other")
+    if trainer.val_only and not config.data.val_files:
+        raise ValueError("trainer.val_only=true validates, and data.val_files is empty")
     if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path: trainer.resume_from_path names no checkpoint "
                          "(a global_step_<k> directory)")

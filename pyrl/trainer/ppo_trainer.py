@@ -522,9 +522,11 @@ class PPOTrainer:
                            dataclasses.asdict(self.config), self.total_steps, initial_step=self.global_steps)
         last_val: dict = {}
         try:
-            if trainer.val_before_train and self.global_steps == 0:
+            # val_only validates the weights the run starts from (a resumed checkpoint's too) whatever
+            # val_before_train says; verl 0.9.1 validates only with val_before_train, and trains otherwise
+            if trainer.val_only or (trainer.val_before_train and self.global_steps == 0):
                 last_val = self.run_validation(tracker)
-                tracker.log(last_val, step=0, advance=False)
+                tracker.log(last_val, step=self.global_steps, advance=False)
             if trainer.val_only:
                 return last_val
             while self.global_steps < self.total_steps:

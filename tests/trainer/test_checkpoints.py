@@ -114,8 +114,9 @@ def test_retention_keeps_whole_checkpoints_and_critics_separately(tmp_path, capl
 
 def test_a_run_resumes_from_the_newest_intact_checkpoint(tmp_path, ray_session, caplog):
     """Three steps saved; the newest's actor shard truncated: the rerun skips it, saying why, resumes from step
-    2 (metrics.jsonl keeps steps 1-2) and trains steps 3 and 4, saving a sound step 3 in place of the damaged one.
-    trainer.resume_from_path naming a damaged checkpoint stops the run, naming the file."""
+    2 (metrics.jsonl keeps steps 1-2) and trains steps 3 and 4, saving a sound step 3 in place of the damaged one;
+    trainer.val_only validates step 4's weights. trainer.resume_from_path naming a damaged checkpoint stops the
+    run, naming the file."""
     from pyrl.ppo import run_ppo
 
     args = [*SMALL, "actor_rollout_ref.rollout.name=hf", "trainer.save_freq=1", f"trainer.default_local_dir={tmp_path}"]
@@ -133,6 +134,11 @@ def test_a_run_resumes_from_the_newest_intact_checkpoint(tmp_path, ray_session, 
     assert f"resumed from {checkpoints.step_dir(str(tmp_path), 2)} (step 2)" in caplog.text
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
     assert checkpoints.damage(step3) is None  # saved again, whole
+    # val_only validates the checkpoint the run resumes from (verl 0.9.1: only with val_before_train, which
+    # SMALL turns off; else it trains) and trains nothing
+    run_ppo(compose(*args, "trainer.total_training_steps=4", "trainer.val_only=true", "data.val_max_samples=8"))
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4] and "val-core/pyrl/toy_addition/acc/mean@1" in rows[-1]
     with open(os.path.join(step3, "data.pt"), "ab") as f:
         f.write(b"x")
     with pytest.raises(ValueError, match=r"trainer.resume_from_path: .*global_step_3' is not intact: data.pt is "):
