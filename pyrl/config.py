@@ -549,7 +549,7 @@ class DataConfig:
     val_batch_size: Optional[int] = None
     return_raw_chat: bool = True
     shuffle: bool = True
-    seed: Optional[int] = None  # None: a fresh seed each run (kept in checkpoints)
+    seed: Optional[int] = None  # None: 0, every run the same order (verl's unseeded generator is a constant seed)
     dataloader_num_workers: int = 8
     filter_overlong_prompts: bool = False
     truncation: str = "error"  # error | left | right | middle

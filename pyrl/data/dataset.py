@@ -231,14 +231,15 @@ def collate(prompt_ids, rows, width: int, pad_token_id: int) -> DataProto:
 class StatefulSampler:
     """Batches of indices, reshuffled each epoch from (seed, epoch), dropping the last partial batch; its
     state (seed, epoch, position) goes into checkpoints so a resumed run continues with the same batches.
-    seed None (verl's data.seed default): a fresh seed for this run."""
+    seed None (verl's data.seed default): 0, so every run draws the same order, as verl 0.9.1's sampler does with
+    its unseeded torch.Generator (whose initial seed is a constant)."""
 
     def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int | None = None,
                  key: str = "data.train_batch_size"):
         if batch_size > size:
             raise ValueError(f"{key}={batch_size} is larger than the data set ({size} rows)")
         if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
+            seed = 0
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
         self.epoch, self.position = 0, 0
 

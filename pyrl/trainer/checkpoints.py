@@ -225,7 +225,7 @@ def to_resume(run_dir: str, mode: str, resume_from_path: str | None, digests: bo
         problem = damage(resume_from_path, digests)
         if problem is not None:
             raise ValueError(f"trainer.resume_from_path: {resume_from_path!r} is not intact: {problem}")
-        return resume_from_path
+        return os.path.abspath(resume_from_path)  # the workers (on other nodes too) read it from their own cwd
     if mode != "auto":
         raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {mode!r}")
     latest = os.path.join(run_dir, LATEST)
