@@ -84,6 +84,10 @@ class VLLMEngine(RolloutEngine):
             if not on_cuda:
                 _prefix_cpu_shm_names(group_name)
         options = engine_options(config)  # verl's order: engine_kwargs.vllm over the engine's own arguments
+        max_model_len = config.max_model_len or config.prompt_length + config.response_length
+        # a whole prompt in one step without chunked prefill (raised to max_model_len there, as verl does)
+        batched_tokens = config.max_num_batched_tokens if chunked_prefill else max(config.max_num_batched_tokens,
+                                                                                   max_model_len)
         self.llm = LLM(**{**dict(
             model=model_path,
             trust_remote_code=trust_remote_code,
@@ -91,9 +95,9 @@ class VLLMEngine(RolloutEngine):
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             gpu_memory_utilization=config.gpu_memory_utilization,
-            max_model_len=config.max_model_len or config.prompt_length + config.response_length,
+            max_model_len=max_model_len,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, config.prompt_length + config.response_length),
+            max_num_batched_tokens=batched_tokens,
             enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=chunked_prefill,
             tensor_parallel_size=config.tensor_model_parallel_size,
