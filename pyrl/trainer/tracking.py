@@ -168,7 +168,8 @@ class Tracking:
         if "tensorboard" in backends:
             from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is optional
 
-            self.tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            # verl's $TENSORBOARD_DIR where set; else beside the run's other outputs (verl: tensorboard_log/P/E)
+            self.tensorboard = SummaryWriter(os.environ.get("TENSORBOARD_DIR") or os.path.join(run_dir, "tensorboard"))
         if "mlflow" in backends:
             self._start_mlflow(project, experiment, config)
 
