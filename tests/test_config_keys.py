@@ -235,6 +235,8 @@ def test_registry_names_checked_before_workers(override, message):
                                             "removed rollout mode 'sync'"),
     ("trainer.device=npu", "trainer.device='npu' is not supported"),
     (["trainer.device=cpu", "trainer.n_gpus_per_node=2"], "trainer.device=cpu with trainer.n_gpus_per_node=2"),
+    (["trainer.device=cuda", "trainer.n_gpus_per_node=0"], "trainer.device=cuda with trainer.n_gpus_per_node=0: 0 "
+                                                           "asks for CPU workers"),
     ("trainer.resume_mode=resume_path", "trainer.resume_mode=resume_path: trainer.resume_from_path names no"),
     ("trainer.resume_mode=latest", "trainer.resume_mode='latest' is not supported"),
     ("data.val_batch_size=-2", "data.val_batch_size=-2: expected null or >= 1"),

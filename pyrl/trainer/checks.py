@@ -14,7 +14,7 @@ from pyrl.algos import distillation
 from pyrl.config import check_no_nan
 from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
-from pyrl.trainer.run_plan import ConfigValue
+from pyrl.trainer.run_plan import ConfigValue, machine_gpus
 from pyrl.trainer.tracking import check_backends
 from pyrl.verl_features import NotImplementedFeature
 
@@ -265,6 +265,11 @@ def check_trainer_section(config) -> None:
     if trainer.device == "cpu" and trainer.n_gpus_per_node > 0:
         raise ValueError(f"trainer.device=cpu with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: CPU workers are "
                          f"trainer.n_gpus_per_node=0 (and n_cpu_workers_per_node); set one or the other")
+    if trainer.device == "cuda" and (trainer.n_gpus_per_node == 0 or
+                                     (trainer.n_gpus_per_node < 0 and machine_gpus(trainer) == 0)):
+        raise ValueError(f"trainer.device=cuda with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: "
+                         + ("0 asks for CPU workers" if trainer.n_gpus_per_node == 0 else
+                            "this machine's GPUs, and torch sees none") + "; trainer.device=auto takes what there is")
     if trainer.val_only and not config.data.val_files:
         raise ValueError("trainer.val_only=true validates, and data.val_files is empty")
     if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
