@@ -153,6 +153,8 @@ GENERATION_UNREAD = {
     "actor_rollout_ref.rollout.agent.num_workers": "the agent loops' workers: an agent loop other than "
                                                    "single_turn_agent is refused",
     "actor_rollout_ref.rollout.checkpoint_engine.": "the trainer-to-rollout weight transport: nothing is pushed",
+    "actor_rollout_ref.rollout.do_sample": "read nowhere, as in verl 0.9.1's rollout: the temperature decides",
+    "data.return_raw_chat": "read nowhere, as in verl 0.9.1's dataset: each prompt's messages are kept",
 }
 
 
