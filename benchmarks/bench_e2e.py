@@ -214,7 +214,9 @@ def verl_defaults_command(prep: Prepared, run_dir: str) -> list[str]:
             f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "algorithm.adv_estimator=grpo",
             f"actor_rollout_ref.rollout.ignore_eos={str(w.ignore_eos).lower()}",
             f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
-            f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}", f"actor_rollout_ref.rollout.dtype={dtype}",
+            # the compute dtype as verl 0.9.1's FSDP engine takes it (it reads fsdp_config.dtype nowhere)
+            f"+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
+            f"actor_rollout_ref.rollout.dtype={dtype}",
             f"trainer.total_training_steps={prep.steps}", "trainer.logger=[jsonl]",
             f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=0",

@@ -785,8 +785,6 @@ LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"{section}.grad_clip": ((1.0,), f"verl 0.9.1 reads it nowhere: its engine clips the gradient norm at "
                                         f"{section}.optim.clip_grad; set that")
        for section in ("actor_rollout_ref.actor", "critic")},
-    "trainer.device": (("auto", "cuda", "cpu"), "auto: CUDA where this machine has GPUs, else CPU workers; Ascend NPUs "
-                                                "are not implemented"),
     "trainer.resume_mode": (("auto", "disable", "resume_path"), "verl 0.9.1's three modes"),
     # refused under every key that names it, as verl 0.9.1 has them
     **{key: ((1,), "Ulysses sequence parallelism is not implemented") for key in (
@@ -1099,7 +1097,7 @@ def apply_mixed_precision(section, key: str, trains: bool) -> None:
     `{key}.dtype` nowhere (Megatron's key); pyrl computes in `{key}.dtype`. A given param_dtype becomes dtype (the
     two given and different: an error); reduce and buffer dtypes other than float32 are refused (pyrl reduces
     gradients and keeps buffers in float32); float16 where the model trains is refused (FLOAT16_TRAINING)."""
-    given = dict(section.mixed_precision)
+    given = dict(section.mixed_precision or {})
     if not given:
         return
     unknown = sorted(set(given) - {"param_dtype", "reduce_dtype", "buffer_dtype"})

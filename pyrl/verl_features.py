@@ -130,9 +130,8 @@ WITHOUT_EFFECT: list[tuple[str, str]] = [
     (r"^(actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?|critic\.fsdp\.)use_torch_compile$",
      "verl 0.9.1's FSDP engine compiles only its entropy function with it, a speed setting; pyrl's entropy is its "
      "own fused kernel"),
-    (r"^(actor_rollout_ref\.rollout|reward_model\.rollout|reward\.reward_model\.rollout|"
-     r"distillation\.teacher_models\.\w+\.inference)\.skip_tokenizer_init$",
-     "verl 0.9.1's vLLM server starts with its tokenizer whatever it says"),
+    (r"^actor_rollout_ref\.rollout\.skip_tokenizer_init$",
+     "verl 0.9.1's vLLM server starts the policy's engine with its tokenizer whatever it says"),
 ]
 _WITHOUT_EFFECT = [(re.compile(pattern), why) for pattern, why in WITHOUT_EFFECT]
 

@@ -153,7 +153,7 @@ CONSUMED_BY_START_CHECKS = {
     **{key: "read nowhere, as in verl 0.9.1 (the temperature decides; the prompts' messages are always kept): a "
             "value asking for something else is said in a log line" for key in (
         "actor_rollout_ref.rollout.do_sample", "actor_rollout_ref.rollout.val_kwargs.do_sample",
-        "data.return_raw_chat")},
+        "reward.reward_model.rollout.do_sample", "data.return_raw_chat")},
 }
 
 

@@ -16,7 +16,7 @@ from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
 from pyrl.trainer.run_plan import ConfigValue, machine_gpus
 from pyrl.trainer.tracking import check_backends
-from pyrl.verl_features import NotImplementedFeature
+from pyrl.verl_features import NotImplementedFeature, Unsupported
 
 log = logging.getLogger("pyrl")
 
@@ -25,7 +25,8 @@ def check_config(config, plan) -> None:
     """What needs no model: run before any model is downloaded or built, against the run's `plan` (RunPlan)."""
     check_no_nan(config)
     check_ranges(config)
-    check_ranges(config, TRAINING_RANGES)
+    if not config.trainer.val_only:  # val_only validates at val_kwargs' temperature and trains nothing
+        check_ranges(config, TRAINING_RANGES)
     check_trainer_section(config)
     say_what_unread_keys_do(config)
     check_dual_clip(config)
@@ -237,6 +238,7 @@ RANGES = {
 
 
 # what training alone needs (batch generation decodes greedily at temperature 0)
+DEVICES = ("auto", "cuda", "cpu")
 TRAINING_RANGES = {
     f"{ROLLOUT}.temperature": ("expected > 0: the trainer scores the samples' log-probs at this temperature (0 is "
                                "greedy decoding, nothing to train on; val_kwargs.temperature=0 validates greedily)",
@@ -245,23 +247,27 @@ TRAINING_RANGES = {
 
 def say_what_unread_keys_do(config) -> None:
     """Keys read nowhere by verl 0.9.1 nor by pyrl, one log line each where the value asks for something else:
-    rollout.do_sample and val_kwargs.do_sample (the temperature decides: 0 is greedy decoding);
+    rollout.do_sample, val_kwargs.do_sample and the served reward model's (the temperature decides: 0 is greedy);
     data.return_raw_chat=false (each prompt's messages, raw_prompt, are kept whatever it says)."""
     if not config.data.return_raw_chat:
         log.info("data.return_raw_chat=false: not read (verl 0.9.1's dataset neither): each prompt's messages "
                  "(raw_prompt) are kept for the agent loops and reward functions")
     rollout = config.actor_rollout_ref.rollout
-    for key, section in ((ROLLOUT, rollout), (f"{ROLLOUT}.val_kwargs", rollout.val_kwargs)):
+    for key, section in ((ROLLOUT, rollout), (f"{ROLLOUT}.val_kwargs", rollout.val_kwargs),
+                         ("reward.reward_model.rollout", config.reward.reward_model.rollout)):
         if section.do_sample != (section.temperature > 0):
             log.info("%s.do_sample=%s: not read (verl 0.9.1's rollout neither): %s.temperature=%s decodes %s", key,
                      section.do_sample, key, section.temperature, "by sampling" if section.temperature > 0 else
                      "greedily")
 
 
-def check_trainer_section(config) -> None:
-    """trainer.device against the GPU count asked for; val_only has a validation set; a resume_path resume names its
-    checkpoint."""
-    trainer = config.trainer
+def check_device(trainer) -> None:
+    """trainer.device (auto, cuda or cpu) against the GPU count trainer.n_gpus_per_node asks for (PPO, SFT and batch
+    generation: a device the count contradicts would run the other kind of worker)."""
+    if trainer.device not in DEVICES:
+        raise Unsupported(f"trainer.device={trainer.device!r} is not supported (auto: CUDA where this machine has "
+                          f"GPUs, else CPU workers; Ascend NPUs are not implemented); expected "
+                          f"{' or '.join(map(repr, DEVICES))}")
     if trainer.device == "cpu" and trainer.n_gpus_per_node > 0:
         raise ValueError(f"trainer.device=cpu with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: CPU workers are "
                          f"trainer.n_gpus_per_node=0 (and n_cpu_workers_per_node); set one or the other")
@@ -270,6 +276,12 @@ def check_trainer_section(config) -> None:
         raise ValueError(f"trainer.device=cuda with trainer.n_gpus_per_node={trainer.n_gpus_per_node}: "
                          + ("0 asks for CPU workers" if trainer.n_gpus_per_node == 0 else
                             "this machine's GPUs, and torch sees none") + "; trainer.device=auto takes what there is")
+
+
+def check_trainer_section(config) -> None:
+    """check_device; val_only has a validation set; a resume_path resume names its checkpoint."""
+    trainer = config.trainer
+    check_device(trainer)
     if trainer.val_only and not config.data.val_files:
         raise ValueError("trainer.val_only=true validates, and data.val_files is empty")
     if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
@@ -525,7 +537,7 @@ def check_multi_turn(config) -> list[dict] | None:
 
 def check_agent_loops(config, datasets) -> None:
     """Every row's agent_name is a known loop and, on the tool agent with interactions, its interaction_kwargs
-    name one; the tool agent needs raw_prompt; multi_turn.enable=true with no row running the tool agent would
+    name one; multi_turn.enable=true with no row running the tool agent would
     leave the tools unused, so it stops the run (verl 0.9.1 picks the loop by agent_name alone)."""
     # lazy: the rollout (torch) loads for the checks only
     from pyrl.experimental.agent_loop.agent_loop import known_agent_loops

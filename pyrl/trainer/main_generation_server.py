@@ -99,9 +99,10 @@ def acts_on(key: str) -> bool:
 
 def check_generation_config(config: PPOConfig) -> None:
     """What batch generation needs of the PPO config, before anything loads."""
-    from pyrl.trainer.checks import RANGES, check_ranges  # lazy: the checks import torch
+    from pyrl.trainer.checks import RANGES, check_device, check_ranges  # lazy: the checks import torch
 
     check_no_nan(config)
+    check_device(config.trainer)
     # the values pyrl does not implement (pyrl.config.LIMITS) and those out of range, where generation acts
     check_supported(config, acts_on)
     check_ranges(config, {key: limit for key, limit in RANGES.items() if acts_on(key)})

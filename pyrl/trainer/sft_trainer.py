@@ -48,6 +48,7 @@ from pyrl.config import (
     FSDPConfig,
     ModelConfig,
     OptimConfig,
+    apply_mixed_precision,
     plus_dropped_for_known,
     typed_config,
 )
@@ -115,7 +116,6 @@ class SFTEngineConfig(FSDPConfig):
     use_no_sync_for_gradient_accumulation: bool = False
     pad_to_length: bool = False
     pad_to_length_bucket: int = 1024
-    mixed_precision: Optional[dict] = None
     qat: dict = field(default_factory=lambda: {"enable": False})
 
 
@@ -192,7 +192,6 @@ SFT_LIMITS = {
     "engine.offload_policy": ((False,), "not implemented (param_offload offloads)"),
     "engine.full_determinism": ((False,), "not implemented"),
     "engine.pad_to_length": ((False,), "not implemented"),
-    "engine.mixed_precision": ((None,), "engine.dtype sets the compute dtype"),
     "engine.qat": (({"enable": False},), "quantization-aware training is not implemented"),
     "engine.wrap_policy": (({"min_num_params": 0},), "pyrl wraps each decoder layer"),
     "engine.forward_prefetch": ((False,), "not implemented"),
@@ -225,7 +224,7 @@ def _value(config, key: str):
 
 def check_sft_config(config: SFTConfig) -> None:
     # lazy: the checks load torch
-    from pyrl.trainer.checks import GRAD_CLIP, MICRO, NON_NEGATIVE, POSITIVE, UNIT, check_ranges
+    from pyrl.trainer.checks import GRAD_CLIP, MICRO, NON_NEGATIVE, POSITIVE, UNIT, check_device, check_ranges
     from pyrl.verl_features import Unsupported  # lazy: as in pyrl.config
     from pyrl.workers.lora import check_lora_config  # lazy: as above
 
@@ -251,6 +250,8 @@ def check_sft_config(config: SFTConfig) -> None:
         raise ValueError(f"trainer.resume_mode: expected auto, disable or resume_path, got {trainer.resume_mode!r}")
     check_ranges(config, ranges)
     check_lora_config(config.model, "model", "CAUSAL_LM")
+    check_device(config.trainer)
+    apply_mixed_precision(config.engine, "engine", trains=True)
     ppo_module.migrate_warmup_style(config.optim, "optim")
     for key in ("save_contents", "load_contents"):  # a resume always loads what a save always writes
         contents = set(getattr(config.checkpoint, key))
@@ -473,9 +474,10 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     if data.train_batch_size % plan.world_size:
         raise ValueError(f"data.train_batch_size={data.train_batch_size} does not split over the {plan.world_size} "
                          f"ranks")
+    steps = total_steps(config, len(train))  # checked before any worker starts
     optim = ppo.actor_rollout_ref.actor.optim
     if optim.total_training_steps < 0:  # the LR schedule spans the run unless set (as the PPO trainer's)
-        optim.total_training_steps = total_steps(config, len(train))
+        optim.total_training_steps = steps
     ppo_module.WORKERS_STARTED = True
     with build_workers(ppo, plan) as workers:
         trainer = SFTTrainer(config, workers, tokenizer, train, val)

@@ -223,8 +223,9 @@ class RewardModelServer(Worker):
             engine_config = engine_config_of(rollout, seed=rollout.seed + self.replica)  # verl: seed + replica rank
             self.engine = make_engine(rollout.name, cfg.model_path, engine_config, self.device, self.tokenizer,
                                       own_workers=True)
+            # do_sample is read nowhere, as in verl 0.9.1's reward loop: the temperature decides (0 greedy)
             base = SamplingSpec(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
-                                do_sample=rollout.do_sample, max_tokens=rollout.response_length,
+                                max_tokens=rollout.response_length,
                                 ignore_eos=rollout.ignore_eos, logprobs=False)
             base.check("reward.reward_model.rollout")
             self.loop = asyncio.new_event_loop()
@@ -467,8 +468,7 @@ def engine_config_of(rollout, seed: int):
     shared = {name: getattr(rollout, name) for name in (
         "name", "dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_batched_tokens",
         "max_num_seqs", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
-        "free_cache_engine", "prompt_length", "response_length", "temperature", "top_k", "top_p", "do_sample",
-        "ignore_eos")}
+        "free_cache_engine", "prompt_length", "response_length", "temperature", "top_k", "top_p", "ignore_eos")}
     return RolloutConfig(**shared, seed=seed, load_format=rollout.load_format or "auto",
                          engine_kwargs={"vllm": dict(rollout.engine_kwargs.get("vllm") or {})})
 

@@ -217,6 +217,7 @@ def test_sampled_generations_and_their_evaluation(sampled, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["data.train_files=x.parquet"], "data.output_path: where to write the generations"),
+    (["data.output_path=o.parquet", "trainer.device=gpu"], "trainer.device='gpu' is not supported"),
     (["data.output_path=o.parquet", "actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.n=2"],
      "actor_rollout_ref.rollout.n=2 with temperature=0"),
     (["data.output_path=o.parquet", "data.filter_overlong_prompts=true"], "would drop rows from the output"),

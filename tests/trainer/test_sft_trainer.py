@@ -313,6 +313,8 @@ def test_refusals_before_any_worker(tmp_path, args, message):
     ("model.lora_adapter_path=/tmp/adapter", "model.lora_adapter_path is set but model.lora_rank is 0"),
     ("engine.dtype=float16", "engine.dtype='float16' is not supported (float16 training needs loss scaling"),
     ("engine.model_dtype=fp16", "engine.model_dtype='fp16' is not supported"),
+    ("+engine.mixed_precision.param_dtype=fp16", "engine.mixed_precision.param_dtype='fp16' is not supported"),
+    ("trainer.device=npu", "trainer.device='npu' is not supported"),
 ])
 def test_values_the_start_checks_refuse(override, message):
     """check_sft_config, in this process (the command line's own refusals are above): values verl 0.9.1 would
@@ -332,9 +334,11 @@ def test_deprecated_warmup_style_sets_the_schedule():
     assert ppo_config_of(config).actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
 
 
-def test_more_steps_than_the_epochs_hold_is_refused_before_any_worker():
+@pytest.mark.parametrize("schedule", [[], ["optim.total_training_steps=50"]], ids=["run_steps", "own_lr_span"])
+def test_more_steps_than_the_epochs_hold_is_refused_before_any_worker(schedule):
     """verl 0.9.1 stops after trainer.total_epochs whatever trainer.total_training_steps says (9,488 conversations
-    in batches of 16: 593 steps an epoch, 1,779 in 3); pyrl says so before any worker starts."""
+    in batches of 16: 593 steps an epoch, 1,779 in 3); pyrl says so before any worker starts, with an LR schedule
+    span of its own (optim.total_training_steps) too."""
     from pyrl.trainer import workers
 
     started = []
@@ -343,5 +347,6 @@ def test_more_steps_than_the_epochs_hold_is_refused_before_any_worker():
         with pytest.raises(ValueError, match=re.escape("trainer.total_training_steps=2000 is more than "
                                                        "trainer.total_epochs=3 epochs of 593 steps")) as error:
             sft_here(["model.path=pyrl:tiny", "data.train_files=pyrl:toy_addition_sft", "data.train_batch_size=16",
-                      "trainer.total_training_steps=2000", "trainer.total_epochs=3", "trainer.n_gpus_per_node=0"])
+                      "trainer.total_training_steps=2000", "trainer.total_epochs=3", "trainer.n_gpus_per_node=0",
+                      *schedule])
     assert "set trainer.total_epochs=4 or fewer steps" in str(error.value) and not started
