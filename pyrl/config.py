@@ -736,12 +736,12 @@ CHECKPOINT_CONTENTS = ("model", "optimizer", "extra")  # always all three; hf_mo
 CONTENTS_KEYS = tuple(f"{role}.checkpoint.{name}" for role in ("actor_rollout_ref.actor", "critic")
                       for name in ("save_contents", "load_contents"))
 
-# verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
-# why). Anything else stops the run at start instead of being silently ignored.
 # the dtypes a trained model computes and keeps its master weights in: float16 would need loss scaling
 TRAINING_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
 FLOAT16_TRAINING = ("float16 training needs loss scaling, which pyrl does not implement (verl 0.9.1 adds a "
                     "ShardedGradScaler): bfloat16 keeps float32's range")
+# verl keys pyrl accepts so that verl command lines parse, with the values it implements: key -> (allowed values,
+# why). Anything else stops the run at start instead of being silently ignored.
 LIMITS: dict[str, tuple[tuple, str]] = {
     **{f"{section}.{key}": (TRAINING_DTYPES, FLOAT16_TRAINING)
        for section in ("actor_rollout_ref.actor.fsdp_config", "critic.fsdp") for key in ("dtype", "model_dtype")},

@@ -237,8 +237,8 @@ RANGES = {
 }
 
 
+DEVICES = ("auto", "cuda", "cpu")  # trainer.device's values (check_device)
 # what training alone needs (batch generation decodes greedily at temperature 0)
-DEVICES = ("auto", "cuda", "cpu")
 TRAINING_RANGES = {
     f"{ROLLOUT}.temperature": ("expected > 0: the trainer scores the samples' log-probs at this temperature (0 is "
                                "greedy decoding, nothing to train on; val_kwargs.temperature=0 validates greedily)",
