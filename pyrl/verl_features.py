@@ -85,8 +85,6 @@ FEATURES: list[tuple[str, str]] = [
     (r"\.checkpoint\.(async_save|strict)$", "asynchronous checkpoint saving and non-strict loading"),
     (r"\.optim\.(optimizer_impl|zero_indexed_step|override_optimizer_config)$",
      "verl's engine optimizer options (optim.optimizer_impl, zero_indexed_step, override_optimizer_config)"),
-    (r"^(actor_rollout_ref\.(actor|ref)|critic)\.rollout_n$", "verl's engine workers' rollout_n (pyrl reads "
-                                                              "actor_rollout_ref.rollout.n)"),
     (r"^actor_rollout_ref\.rollout\.(nnodes|n_gpus_per_node|data_parallel_size|expert_parallel_size|"
      r"pipeline_model_parallel_size)$", "rollout data, expert and pipeline parallelism and a rollout pool of its "
                                         "own in the hybrid engine"),
@@ -132,19 +130,52 @@ WITHOUT_EFFECT: list[tuple[str, str]] = [
      "own fused kernel"),
     (r"^actor_rollout_ref\.rollout\.skip_tokenizer_init$",
      "verl 0.9.1's vLLM server starts the policy's engine with its tokenizer whatever it says"),
+    (r"^(actor_rollout_ref\.(actor|ref)|critic)\.rollout_n$",
+     "verl 0.9.1's engine workers check that it is set and read it nowhere else; pyrl reads "
+     "actor_rollout_ref.rollout.n"),
+    (r"^actor_rollout_ref\.ref\.(entropy_from_logits_with_chunking|entropy_from_logits_chunk_size|"
+     r"entropy_checkpointing)$", "verl 0.9.1's reference pass computes no entropy"),
+    (r"(^|\.)fused_kernel_options\.impl_backend$",
+     "the backend of verl's fused log-prob kernel, a speed setting; pyrl's fused kernels choose theirs by device "
+     "(PYRL_OPS_BACKEND)"),
+    (r"^algorithm\.pf_ppo\.", "PF-PPO's options, and PF-PPO is off (algorithm.use_pf_ppo=true is refused)"),
+]
+# verl 0.9.1 keys of features pyrl lacks, at the value that turns the feature off (its default, which is how pyrl
+# runs): dropped and said the same way; any other value names the feature (FEATURES). `~key` (back to the
+# default) counts as the off value.
+OFF_VALUES: list[tuple[str, set[str], str]] = [
+    (r"^algorithm\.use_pf_ppo$", {"false"}, "PF-PPO off, verl 0.9.1's default"),
+    (r"^algorithm\.filter_groups\.max_inflight_gen_batches$", {"1"},
+     "one dynamic-sampling generation batch in flight at a time, verl 0.9.1's default and how pyrl generates"),
+    (r"(^|\.)(use_liger|enable_activation_offload|tiled_mlp\.enabled|mtp\.enable)$", {"false"},
+     "the feature off, verl 0.9.1's default"),
+    (r"^actor_rollout_ref\.actor\.(entropy_from_logits_with_chunking|entropy_checkpointing)$", {"false"},
+     "verl 0.9.1's default"),
+    (r"\.model\.(external_lib|hf_config_path)$", {"null"}, "verl 0.9.1's default"),
 ]
 _WITHOUT_EFFECT = [(re.compile(pattern), why) for pattern, why in WITHOUT_EFFECT]
+_OFF_VALUES = [(re.compile(pattern), values, why) for pattern, values, why in OFF_VALUES]
+DEFAULT = object()  # the value of a `~key` override: the key back to its default
 
 
-def no_effect(key: str) -> str | None:
-    """Why a WITHOUT_EFFECT key changes nothing, or None for any other key."""
-    return next((why for pattern, why in _WITHOUT_EFFECT if pattern.search(key)), None)
+def no_effect(key: str, value=None) -> str | None:
+    """Why a key set to `value` (as written after `=`; DEFAULT for `~key`) changes nothing: a WITHOUT_EFFECT key at
+    any value, an OFF_VALUES key at its off value; None otherwise (value None: the key at any value)."""
+    why = next((why for pattern, why in _WITHOUT_EFFECT if pattern.search(key)), None)
+    if why or value is None:
+        return why
+    return next((why for pattern, values, why in _OFF_VALUES if pattern.search(key)
+                 and (value is DEFAULT or value.strip("'\"").lower() in values)), None)
 
 
 def without_effect(argv: list[str]) -> list[str]:
-    """The command line less its overrides of WITHOUT_EFFECT keys, each said on stderr with why it changes
-    nothing (before Hydra configures logging)."""
-    dropped = {arg: no_effect(key) for key, arg in override_keys(argv) if no_effect(key)}
+    """The command line less its overrides of WITHOUT_EFFECT keys, and of OFF_VALUES keys at their off value,
+    each said on stderr with why it changes nothing (before Hydra configures logging)."""
+    dropped = {}
+    for key, arg in override_keys(argv):
+        why = no_effect(key, arg.split("=", 1)[1] if "=" in arg else DEFAULT)
+        if why:
+            dropped[arg] = why
     for arg, why in dropped.items():
         print(f"pyrl: {arg.lstrip('+')}: accepted, with no effect ({why})", file=sys.stderr, flush=True)
     return [arg for arg in argv if arg not in dropped]

@@ -182,9 +182,13 @@ def test_every_schema_key_is_read_by_its_full_path_or_limited(keys_read):
     ("actor_rollout_ref.actor.policy_loss.loss_mode=ppo", "loss_mode='ppo' is unknown; expected one of .*vanilla"),
     ("actor_rollout_ref.actor.loss_agg_mode=mean", "actor.loss_agg_mode='mean' is unknown"),
     ("critic.loss_agg_mode=sum", "critic.loss_agg_mode='sum' is unknown"),
-    ("actor_rollout_ref.actor.kl_loss_type=k4", "kl_loss_type: kind: unknown KL estimator 'k4'"),
-    ("algorithm.kl_penalty=full", "algorithm.kl_penalty: kind: 'full' needs the whole distributions"),
-    ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.type='pid' is unknown"),
+    ("actor_rollout_ref.actor.kl_loss_type=k4 actor_rollout_ref.actor.use_kl_loss=true",
+     "kl_loss_type: kind: unknown KL estimator 'k4'"),
+    ("algorithm.kl_penalty=full algorithm.use_kl_in_reward=true",
+     "algorithm.kl_penalty: kind: 'full' needs the whole distributions"),
+    ("algorithm.kl_ctrl.type=pid algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type='pid' is unknown"),
+    ("algorithm.kl_ctrl.type=adaptive algorithm.kl_ctrl.target_kl=0 algorithm.use_kl_in_reward=true",
+     "algorithm.kl_ctrl: target_kl and horizon must be > 0"),
     ("reward.reward_manager.name=prime", "reward.reward_manager.name='prime' is unknown"),
     ("reward_model.reward_manager=prime", "reward.reward_manager.name='prime' is unknown"),  # the legacy spelling
     ("trainer.logger=[console,swanlab]", "trainer.logger: unknown \\['swanlab'\\]"),
@@ -201,10 +205,22 @@ def test_registry_names_checked_before_workers(override, message):
     from pyrl.config import migrate_legacy_reward
     from pyrl.trainer.checks import check_names
 
-    config = compose("preset=toy", override)
+    config = compose("preset=toy", *override.split())
     migrate_legacy_reward(config)  # as resolve_defaults does first
     with pytest.raises(ValueError, match=message):
         check_names(config)
+
+
+def test_kl_keys_are_checked_only_where_they_are_read():
+    """verl 0.9.1 reads algorithm.kl_ctrl.* and kl_penalty only with use_kl_in_reward, and kl_loss_type only with
+    use_kl_loss: a value they would refuse is then taken, as in verl."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_names
+
+    check_names(compose("preset=toy", "algorithm.use_kl_in_reward=false", "algorithm.kl_ctrl.type=pid",
+                        "algorithm.kl_ctrl.target_kl=0", "algorithm.kl_penalty=full",
+                        "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.kl_loss_type=k4"))
 
 
 @pytest.mark.parametrize("override, message", [

@@ -146,16 +146,18 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
 
 @register_adv_est("reinforce_plus_plus", needs=Needs())
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma=1.0, **_):
-    """G_t = r_t + gamma G_{t+1}, the running return reset by the mask (G_{t+1} counts only if m_{t+1});
-    returns = G, advantages = whiten(G, m) * m."""
+    """G_t = r_t + gamma G_next on valid tokens (m_t = 1), where G_next is the return of the next valid token;
+    tokens outside the mask (a tool's output inside a multi-turn response) are skipped: their reward is dropped
+    and the return passes through them undiscounted, as verl 0.9.1 does. returns = G m, advantages =
+    whiten(G, m) * m."""
     with torch.no_grad():
         mask = response_mask.to(torch.float32)
         returns = torch.zeros_like(token_level_rewards, dtype=torch.float32)
         running = torch.zeros_like(returns[:, 0])
-        for t in reversed(range(returns.shape[-1])):  # a linear recurrence with a data-dependent reset
-            running = token_level_rewards[:, t] + gamma * running
-            returns[:, t] = running
-            running = running * mask[:, t]
+        for t in reversed(range(returns.shape[-1])):  # a linear recurrence that skips masked tokens
+            step = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = step * mask[:, t]
+            running = torch.where(mask[:, t] != 0, step, running)
         advantages = ops.masked_whiten(returns, mask) * mask
     return advantages, returns
 

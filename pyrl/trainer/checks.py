@@ -48,7 +48,7 @@ def check_names(config) -> None:
     # lazy: the registries load the ops, algos, rewards and workers (torch) for the checks only
     from pyrl import ops
     from pyrl.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-    from pyrl.algos.kl_control import KL_CONTROLLERS
+    from pyrl.algos.kl_control import KL_CONTROLLERS, get_kl_controller
     from pyrl.algos.policy_loss import BYPASS_LOSS_TYPES, rollout_correction_settings
     from pyrl.ops.kl_penalty import parse_kind
     from pyrl.rewards.managers import MANAGERS
@@ -60,15 +60,19 @@ def check_names(config) -> None:
     _check_name("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSS_REGISTRY)
     _check_name("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, ops.LOSS_AGG_MODES)
     _check_name("critic.loss_agg_mode", config.critic.loss_agg_mode, ops.LOSS_AGG_MODES)
-    _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, KL_CONTROLLERS)
+    if algorithm.use_kl_in_reward:  # verl 0.9.1 reads the KL-in-reward keys only then, and so does pyrl
+        _check_name("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, KL_CONTROLLERS)
+        get_kl_controller(algorithm.kl_ctrl)  # its ranges (target_kl, horizon)
     _check_name("reward.reward_manager.name", config.reward.reward_manager.name, MANAGERS)
     _check_name("algorithm.rollout_correction.loss_type", algorithm.rollout_correction.loss_type, BYPASS_LOSS_TYPES)
     correction = algorithm.rollout_correction
     rollout_correction_settings(correction.rollout_is, correction.rollout_is_threshold, correction.rollout_rs,
                                 correction.rollout_rs_threshold)
     check_registered_needs(config)
-    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type),
-                      ("algorithm.kl_penalty", algorithm.kl_penalty)):
+    for key, kind, used in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, actor.use_kl_loss),
+                            ("algorithm.kl_penalty", algorithm.kl_penalty, algorithm.use_kl_in_reward)):
+        if not used:
+            continue
         try:
             parse_kind(kind)
         except (TypeError, ValueError) as e:

@@ -110,23 +110,24 @@ def balance_batch(batch: DataProto, world_size: int, by_group: bool = False) -> 
 
 
 def filter_groups(batch: DataProto, metric: str) -> DataProto:
-    """DAPO's dynamic sampling: keep the groups (same uid) whose `metric` varies; a group where every sample
-    scored the same has zero advantage under group baselines. `metric`: "reward" (verl 0.9.1's canonical one) or
-    "seq_reward" (the DAPO recipe's name): the sequence's score; any other name: that field of what the reward
-    function returned."""
-    if metric in ("reward", "seq_reward"):
-        values = batch.batch["token_level_scores"].sum(-1).numpy()
-    elif metric in batch.non_tensor_batch:
+    """DAPO's dynamic sampling: drop the groups (same uid) of more than one sample where every sample scored the
+    same `metric` (zero advantage under group baselines); a group of one is kept, as verl 0.9.1's replay buffer
+    keeps it. `metric`: "reward" (verl 0.9.1's canonical one): the sequence's score; any other name: that field
+    of what the reward function returned, or for "seq_reward" (the DAPO recipe's name, which verl 0.9.1 reads
+    from the reward function only) the sequence's score where the function returned no such field."""
+    if metric in batch.non_tensor_batch and metric != "reward":
         values = np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
+    elif metric in ("reward", "seq_reward"):
+        values = batch.batch["token_level_scores"].sum(-1).numpy()
     else:
         raise KeyError(f"algorithm.filter_groups.metric: {metric!r} is neither reward, seq_reward nor a field"
                        f" the reward function returned")
     uids = batch.non_tensor_batch["uid"]
     spread = {}
     for uid, value in zip(uids, values):
-        lo, hi = spread.get(uid, (value, value))
-        spread[uid] = (min(lo, value), max(hi, value))
-    keep = [i for i, uid in enumerate(uids) if spread[uid][1] > spread[uid][0]]
+        lo, hi, count = spread.get(uid, (value, value, 0))
+        spread[uid] = (min(lo, value), max(hi, value), count + 1)
+    keep = [i for i, uid in enumerate(uids) if spread[uid][2] == 1 or spread[uid][1] > spread[uid][0]]
     return batch.select_idxs(keep)
 
 
@@ -175,7 +176,9 @@ class PPOTrainer:
         self.workers = workers
         algorithm = config.algorithm
         self.use_critic = plan.has("critic")
-        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl)
+        # a fixed stand-in where KL is not in the reward (its keys are then read nowhere, as in verl 0.9.1)
+        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl if algorithm.use_kl_in_reward
+                                         else dataclasses.replace(algorithm.kl_ctrl, type="fixed"))
         self.run_dir = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
         self.sampler = StatefulSampler(len(train_dataset), plan.prompts_per_step, config.data.shuffle,

@@ -1,4 +1,5 @@
-"""gdpo, grpo_vectorized, rloo_vectorized, optimal_token_baseline and tir_optimal_token_baseline against float64
+"""gdpo, grpo_vectorized, rloo_vectorized, reinforce_plus_plus, optimal_token_baseline and tir_optimal_token_baseline
+against float64
 transcriptions of verl 0.9.1's code (verl/trainer/ppo/core_algos.py, verl/utils/groupwise.py), on fresh random
 batches with the edge cases: singleton groups, groups whose scores all agree, an all-masked row, length-1
 responses, an odd batch size, string uids (numeric-looking ones too)."""
@@ -43,6 +44,17 @@ def verl_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_
         else:
             scores[i] = scores[i] - id2mean[index[i]]
     return scores.unsqueeze(-1) * response_mask
+
+
+def verl_reinforce_plus_plus(token_level_rewards, response_mask, gamma):
+    """compute_reinforce_plus_plus_outcome_advantage: masked (tool output) tokens carry the return through."""
+    returns = torch.zeros_like(token_level_rewards)
+    running_return = 0
+    for t in reversed(range(token_level_rewards.shape[1])):
+        new_running_return = token_level_rewards[:, t] + gamma * running_return
+        returns[:, t] = new_running_return * response_mask[:, t]
+        running_return = new_running_return * response_mask[:, t] + running_return * (1 - response_mask[:, t])
+    return verl_masked_whiten(returns, response_mask) * response_mask, returns
 
 
 def verl_as_torch_index(index):
@@ -230,6 +242,25 @@ def test_grpo_vectorized_matches_verl(fresh_seed, norm):
     assert (adv[4:6] == 0).all()  # the pair agrees
     # the same numbers as the loop version, singletons included
     close(adv, verl_grpo(rewards.double(), mask.double(), UIDS, norm_adv_by_std_in_grpo=norm))
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("holes", [False, True])
+def test_reinforce_plus_plus_matches_verl(fresh_seed, gamma, holes):
+    rewards, mask, *_ = otb_batch(fresh_seed, holes=holes)
+    adv, ret = get_adv_estimator_fn("reinforce_plus_plus")(rewards, mask, gamma=gamma)
+    expected_adv, expected_ret = verl_reinforce_plus_plus(rewards.double(), mask.double(), gamma)
+    close(ret, expected_ret)
+    close(adv, expected_adv)
+
+
+def test_reinforce_plus_plus_carries_the_return_over_tool_output():
+    """An outcome reward of 1 after a masked (tool output) token reaches the tokens before it undiscounted by the
+    masked one, and the masked token's own reward is dropped."""
+    rewards = torch.tensor([[0.0, 5.0, 0.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    _, ret = get_adv_estimator_fn("reinforce_plus_plus")(rewards, mask, gamma=0.5)
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.0, 0.5, 1.0]]))
 
 
 def test_rloo_vectorized_matches_verl(fresh_seed):

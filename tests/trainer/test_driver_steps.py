@@ -75,17 +75,22 @@ def test_adaptive_beta_falls_when_kl_is_under_target():
 
 
 def test_filter_groups_keeps_exactly_the_groups_whose_scores_differ():
-    uids = ["a", "a", "a", "b", "b", "c", "d", "d"]  # c is a singleton group: nothing to compare, dropped
+    # c is a singleton group: kept, as verl 0.9.1's replay buffer keeps it (it filters len > 1 and std == 0 only);
+    # dropping it made rollout.n=1 with dynamic sampling generate forever
+    uids = ["a", "a", "a", "b", "b", "c", "d", "d"]
     batch = random_batch(rows=8, empty_rows=(), uids=uids)
     outcome = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.5, 1.0, -1.0, 2.0])
     batch.batch["token_level_scores"] = torch.zeros(8, 6)
     batch.batch["token_level_scores"][:, 0] = outcome
     kept = filter_groups(batch, "reward")
-    assert kept.batch["row"].tolist() == [0, 1, 2, 6, 7]
-    assert list(kept.non_tensor_batch["uid"]) == ["a", "a", "a", "d", "d"]
+    assert kept.batch["row"].tolist() == [0, 1, 2, 5, 6, 7]
+    assert list(kept.non_tensor_batch["uid"]) == ["a", "a", "a", "c", "d", "d"]
+    assert filter_groups(batch, "seq_reward").batch["row"].tolist() == [0, 1, 2, 5, 6, 7]
 
     batch.non_tensor_batch["acc"] = np.asarray([1, 1, 1, 0, 1, 0, 1, 1], dtype=object)  # a reward extra field
-    assert filter_groups(batch, "acc").batch["row"].tolist() == [3, 4]
+    assert filter_groups(batch, "acc").batch["row"].tolist() == [3, 4, 5]
+    batch.non_tensor_batch["seq_reward"] = batch.non_tensor_batch["acc"]  # the reward function's own field wins
+    assert filter_groups(batch, "seq_reward").batch["row"].tolist() == [3, 4, 5]
     with pytest.raises(KeyError, match="algorithm.filter_groups.metric: 'nope'"):
         filter_groups(batch, "nope")
 

@@ -154,6 +154,33 @@ def test_keys_without_effect_are_dropped_saying_so(capsys):
         check_command_line(without_effect(["critic.model.use_torch_compile=false"]))
 
 
+@pytest.mark.parametrize("arg", ["algorithm.use_pf_ppo=False", "+algorithm.filter_groups.max_inflight_gen_batches=1",
+                                 "actor_rollout_ref.model.use_liger=false", "~critic.model.enable_activation_offload",
+                                 "actor_rollout_ref.model.tiled_mlp.enabled=false", "critic.model.external_lib=null",
+                                 "actor_rollout_ref.actor.entropy_checkpointing=false",
+                                 "algorithm.pf_ppo.weight_pow=3", "actor_rollout_ref.ref.entropy_checkpointing=true",
+                                 "actor_rollout_ref.ref.rollout_n=4", "critic.rollout_n=2",
+                                 "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"])
+def test_a_feature_turned_off_is_taken_without_effect(arg, capsys):
+    """A verl key of a feature pyrl lacks, at the value that turns it off (verl's default), changes nothing: taken
+    with one line; any other value names the feature."""
+    from pyrl.verl_features import without_effect
+
+    assert without_effect([arg, "data.train_batch_size=8"]) == ["data.train_batch_size=8"]
+    assert "accepted, with no effect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg, feature", [("algorithm.use_pf_ppo=true", "PF-PPO"),
+                                          ("algorithm.filter_groups.max_inflight_gen_batches=4", "asynchronous"),
+                                          ("actor_rollout_ref.model.use_liger=True", "Liger"),
+                                          ("actor_rollout_ref.actor.entropy_checkpointing=true", "chunked")])
+def test_a_feature_turned_on_is_still_refused(arg, feature):
+    from pyrl.verl_features import check_command_line, without_effect
+
+    with pytest.raises(ValueError, match=feature):
+        check_command_line(without_effect([arg]))
+
+
 def corpus_table() -> str:
     """README's table: per outcome (accepted, or refused naming a feature or value), the launches verl 0.9.1
     composes and those it refuses itself (keys 0.9.1 does not have: the scripts were written for another verl)."""
