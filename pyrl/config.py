@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyrl.verl_features import NotImplementedFeature, Unsupported, feature_of
+
+log = logging.getLogger("pyrl")
 
 
 @dataclass
@@ -875,6 +878,8 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
         if current != default and current != old:
             raise ValueError(f"{old_key}={old!r} and {new_key}={current!r} disagree: set only {new_key}")
         set_new(old)
+        log.info("%s=%r: moved to %s (verl 0.9.1's fully-async entry migrates it so; its main_ppo reads it nowhere)",
+                 old_key, old, new_key)
 
     move("reward_model.reward_manager", legacy.reward_manager, "reward.reward_manager.name",
          lambda v: setattr(reward.reward_manager, "name", v), reward.reward_manager.name)

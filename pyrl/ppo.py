@@ -271,7 +271,7 @@ def run_ppo(config: PPOConfig) -> dict:
     # lazy: torch, Ray and the models load only when a run starts; the CLI's --help does not need them
     from pyrl.rewards import load_reward_manager
     from pyrl.rewards.managers import close_scoring_pools
-    from pyrl.trainer.checks import check_agent_loops, check_code_sandbox, check_models, check_multi_turn
+    from pyrl.trainer.checks import check_agent_loops, check_default_scorer, check_models, check_multi_turn
     from pyrl.trainer.memory_plan import check_memory_plan
     from pyrl.trainer.ppo_trainer import PPOTrainer, training_steps
     from pyrl.workers.models import load_tokenizer
@@ -290,9 +290,9 @@ def run_ppo(config: PPOConfig) -> dict:
     for optim in (config.actor_rollout_ref.actor.optim, config.critic.optim):
         if optim.total_training_steps < 0:
             optim.total_training_steps = steps
-    check_code_sandbox(config, [train] + ([val] if val else []))  # code rewards need an isolating machine
+    check_default_scorer(config, [train] + ([val] if val else []))  # every row scorable, code safely
     reward_fn = load_reward_manager(config, tokenizer)
-    val_reward_fn = load_reward_manager(config, tokenizer, validation=True)
+    val_reward_fn = load_reward_manager(config, tokenizer)  # its own state (counts, limiters' clients)
     run_dir = os.path.abspath(config.trainer.default_local_dir)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:

@@ -1,5 +1,6 @@
 """GSM8K: the answer after the last "#### " (strict) or the last number (flexible), in the last 300
-characters, compared as a string with the ground truth (verl's gsm8k.py)."""
+characters, compared as a string with the ground truth as given (verl 0.9.1's gsm8k.py: a ground truth that is not
+a str never matches)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     if method == "strict":
         found = _STRICT.findall(tail)
         return found[-1].replace(",", "").replace("$", "") if found else None
-    for candidate in reversed(_NUMBER.findall(tail)):
+    found = _NUMBER.findall(tail)
+    for candidate in reversed(found):
         if candidate not in ("", "."):
             return candidate
-    return None
+    return found[0] if found else None  # every number is ".": verl's loop ends on (and returns) the first
 
 
 def compute_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0,
@@ -27,4 +29,4 @@ def compute_score(solution_str: str, ground_truth: str, method: str = "strict", 
     answer = extract_solution(solution_str, method)
     if answer is None:
         return 0.0
-    return score if answer == str(ground_truth) else format_score
+    return score if answer == ground_truth else format_score

@@ -224,23 +224,33 @@ class RewardManager:
         if self.reward_fn_key not in nt:
             raise KeyError(f"reward: the batch has no {self.reward_fn_key!r} column (data.reward_fn_key)")
         reward_model = nt["reward_model"][i] if "reward_model" in nt else {}
-        extra = nt["extra_info"][i] if "extra_info" in nt else None
+        extra = nt["extra_info"][i] if "extra_info" in nt else {}  # verl: non_tensor_batch.get("extra_info", {})
         return nt[self.reward_fn_key][i], reward_model.get("ground_truth"), extra
 
     def turn_fields(self, data: DataProto, i: int) -> dict:
-        """What an agent-loop rollout adds to extra_info: verl's tool_extra_fields, the loop's extra_fields whole
-        (the tools' and the interaction's rewards, tool_rewards and turn_scores, and whatever a user's loop put
-        there); {} for a rollout without agent loops."""
-        fields = data.non_tensor_batch.get("tool_extra_fields")
-        return {} if fields is None else dict(fields[i] or {})
+        """verl 0.9.1's tool_extra_fields of sample i: an agent-loop rollout's extra_fields whole (the tools' and the
+        interaction's rewards, tool_rewards and turn_scores, and whatever a user's loop put there). Every verl 0.9.1
+        rollout runs in an agent loop, so a single-turn sample has them too: no turn scores, no tool rewards. Both
+        with the sample's raw prompt, as verl's loops add it."""
+        nt = data.non_tensor_batch
+        fields = nt.get("tool_extra_fields")
+        fields = {"turn_scores": [], "tool_rewards": []} if fields is None else dict(fields[i] or {})
+        if "raw_prompt" in nt:
+            fields.setdefault("raw_prompt", nt["raw_prompt"][i])
+        return fields
 
     def sample_fields(self, data: DataProto, i: int):
+        """naive and remote (verl 0.9.1's): the row's extra_info with the turn fields (turn_fields), the turn count
+        (2 for a single-turn rollout, as verl's single-turn loop counts it) and rollout_reward_scores (verl's
+        "reward_scores" column, which nothing in 0.9.1 writes: {}). A copy: the n samples of a prompt share one
+        extra_info dict, which verl writes into."""
         nt = data.non_tensor_batch
         source, truth, extra = self.row_fields(data, i)
-        if "__num_turns__" in nt:  # a multi-turn rollout: verl 0.9.1's naive adds the turn count and its
-            # tool_extra_fields (turn_fields). A copy: the n samples of a prompt share one extra_info dict
-            extra = {**(extra or {}), "num_turns": int(nt["__num_turns__"][i]), **self.turn_fields(data, i)}
+        extra = {**(extra or {}), **self.turn_fields(data, i),
+                 "num_turns": int(nt["__num_turns__"][i]) if "__num_turns__" in nt else 2,
+                 "rollout_reward_scores": nt["reward_scores"][i] if "reward_scores" in nt else {}}
         return source, truth, extra
+
 
     def settle(self, counts, index: int, outcome: tuple, failed=0.0):
         """An attempt's value; a failure gives `failed` (a zero score), counted and logged once per kind, or
@@ -348,6 +358,14 @@ def extra_fields(raw: list) -> dict[str, list]:
         fill = 0.0 if all(is_number(v) for v in present) else None
         fields[key] = [score.get(key, fill) if isinstance(score, dict) else fill for score in raw]
     return fields
+
+
+class DAPORewardManager(RewardManager):
+    """dapo (verl 0.9.1's DAPORewardManager): naive scoring and, with reward.reward_kwargs.overlong_buffer_cfg, the
+    overlong penalty; extra_info is the row's own (verl's dapo adds no turn fields)."""
+
+    def sample_fields(self, data: DataProto, i: int):
+        return self.row_fields(data, i)
 
 
 class BatchRewardManager(RewardManager):
@@ -527,8 +545,8 @@ class RateLimitedRewardManager(RewardManager):
     `async def` compute_score awaited there, a sync one in a thread. A call past its timeout scores 0.0 with
     {"timeout": True, "acc": 0.0}, one that raises (a dict without "score" too) 0.0 with {"error": str(e),
     "acc": 0.0}: verl's values; both are counted in reward/scorer_timeouts / scorer_errors, and reward.strict
-    stops the run instead. extra_info: the row's, plus the tools' fields (tool_rewards, turn_scores) of a
-    multi-turn rollout, without num_turns (verl's rate_limited merges tool_extra_fields only)."""
+    stops the run instead. extra_info: the row's, plus the turn fields (turn_fields), without num_turns (verl's
+    rate_limited merges tool_extra_fields only)."""
 
     def __init__(self, *args, max_concurrent: int = 1, max_rpm: float | None = None, max_tpm: float | None = None,
                  estimated_tokens_per_request: float = 2000, timeout: float | None = 300.0, **kwargs):
@@ -539,8 +557,7 @@ class RateLimitedRewardManager(RewardManager):
 
     def sample_fields(self, data: DataProto, i: int):
         source, truth, extra = self.row_fields(data, i)
-        tools = self.turn_fields(data, i)
-        return source, truth, {**(extra or {}), **tools} if tools else extra
+        return source, truth, {**(extra or {}), **self.turn_fields(data, i)}
 
     async def limited_call(self, call: dict) -> tuple:
         """verl's run_single for one call: (result, None, None, None), or (None, "timeouts" | "errors", what
@@ -598,17 +615,17 @@ class RateLimitedRewardManager(RewardManager):
         return fields
 
 
-MANAGERS = {"naive": RewardManager, "dapo": RewardManager, "batch": BatchRewardManager,
+MANAGERS = {"naive": RewardManager, "dapo": DAPORewardManager, "batch": BatchRewardManager,
             "gdpo": GDPORewardManager, "rate_limited": RateLimitedRewardManager, "remote": RemoteRewardManager}
 
 
 OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")  # verl 0.9.1's overlong_buffer_cfg
 
 
-def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardManager:
+def load_reward_manager(config, tokenizer) -> RewardManager:
     """The manager reward.reward_manager.name names, with reward.custom_reward_function if one is set (see
-    pyrl.config.migrate_legacy_reward for the legacy spellings). Validation never applies the overlong penalty
-    (verl scores validation by the rule alone)."""
+    pyrl.config.migrate_legacy_reward for the legacy spellings). Training and validation score alike, the overlong
+    penalty included (verl 0.9.1 scores validation in the same reward loop)."""
     reward = config.reward
     name = reward.reward_manager.name
     if name not in MANAGERS:
@@ -639,7 +656,6 @@ def load_reward_manager(config, tokenizer, validation: bool = False) -> RewardMa
     if overlong.get("enable") and name != "dapo":
         raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.enable=true is applied by the dapo manager only: "
                          f"set reward.reward_manager.name=dapo (it is {name!r})")
-    overlong = overlong if not validation else {}
     max_resp_len = reward.reward_kwargs.get("max_resp_len")
     if overlong.get("enable") and max_resp_len is None:
         raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "

@@ -1,15 +1,16 @@
-"""MATH: the last \\boxed{...} (or \\fbox{...}) answer, normalized as the lm-eval-harness Hendrycks MATH
-task does (verl's math_reward.py), compared with the normalized ground truth."""
+"""MATH: the last \\boxed{...} answer, normalized as the lm-eval-harness Hendrycks MATH task does, compared with the
+normalized ground truth: 1.0 if they match, else 0.0. A transcription of verl 0.9.1's math_reward.py, quirks kept so
+that the scores are verl's: a "\\boxed 5" answer (up to the next "$") wins over every \\boxed{...}; an \\fbox{...}
+answer is found but scores 0; "\\%" is stripped, a bare "%" is not; when normalizing fails (two "\\text{ " units, a
+trailing "\\sqrt" or "\\frac") the two answers are compared as written; a ground truth that is not a str never
+matches."""
 
 from __future__ import annotations
 
 
-def last_boxed_only_string(text: str) -> str | None:
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    if text.startswith("\\boxed ", start):  # "\boxed 5" form: up to the next "$"
-        return text[start:].split("$")[0]
+def braced_from(text: str, start: int) -> str | None:
+    """text from `start` through the brace that closes the first one opened there, or None where none closes
+    (verl's scan in last_boxed_only_string, both its math and its DAPO variant)."""
     depth = 0
     for i in range(start, len(text)):
         if text[i] == "{":
@@ -21,25 +22,44 @@ def last_boxed_only_string(text: str) -> str | None:
     return None
 
 
+def last_boxed_only_string(text: str) -> str | None:
+    if "\\boxed " in text:  # the "\boxed 5$" form wins wherever it is, as in verl
+        return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")  # only when there is no \boxed at all
+        if start < 0:
+            return None
+    return braced_from(text, start)
+
+
 def remove_boxed(boxed: str) -> str:
-    if boxed.startswith("\\boxed "):
+    """The content of "\\boxed 5" or "\\boxed{5}"; ValueError for anything else (verl asserts), \\fbox{} included."""
+    if "\\boxed " in boxed:
+        if not boxed.startswith("\\boxed "):
+            raise ValueError(f"not a boxed answer: {boxed!r}")
         return boxed[len("\\boxed "):]
-    for prefix in ("\\boxed{", "\\fbox{"):
-        if boxed.startswith(prefix) and boxed.endswith("}"):
-            return boxed[len(prefix):-1]
-    raise ValueError(f"not a boxed answer: {boxed!r}")
+    if not (boxed.startswith("\\boxed{") and boxed.endswith("}")):
+        raise ValueError(f"not a boxed answer: {boxed!r}")
+    return boxed[len("\\boxed{"):-1]
 
 
 def _fix_fracs(s: str) -> str:
+    """\\frac12 -> \\frac{1}{2}, \\frac1{2} -> \\frac{1}{2}; the input unchanged when a \\frac has one character
+    after it, and ValueError when one has none (verl's IndexError)."""
     parts = s.split("\\frac")
     out = parts[0]
     for part in parts[1:]:
         out += "\\frac"
-        if part.startswith("{") or len(part) < 2:
+        if not part:
+            raise ValueError("\\frac with nothing after it")
+        if part[0] == "{":
             out += part
-            continue
-        a, b, rest = part[0], part[1], part[2:]
-        out += "{" + a + "}" + ("{" + b + "}" + rest if b != "{" else b + rest)
+        elif len(part) < 2:
+            return s
+        else:
+            a, b, rest = part[0], part[1], part[2:]
+            out += "{" + a + "}" + ("{" + b + "}" + rest if b != "{" else b + rest)
     return out
 
 
@@ -54,11 +74,23 @@ def _fix_a_slash_b(s: str) -> str:
     return f"\\frac{{{a_int}}}{{{b_int}}}" if s == f"{a_int}/{b_int}" else s
 
 
+def _remove_right_units(s: str) -> str:
+    if "\\text{ " not in s:
+        return s
+    parts = s.split("\\text{ ")
+    if len(parts) != 2:  # verl asserts a single unit
+        raise ValueError(f"more than one \\text{{ unit in {s!r}")
+    return parts[0]
+
+
 def _fix_sqrt(s: str) -> str:
+    """\\sqrt3 -> \\sqrt{3}; ValueError for a \\sqrt with nothing after it (verl's IndexError)."""
     parts = s.split("\\sqrt")
     out = parts[0]
     for part in parts[1:]:
-        out += "\\sqrt" + (part if part.startswith("{") or not part else "{" + part[0] + "}" + part[1:])
+        if not part:
+            raise ValueError("\\sqrt with nothing after it")
+        out += "\\sqrt" + (part if part[0] == "{" else "{" + part[0] + "}" + part[1:])
     return out
 
 
@@ -66,9 +98,8 @@ def strip_string(s: str) -> str:
     s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "")
     s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
-    if "\\text{ " in s:  # remove units on the right
-        s = s.split("\\text{ ")[0]
-    s = s.replace("\\%", "").replace("%", "")
+    s = _remove_right_units(s)
+    s = s.replace("\\\\%", "").replace("\\%", "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s
@@ -88,7 +119,7 @@ def is_equiv(a: str | None, b: str | None) -> bool:
         return a is None and b is None
     try:
         return strip_string(a) == strip_string(b)
-    except Exception:  # a malformed answer compares as written
+    except Exception:  # an answer that does not normalize (or a ground truth that is not a str) compares as given
         return a == b
 
 
@@ -100,4 +131,4 @@ def compute_score(solution_str: str, ground_truth: str) -> float:
         answer = remove_boxed(boxed)
     except ValueError:
         return 0.0
-    return 1.0 if is_equiv(answer, str(ground_truth)) else 0.0
+    return 1.0 if is_equiv(answer, ground_truth) else 0.0

@@ -571,17 +571,26 @@ def check_agent_loops(config, datasets) -> None:
                          "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent (or an agent_name column)")
 
 
-def check_code_sandbox(config, datasets) -> None:
-    """Rows of verl's code-execution sources scored by the default scorer in the local sandbox need a machine that
-    can isolate the policy's programs (or reward.sandbox.allow_unisolated=true): checked before workers start, not
-    at the first step's scoring."""
-    from pyrl.rewards.code_exec import DATA_SOURCES  # lazy: pyrl.rewards loads torch, for the checks only
+def check_default_scorer(config, datasets) -> None:
+    """Where the rule-based scorer (default_compute_score) scores the rows (no custom reward function, no reward
+    model, no agent loop of the user's that may score them itself), every row's data source must have a scorer:
+    verl 0.9.1's sources whose scorers pyrl lacks, or a typo, would otherwise score 0 at every step. Rows of
+    verl's code-execution sources scored in the local sandbox need a machine that can isolate the policy's
+    programs (or reward.sandbox.allow_unisolated=true). Both checked before workers start, not at the first
+    step's scoring."""
+    # lazy: pyrl.rewards loads torch, for the checks only
+    from pyrl.rewards.code_exec import DATA_SOURCES
+    from pyrl.rewards.scorers import no_scorer, scorer_for
 
-    reward = config.reward
-    if reward.custom_reward_function.path or reward.sandbox_fusion.url:
+    reward, rollout = config.reward, config.actor_rollout_ref.rollout
+    if (reward.custom_reward_function.path or reward.reward_model.enable or rollout.agent.agent_loop_config_path
+            or rollout.multi_turn.interaction_config_path):
         return
     key = config.data.reward_fn_key
-    for dataset in datasets:
-        if any(row.get(key) in DATA_SOURCES for row in dataset.rows):
-            check_isolation(reward.sandbox.allow_unisolated)
-            return
+    for files, dataset in zip(("data.train_files", "data.val_files"), datasets):
+        for i, row in enumerate(dataset.rows):
+            if scorer_for(str(row.get(key))) is None:
+                raise ValueError(f"{files}, row {i}: {no_scorer(str(row.get(key)))} (data.reward_fn_key={key})")
+    if not reward.sandbox_fusion.url and any(row.get(key) in DATA_SOURCES for dataset in datasets
+                                              for row in dataset.rows):
+        check_isolation(reward.sandbox.allow_unisolated)

@@ -454,10 +454,14 @@ class ActorRolloutRefWorker(Worker):
         shares = {"pg_loss": pg_loss.item() / info["dp_size"]}
         for key, value in pg_metrics.items():  # token means: pg_clipfrac, pg_clipfrac_lower, ppo_kl and the loss's own
             shares[key] = float(value) * token_share
-        if need_entropy:
-            shares["entropy"] = float(ops.masked_mean(entropy.detach(), mask)) * token_share
+        if need_entropy:  # aggregated as the loss is (verl 0.9.1's actor/entropy_loss), over the micro-batches
+            entropy_loss = ops.agg_loss(entropy, mask, cfg.loss_agg_mode, global_batch_info=info)
             if cfg.entropy_coeff:
-                loss = loss - cfg.entropy_coeff * ops.agg_loss(entropy, mask, cfg.loss_agg_mode, global_batch_info=info)
+                loss = loss - cfg.entropy_coeff * entropy_loss
+            if cfg.entropy_coeff or cfg.calculate_entropy:
+                shares["entropy_loss"] = entropy_loss.item() / info["dp_size"]
+            if on_policy:  # the policy before its one step: what the skipped old-log-prob pass reports
+                shares["entropy"] = entropy_loss.item() / info["dp_size"]
         if cfg.use_kl_loss:
             kl = ops.kl_penalty(logp, to("ref_log_prob").float(), cfg.kl_loss_type)
             kl_loss = ops.agg_loss(kl, mask, cfg.loss_agg_mode, global_batch_info=info)

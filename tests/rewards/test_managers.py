@@ -111,12 +111,14 @@ def test_extra_fields_stay_aligned_when_a_dict_scorer_fails(tokenizer):
 
 def test_custom_reward_gets_verl_keywords_reward_kwargs_and_may_be_async(tokenizer, tmp_path):
     """A verl reward function declares its parameters in any order (verl passes them by name), takes
-    reward_kwargs, and may be `async def` (awaited)."""
+    reward_kwargs, and may be `async def` (awaited). A single-turn sample's extra_info is verl 0.9.1's naive one:
+    the turn fields of its single-turn agent loop (2 turns, no turn scores or tool rewards)."""
     path = tmp_path / "verl_reward.py"
     path.write_text(
         "import asyncio\n"
         "def by_name(solution_str, ground_truth, extra_info, data_source, scale=1.0):\n"
-        "    assert data_source == 'pyrl/toy_addition' and extra_info is None\n"
+        "    assert data_source == 'pyrl/toy_addition' and extra_info['num_turns'] == 2\n"
+        "    assert extra_info['turn_scores'] == extra_info['tool_rewards'] == []\n"
         "    return scale * float(solution_str.strip() == ground_truth)\n"
         "async def awaited(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
         "    await asyncio.sleep(0)\n"

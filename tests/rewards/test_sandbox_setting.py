@@ -14,7 +14,7 @@ from pyrl.rewards.managers import attempt
 from pyrl.rewards.scorers import default_compute_score
 from pyrl.sandbox import SandboxUnavailable
 from pyrl.tools.code_interpreter import CodeInterpreterTool
-from pyrl.trainer.checks import check_code_sandbox
+from pyrl.trainer.checks import check_default_scorer
 
 CASES = json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})
 PROGRAM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -30,11 +30,15 @@ def unisolated(monkeypatch):
     return iso
 
 
-def config(allow: bool, url=None, custom=None):
+def config(allow: bool, url=None, custom=None, reward_model=False):
     reward = SimpleNamespace(sandbox=SimpleNamespace(allow_unisolated=allow),
                              sandbox_fusion=SimpleNamespace(url=url),
-                             custom_reward_function=SimpleNamespace(path=custom))
-    return SimpleNamespace(reward=reward, data=SimpleNamespace(reward_fn_key="data_source"))
+                             custom_reward_function=SimpleNamespace(path=custom),
+                             reward_model=SimpleNamespace(enable=reward_model))
+    rollout = SimpleNamespace(agent=SimpleNamespace(agent_loop_config_path=None),
+                              multi_turn=SimpleNamespace(interaction_config_path=None))
+    return SimpleNamespace(reward=reward, data=SimpleNamespace(reward_fn_key="data_source"),
+                           actor_rollout_ref=SimpleNamespace(rollout=rollout))
 
 
 def datasets(*sources):
@@ -44,7 +48,7 @@ def datasets(*sources):
 def test_start_check_stops_a_code_run_naming_the_key(unisolated):
     with pytest.raises(SandboxUnavailable, match=r"missing namespaces \(unshare: not found\).*"
                                                  r"reward\.sandbox\.allow_unisolated=true"):
-        check_code_sandbox(config(False), datasets("openai/gsm8k", "apps"))
+        check_default_scorer(config(False), datasets("openai/gsm8k", "apps"))
 
 
 @pytest.mark.parametrize("cfg, data", [
@@ -54,7 +58,20 @@ def test_start_check_stops_a_code_run_naming_the_key(unisolated):
     (config(False, custom="my_reward.py"), datasets("apps")),  # the user's scorer decides
 ], ids=["allowed", "no-code-rows", "sandbox-fusion", "custom-scorer"])
 def test_start_check_passes_when_no_local_code_runs_unisolated(unisolated, cfg, data):
-    check_code_sandbox(cfg, data)
+    check_default_scorer(cfg, data)
+
+
+@pytest.mark.parametrize("source, why", [("numina_olympiads", "verl 0.9.1 scores it with a scorer whose packages pyrl "
+                                                             "does not install"),
+                                         ("openai/gsm8k_typo", "no rule-based scorer for it")])
+def test_start_check_stops_a_source_nothing_scores(source, why):
+    """A data source the default scorer cannot score stops the run naming the row and the source, where scoring
+    would have given every one of its samples 0; a custom function or a reward model scores it instead."""
+    with pytest.raises(ValueError, match=rf"data.val_files, row 1: data_source '{source}': {why}; set "
+                                         r"reward.custom_reward_function.path"):
+        check_default_scorer(config(True), datasets("openai/gsm8k") + datasets("aime2024", source))
+    check_default_scorer(config(True, custom="my_reward.py"), datasets(source))
+    check_default_scorer(config(True, reward_model=True), datasets(source))
 
 
 def test_scoring_raises_through_the_manager_instead_of_counting_a_zero(unisolated):
@@ -82,4 +99,4 @@ def test_isolated_machine_needs_no_opt_in():
     iso = sandbox.isolation()
     if not iso.kernel_boundary:
         pytest.fail(f"this machine kind is expected to isolate code: {iso.describe()}; missing {iso.missing}")
-    check_code_sandbox(config(False), datasets("apps"))
+    check_default_scorer(config(False), datasets("apps"))

@@ -52,5 +52,5 @@ def test_countdown_safe_eval_rejects_names():
 def test_toy_and_unknown_sources():
     assert default_compute_score("pyrl/toy_addition", "<answer>50</answer>", "50") == 1.0
     assert default_compute_score("pyrl/toy_addition", "<answer>5</answer><answer>50</answer>", "50") == 0.0  # the first
-    with pytest.raises(NotImplementedError, match="no rule-based scorer for data_source 'mystery'"):
+    with pytest.raises(NotImplementedError, match="data_source 'mystery': no rule-based scorer for it"):
         default_compute_score("mystery", "x", "y")

@@ -169,8 +169,8 @@ def test_remote_scores_in_another_process_with_naive_extra_info(tokenizer, tmp_p
     assert torch.equal(scores, expected_scores(data, [1.25, 0.0, 0.25]))
     assert extra["pid"][0] != os.getpid() and extra["pid"][2] == extra["pid"][0] and extra["pid"][1] == 0.0
     # naive's extra_info (verl's remote passes what its naive does): the row's, num_turns, the tools' rewards
-    assert extra["keys"] == ["index,num_turns,searched,split,tool_rewards,turn_scores", None,
-                             "index,num_turns,searched,tool_rewards,turn_scores"]
+    assert extra["keys"] == ["index,num_turns,rollout_reward_scores,searched,split,tool_rewards,turn_scores", None,
+                             "index,num_turns,rollout_reward_scores,searched,tool_rewards,turn_scores"]
     assert extra["num_turns"] == [3, 0.0, 3]
     # the raising sample: 0, counted, as naive (verl 0.9.1's remote lets the exception end the step)
     assert extra["score"] == [1.25, 0.0, 0.25] and metrics == {"reward/scorer_errors": 1, "reward/scorer_timeouts": 0}
@@ -375,7 +375,7 @@ def test_rate_limited_extra_info_has_the_tools_fields_not_num_turns(tokenizer):
                     {**ROW_EXTRA, "tool_rewards": [0.5, 1.0], "turn_scores": [0.5, 1.0], "searched": "q1"}]
     seen.clear()
     RateLimitedRewardManager(tokenizer, recording_scorer(seen))(rollout(tokenizer, ["2"], ["2"]))
-    assert seen == [ROW_EXTRA]
+    assert seen == [{**ROW_EXTRA, "turn_scores": [], "tool_rewards": []}]  # verl's single-turn loop's fields
 
 
 def test_rate_limited_keys_where_verl_reads_them(tokenizer):
@@ -397,7 +397,7 @@ def test_rate_limited_keys_where_verl_reads_them(tokenizer):
     assert limits.semaphore._value == 8 and limits.estimated_tokens_per_request == 50
     assert (limits.rpm.rate_limit, limits.rpm.max_tokens) == (2.0, 2.0)  # a second's worth
     assert (limits.tpm.rate_limit, limits.tpm.max_tokens) == (100.0, 100.0)
-    assert load_reward_manager(config, tokenizer, validation=True).limits is limits
+    assert load_reward_manager(config, tokenizer).limits is limits
     with pytest.raises(ValueError, match="reward.max_rpm=60 is read by the rate_limited manager only: set "
                                          "reward.reward_manager.name=rate_limited .it is 'naive'."):
         load_reward_manager(compose("preset=toy", "reward.max_rpm=60"), tokenizer)

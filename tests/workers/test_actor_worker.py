@@ -16,6 +16,7 @@ from worker_helpers import (
     rollout_prompts,
 )
 
+from pyrl import ops
 from pyrl.controller import ResourcePool, WorkerError, WorkerGroup
 from pyrl.workers import fsdp
 from pyrl.workers.actor import ActorRolloutRefWorker
@@ -97,7 +98,7 @@ def test_update_on_two_ranks_equals_single_process(group, train_batch):
     for name, value in after_single["params"].items():
         # Adam divides by |grad|, so float32 summation-order noise in near-zero gradients shows as ~1e-2 lr
         torch.testing.assert_close(after_group["params"][name], value, atol=1e-5, rtol=0, msg=name)
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy_loss", "actor/kl_loss",
                 "actor/grad_norm"):
         assert metrics[key] == pytest.approx(metrics_single[key], rel=1e-4, abs=1e-6), key
     assert metrics["actor/pg_clipfrac"] > 0  # the perturbed old log-probs clip some tokens
@@ -270,7 +271,7 @@ def test_packed_equals_padded(ray_session, train_batch, ranks):
     seen = batch.batch["attention_mask"][:, -6:].bool()
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(outputs[True].batch[key][seen], outputs[False].batch[key][seen], atol=1e-5, rtol=0)
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy_loss", "actor/kl_loss",
                 "actor/grad_norm"):
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6), key
     grads = {name: value for name, value in digests[False]["optimizer"].items() if name.endswith("exp_avg")}
@@ -351,7 +352,7 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
     for name in ("fused", "fused-padded", "shared", "uncheckpointed", "shared-fused-2-ranks"):
         logp, metrics, digest = results[name]
         torch.testing.assert_close(logp[seen], plain_logp[seen], atol=1e-5, rtol=0, msg=name)
-        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy_loss", "actor/kl_loss",
                     "actor/grad_norm"):
             assert metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), (name, key)
         for key, value in plain_digest["optimizer"].items():  # Adam's first moment after one step: the gradient
@@ -380,7 +381,8 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
         batch = train_batch.select_idxs(list(range(ROWS)))
         batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"]  # any engine's numbers: only compared
         if with_old:
-            extra_pass = worker.compute_log_prob(batch).batch["old_log_probs"]
+            extra = worker.compute_log_prob(batch).batch
+            extra_pass, entropys = extra["old_log_probs"], extra["entropys"]
             batch.batch["old_log_probs"] = extra_pass
         else:
             batch.pop(["old_log_probs"])
@@ -405,6 +407,11 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
         torch.testing.assert_close(digests[1]["params"][name], value, atol=2e-4, rtol=0, msg=name)
     assert metrics[1]["actor/pg_clipfrac"] == 0 and metrics[1]["actor/ppo_kl"] == pytest.approx(0, abs=1e-7)
     assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    # verl 0.9.1's actor/entropy is the old-log-prob pass's, aggregated by loss_agg_mode; the update reports it
+    # when it skipped that pass, and (entropy_coeff != 0) its own entropy term as actor/entropy_loss
+    expected = ops.agg_loss(entropys, mask.float(), cfg.actor.loss_agg_mode).item()
+    assert metrics[1]["actor/entropy"] == pytest.approx(expected, rel=1e-5)
+    assert metrics[1]["actor/entropy_loss"] == pytest.approx(expected, rel=1e-5)
     off_policy = ActorRolloutRefWorker(make_config(*TRAIN).actor_rollout_ref, "actor")  # 2 mini-batches
     off_policy.init_model()
     with pytest.raises(KeyError, match="lacks old_log_probs, which only an on-policy update"):
