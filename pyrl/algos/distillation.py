@@ -92,7 +92,7 @@ def topk_overlap(teacher_topk_ids: torch.Tensor, student_topk_ids: torch.Tensor,
 
 def _token_share(values: torch.Tensor, mask: torch.Tensor, info: dict) -> float:
     """This micro-batch's share of the mini-batch's token mean of `values` (shares sum to the mean)."""
-    return float((values.detach().double() * mask).sum()) / max(info["batch_num_tokens"], 1)
+    return float((values.detach().double() * mask).sum()) / max(info["response_tokens"], 1)
 
 
 def _range(values: torch.Tensor, mask: torch.Tensor, name: str) -> dict:
@@ -134,7 +134,7 @@ def distillation_loss(loss_config, actor_config, mask: torch.Tensor, info: dict,
         loss, pg_metrics = get_policy_loss_fn(loss_config.policy_loss_mode)(
             old_log_probs, student_log_probs, -losses.detach(), mask, actor_config.loss_agg_mode, loss_config, info,
             **weights)
-        token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+        token_share = float(mask.sum()) / max(info["response_tokens"], 1)
         metrics.update({f"distillation/{key}": float(value) * token_share for key, value in pg_metrics.items()})
     else:
         loss = ops.agg_loss(losses, mask, actor_config.loss_agg_mode, global_batch_info=info)

@@ -276,9 +276,10 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
 def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                                  config=None, global_batch_info=None, *, rollout_is_weights=None):
     """GMPO: per sequence -W mean_t(A) exp(mean_t(sign(A) min(sign(A) log r, sign(A) clip(log r, -clip_ratio_low,
-    clip_ratio_high)))), W = exp(mean_t log(w + 1e-10)) (1 without w), averaged over the non-empty sequences (of the
-    global batch with global_batch_info); loss_agg_mode is not used. pg_clipfrac = mean(log r clipped and A > 0),
-    pg_clipfrac_lower = mean(log r clipped and A < 0), ppo_kl = mean(-log r)."""
+    clip_ratio_high)))), W = exp(mean_t log(w + 1e-10)) (1 without w), averaged over the sequences, an empty one
+    counting 0 (over the global batch's rows with global_batch_info); loss_agg_mode is not used.
+    pg_clipfrac = mean(log r clipped and A > 0), pg_clipfrac_lower = mean(log r clipped and A < 0),
+    ppo_kl = mean(-log r)."""
     clip = clip_ratios(config)
     log_ratio = log_prob - old_log_prob
     sign = torch.sign(advantages)
@@ -292,7 +293,7 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
         check_same_shape("log_prob", log_prob, rollout_is_weights=rollout_is_weights)
         seq_losses = seq_losses * torch.exp(
             ops.masked_sum(torch.log(rollout_is_weights + 1e-10), response_mask, axis=-1) / (lengths + 1e-8))[:, None]
-    # verl takes torch.mean over the micro-batch's rows: empty rows counted, and not the global batch's mean
+    # verl takes torch.mean over the micro-batch's rows (empty rows counted), not the global batch's mean
     pg_loss = ops.agg_loss(seq_losses, (lengths > 0).to(seq_losses.dtype)[:, None], "seq-mean-token-sum",
                            global_batch_info=global_batch_info)
     was_clipped = log_ratio != clipped

@@ -64,7 +64,8 @@ def offpolicy_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tens
 
 def apply_rollout_correction(batch, config) -> dict:
     """Decoupled mode on the whole batch (one pass, before the advantages, as verl): rejected tokens leave
-    response_mask, rollout_is_weights joins the batch when rollout_is is set; returns the rollout_corr/ metrics."""
+    response_mask (loss_mask keeps the mask before rejection: the losses divide by its tokens, as verl 0.9.1's
+    engine does), rollout_is_weights joins the batch when rollout_is is set; returns the rollout_corr/ metrics."""
     mask = batch.batch["response_mask"]
     if not mask.any():
         return {}
@@ -74,6 +75,8 @@ def apply_rollout_correction(batch, config) -> dict:
                                                 config.rollout_rs_threshold)
     out = {name: float(value) for name, value in metrics.items()}
     out.update({f"rollout_corr/{name}": value for name, value in offpolicy_metrics(old, rollout, mask).items()})
+    if config.rollout_rs:  # the losses' denominators count the tokens before rejection, as verl's loss_mask
+        batch.batch["loss_mask"] = mask
     batch.batch["response_mask"] = (mask * keep).to(mask.dtype)
     if weights is not None:
         batch.batch["rollout_is_weights"] = weights.float()

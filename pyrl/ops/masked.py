@@ -76,7 +76,7 @@ def agg_loss(
 
     global_batch_info {"batch_num_tokens": N, "global_batch_size": S, "dp_size": D[, "loss_scale_factor": C]} makes
     this one micro-batch's share of the whole (data-parallel, gradient-accumulated) batch's aggregate: the means
-    divide by the batch's N valid tokens / S non-empty sequences instead of this input's, times D because
+    divide by the batch's N valid tokens / S sequences instead of this input's, times D because
     data-parallel training averages gradients over the D ranks (token-sum too is times D: the sum over the
     whole batch). Summing the shares over micro-batches and averaging over ranks gives the global aggregate
     exactly, however the batch was split.

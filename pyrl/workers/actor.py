@@ -440,7 +440,7 @@ class ActorRolloutRefWorker(Worker):
         pg_loss, pg_metrics = policy_loss_fn(old, logp, to("advantages").float(), mask, cfg.loss_agg_mode, cfg, info,
                                              **weights)
         loss = pg_loss
-        token_share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+        token_share = float(mask.sum()) / max(info["response_tokens"], 1)
         distill = {}
         if self.distillation is not None:  # pyrl.algos.distillation: its formula sheet says how the two combine
             loss_cfg = self.distillation.distillation_loss

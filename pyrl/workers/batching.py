@@ -99,11 +99,17 @@ def mini_batches(data: DataProto, size: int, epochs: int, shuffle: bool, seed: i
             yield data.select_idxs(order[start:start + size])
 
 
-def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size: int) -> dict:
-    """agg_loss's global_batch_info for a mini-batch: valid tokens and non-empty sequences over all ranks."""
-    counts = all_reduce(torch.tensor([float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())],
+def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size: int,
+                      loss_mask: torch.Tensor | None = None) -> dict:
+    """agg_loss's global_batch_info for a mini-batch, as verl 0.9.1's engine counts it: the valid tokens of
+    loss_mask (the response mask before rollout-correction rejection; response_mask where nothing was rejected)
+    and the rows, over all ranks. Rejected tokens and empty rows stay in the denominators, as in verl.
+    response_tokens (pyrl's): the valid tokens of response_mask, over which the metrics' token means run."""
+    tokens = loss_mask if loss_mask is not None else response_mask
+    counts = all_reduce(torch.tensor([float(tokens.sum()), float(response_mask.shape[0]), float(response_mask.sum())],
                                      dtype=torch.float64, device=device))
-    return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size}
+    return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size,
+            "response_tokens": counts[2].item()}
 
 
 @dataclass

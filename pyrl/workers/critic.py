@@ -102,7 +102,7 @@ class CriticWorker(Worker):
             loss, clipfrac = ops.value_loss(values, to("values"), to("returns"), mask, cfg.cliprange_value,
                                             cfg.loss_agg_mode, global_batch_info=info)
             loss.backward()
-            share = float(mask.sum()) / max(info["batch_num_tokens"], 1)
+            share = float(mask.sum()) / max(info["response_tokens"], 1)
             return {"vf_loss": loss.item() / info["dp_size"], "vf_clipfrac": float(clipfrac) * share,
                     "vpred_mean": float(ops.masked_mean(values.detach(), mask)) * share}
 

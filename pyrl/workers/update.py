@@ -104,7 +104,8 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             gradient_sync_deferrable(model, fsdp_config, device) as defer_sync:
         for mini in batching.mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed,
                                           f"update_{plan.prefix}", plan.hint):
-            info = batching.global_batch_info(mini.batch["response_mask"], device, world_size)
+            info = batching.global_batch_info(mini.batch["response_mask"], device, world_size,
+                                              mini.batch["loss_mask"] if "loss_mask" in mini.batch else None)
             info["loss_scale_factor"] = plan.loss_scale_factor
             lengths = batching.row_lengths(mini)
             seqlens += lengths.tolist()

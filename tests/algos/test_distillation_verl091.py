@@ -72,7 +72,8 @@ def batch(seed):
 
 
 def info(mask):
-    return {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0]}
+    return {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0],
+            "response_tokens": int(mask.sum())}
 
 
 @dataclasses.dataclass

@@ -10,6 +10,7 @@ from trainer_helpers import SMALL, assert_rollout_matches_trainer, compose, read
 from pyrl.algos.rollout_correction import apply_rollout_correction, offpolicy_metrics, rollout_probs_diff
 from pyrl.config import RolloutCorrectionConfig
 from pyrl.protocol import DataProto
+from pyrl.workers.batching import global_batch_info
 
 
 def _inputs(seed=0, rows=5, width=7):
@@ -78,11 +79,18 @@ def test_decoupled_correction_rejects_tokens_and_adds_weights():
     keep = ((-log_ratio >= math.log(1 / 1.2)) & (-log_ratio <= math.log(1.2))).long()
     assert torch.equal(batch.batch["response_mask"], mask.long() * keep)
     assert batch.batch["response_mask"].sum() < mask.sum()  # something was rejected
+    # the losses still divide by the tokens before rejection, and by the rows, as verl 0.9.1's engine does
+    # (loss_mask kept from before it): a rejected token adds 0 to the mean, it does not leave it
+    assert torch.equal(batch.batch["loss_mask"], mask.long())
+    info = global_batch_info(batch.batch["response_mask"], torch.device("cpu"), 1, batch.batch["loss_mask"])
+    assert info == {"batch_num_tokens": float(mask.sum()), "global_batch_size": float(mask.shape[0]), "dp_size": 1,
+                    "response_tokens": float(batch.batch["response_mask"].sum())}  # the metrics' token means
     assert {"rollout_corr/kl", "rollout_corr/training_ppl", "rollout_corr/rollout_is_mean"} <= set(metrics)
     untouched = DataProto.from_dict({"old_log_probs": old.float(), "rollout_log_probs": rollout.float(),
                                      "response_mask": mask.long()})
     metrics = apply_rollout_correction(untouched, RolloutCorrectionConfig())  # off: metrics only
     assert torch.equal(untouched.batch["response_mask"], mask.long()) and "rollout_is_weights" not in untouched.batch
+    assert "loss_mask" not in untouched.batch
     assert "rollout_corr/chi2_seq" in metrics
 
 
