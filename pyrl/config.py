@@ -82,6 +82,20 @@ class ModelConfig:
     lora_adapter_path: Optional[str] = None  # a PEFT adapter directory to start from (trainable)
 
 
+def unwrap_model_config(model: ModelConfig, key: str) -> None:
+    """verl 0.9.1 takes override_config.model_config, where given, as the Hugging Face config's overrides (its
+    Megatron-shaped spelling); pyrl reads them there too. Other entries beside it, which verl then ignores, are
+    refused."""
+    overrides = dict(model.override_config or {})
+    if "model_config" not in overrides:
+        return
+    others = sorted(set(overrides) - {"model_config"})
+    if others:
+        raise ValueError(f"{key}.override_config: {others} beside model_config, which verl 0.9.1 would ignore; put "
+                         f"them inside {key}.override_config.model_config")
+    model.override_config = dict(overrides["model_config"] or {})
+
+
 def recomputes(model: ModelConfig) -> bool:
     """Whether the model's backward recomputes each layer's forward (model.enable_gradient_checkpointing); null,
     unresolved, is verl's default: it does."""

@@ -25,6 +25,7 @@ from pyrl.config import (
     migrate_legacy_reward,
     plus_dropped_for_known,
     resolve_teacher_entries,
+    unwrap_model_config,
 )
 from pyrl.models import resolve_model_path
 from pyrl.plot import plot_run
@@ -228,6 +229,9 @@ def resolve_settings(config: PPOConfig) -> RunPlan:
     migrate_deprecated_keys(config, trainer_pool(config.trainer).world_size)
     resolve_teacher_entries(config)
     arr = config.actor_rollout_ref
+    for key, model in (("actor_rollout_ref.model", arr.model), ("critic.model", config.critic.model),
+                       ("reward_model.model", config.reward_model.model)):
+        unwrap_model_config(model, key)
     for key, section, trains in (("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config, True),
                                  ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config, False),
                                  ("critic.fsdp", config.critic.fsdp, True),

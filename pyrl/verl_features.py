@@ -76,6 +76,8 @@ FEATURES: list[tuple[str, str]] = [
                                                       "fused kernels: model.use_fused_kernels)"),
     (r"\.model\.(external_lib|hf_config_path)$", "external model code and configs (model.external_lib, "
                                                  "hf_config_path)"),
+    (r"\.model\.target_parameters$", "LoRA on parameters that are not linear layers (model.target_parameters: "
+                                      "PEFT's for mixture-of-experts weights)"),
     (r"(^|\.)(pad_to_length|pad_to_length_bucket)$|^actor_rollout_ref\.actor\.use_remove_padding$",
      "verl's engine padding settings (pyrl's: model.use_remove_padding)"),
     (rf"{_ROLE}(fsdp_config|fsdp)\.(offload_policy|forward_prefetch|use_orig_params|seed|full_determinism|"

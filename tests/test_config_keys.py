@@ -382,6 +382,7 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     from trainer.trainer_helpers import compose
     from transformers import AutoTokenizer
 
+    from pyrl.config import unwrap_model_config
     from pyrl.models import tiny_model_path
     from pyrl.trainer.checks import check_models
     from pyrl.trainer.run_plan import resolve_run_plan
@@ -418,12 +419,25 @@ def test_lengths_and_vocabulary_checked_against_the_models():
     # override_config: fields of the model's config only (transformers would hand another key to the model's
     # constructor, vLLM's hf_overrides would set it unread), never from_pretrained's loading options
     for override, message in [("rope_theta=5000.0", r"\['rope_theta'\] are not fields of .*'s config \(Qwen2Config\)"),
-                              ("model_config.max_position_embeddings=64", r"\['model_config'\] are not fields"),
                               ("dtype=float16", r"\['dtype'\] are loading options of from_pretrained"),
                               ("attn_implementation=eager", r"attn_implementation: pyrl chooses the attention itself")]:
         with pytest.raises(ValueError, match=r"actor_rollout_ref.model.override_config.? ?" + message):
             checked(compose("preset=toy", f"actor_rollout_ref.model.path={path}",
                             f"+actor_rollout_ref.model.override_config.{override}"), tokenizer)
+    # verl 0.9.1's override_config.model_config spelling: its entries are the overrides (checked as such)
+    nested = compose("preset=toy", f"actor_rollout_ref.model.path={path}",
+                     "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=64",
+                     "+critic.model.override_config.model_config.rope_theta=5000.0")
+    unwrap_model_config(nested.actor_rollout_ref.model, "actor_rollout_ref.model")
+    assert nested.actor_rollout_ref.model.override_config == {"max_position_embeddings": 64}
+    checked(nested, tokenizer)
+    unwrap_model_config(nested.critic.model, "critic.model")
+    assert nested.critic.model.override_config == {"rope_theta": 5000.0}
+    both = compose("preset=toy", "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=64",
+                   "+actor_rollout_ref.model.override_config.rope_theta=5000.0")
+    with pytest.raises(ValueError, match=r"override_config: \['rope_theta'\] beside model_config, which verl 0.9.1 "
+                                         "would ignore"):
+        unwrap_model_config(both.actor_rollout_ref.model, "actor_rollout_ref.model")
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokenizer.vocab_size + 10)])
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but actor_rollout_ref.model.path's vocab_size"):
         checked(config, tokenizer)
@@ -638,3 +652,16 @@ def test_engine_kwargs_only_for_the_engine_that_runs(overrides, message):
         check_engine_kwargs(config.actor_rollout_ref.rollout)
     check_engine_kwargs(compose("preset=toy", "actor_rollout_ref.rollout.name=vllm",
                                 "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=3").actor_rollout_ref.rollout)
+
+
+def test_a_custom_reward_function_beside_pyrls_fsdp_reward_model_is_refused():
+    """With pyrl's FSDP reward model the model's scores are the rewards: a custom function given too would never be
+    called, so the run stops at start naming both."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.trainer.checks import check_fsdp_reward_model
+
+    config = compose("preset=toy", "reward.reward_model.enable=true", "reward.custom_reward_function.path=f.py")
+    with pytest.raises(ValueError, match="custom_reward_function.path with pyrl's FSDP reward model"):
+        check_fsdp_reward_model(config)
+    check_fsdp_reward_model(compose("preset=toy", "reward.reward_model.enable=true"))

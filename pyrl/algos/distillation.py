@@ -338,10 +338,10 @@ def check_pool(distillation) -> None:
     if len(teachers) == 1:
         name, teacher = teachers[0]
         replicas = devices // size
-        if teacher.num_replicas not in (0, None, replicas):
-            raise ValueError(f"distillation.teacher_models.{name}.num_replicas={teacher.num_replicas}: one teacher "
-                             f"takes the whole pool (n_gpus_per_node x nnodes = {devices} devices), {replicas} "
-                             f"replica(s) of {size}; leave it at 0 (verl sets it so)")
+        if teacher.num_replicas not in (0, None, replicas):  # verl 0.9.1 overrides it unsaid (teacher_replicas)
+            log.info("distillation.teacher_models.%s.num_replicas=%s: %d instead, as verl 0.9.1 sets it: one teacher "
+                     "takes the whole pool (n_gpus_per_node x nnodes = %d devices) in replicas of %d", name,
+                     teacher.num_replicas, replicas, devices, size)
         return
     for name, teacher in teachers:
         if not teacher.num_replicas or teacher.num_replicas < 1:

@@ -18,6 +18,7 @@ import tempfile
 
 from pyrl.models import warm_start
 from pyrl.models.tiny import TinyModelSpec, tiny_classifier_path, tiny_model_path
+from pyrl.verl_features import NotImplementedFeature
 
 # files neither transformers nor vLLM reads from a model repository (other frameworks' weights, raw originals)
 IGNORED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*", "onnx/*"]
@@ -57,6 +58,9 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
                          f"one of pyrl's own models ({', '.join(BUILTIN_MODELS)})")
     if os.path.isdir(path):
         return path
+    if "://" in path:  # verl copies hdfs:// (and other fsspec URLs) to local disk first
+        raise NotImplementedFeature("model paths on remote file systems (hdfs:// and other URLs)", f"{key}={path}",
+                                    "copy the model to a local directory and give that")
     if not is_hub_id(path):
         raise FileNotFoundError(f"{key}={path!r}: no such directory")
     return hub_snapshot(path, key)

@@ -660,6 +660,9 @@ def load_reward_manager(config, tokenizer) -> RewardManager:
     if overlong.get("enable") and max_resp_len is None:
         raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "
                          "(verl's dapo manager does too)")
+    if overlong.get("enable") and not 0 < overlong.get("len", 0) <= max_resp_len:
+        raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.len={overlong.get('len')!r}: expected more than 0 "
+                         f"and at most max_resp_len={max_resp_len} (verl's dapo manager asserts both)")
     options = {}
     if name == "gdpo":
         options["experiment_name"] = config.trainer.experiment_name

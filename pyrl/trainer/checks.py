@@ -411,7 +411,8 @@ def changed_keys(value, default, prefix: str) -> list[str]:
 
 
 def check_fsdp_reward_model(config) -> None:
-    """pyrl's FSDP scorer (reward.reward_model.rollout.name null) reads none of a served model's keys."""
+    """pyrl's FSDP scorer (reward.reward_model.rollout.name null) reads none of a served model's keys, and its
+    scores leave no place for a custom reward function."""
     from pyrl.config import RewardModelSwitchConfig  # lazy: the schema's defaults, for the comparison
 
     section, default = config.reward.reward_model, RewardModelSwitchConfig()
@@ -421,6 +422,11 @@ def check_fsdp_reward_model(config) -> None:
         raise ValueError(f"{given[0]}={ConfigValue(given[0]).read(config)!r} is read by a served reward model only "
                          "(reward.reward_model.rollout.name=vllm or hf); with rollout.name null pyrl's FSDP scorer "
                          "runs the model on the trainer's pool (reward_model.*) and would ignore it")
+    if config.reward.custom_reward_function.path:  # the classifier's scores would stand and the function go uncalled
+        raise ValueError("reward.custom_reward_function.path with pyrl's FSDP reward model (reward.reward_model.enable "
+                         "with rollout.name null): the model's scores are the rewards and the function would never "
+                         "be called; serve the model (reward.reward_model.rollout.name=vllm or hf) for a function "
+                         "that asks it, or drop one of the two")
 
 
 # pyrl's FSDP scorer's keys (reward_model.*) a served model does not read (verl's server reads its model_path only)

@@ -51,6 +51,7 @@ from pyrl.config import (
     apply_mixed_precision,
     plus_dropped_for_known,
     typed_config,
+    unwrap_model_config,
 )
 from pyrl.trainer.metrics import reduce_metrics
 
@@ -447,6 +448,7 @@ def run_sft(config: SFTConfig, after_save=None) -> dict:
     from pyrl.workers.models import load_tokenizer
 
     check_sft_config(config)
+    unwrap_model_config(config.model, "model")
     for key in ("train_files", "val_files"):  # pyrl:toy_addition_sft[:split], a built-in task's conversations
         value = getattr(config.data, key)
         if isinstance(value, str) and value.startswith("pyrl:"):

@@ -65,7 +65,10 @@ def adapter_config(model_config, task_type: str):
     from peft import LoraConfig, TaskType  # lazy: peft loads only for LoRA
 
     if model_config.lora_adapter_path:
-        return LoraConfig.from_pretrained(model_config.lora_adapter_path)
+        loaded = LoraConfig.from_pretrained(model_config.lora_adapter_path)
+        if loaded.task_type is None and task_type == "CAUSAL_LM":  # no task saved: an actor's, as verl loads it
+            loaded.task_type = TaskType.CAUSAL_LM
+        return loaded
     exclude = _plain(model_config.exclude_modules)
     if task_type == "TOKEN_CLS":
         exclude = (VALUE_HEADS if exclude is None else exclude + VALUE_HEADS if isinstance(exclude, list)
@@ -82,7 +85,8 @@ def add_adapters(model: nn.Module, model_config, task_type: str, key: str):
 
     if model_config.lora_adapter_path:
         check_adapter_task(model_config, task_type, key)
-        peft_model = PeftModel.from_pretrained(model, model_config.lora_adapter_path, is_trainable=True)
+        peft_model = PeftModel.from_pretrained(model, model_config.lora_adapter_path, is_trainable=True,
+                                               config=adapter_config(model_config, task_type))
     else:
         peft_model = get_peft_model(model, adapter_config(model_config, task_type))
     check_adapted(model, task_type, key)
@@ -91,7 +95,8 @@ def add_adapters(model: nn.Module, model_config, task_type: str, key: str):
 
 def check_adapter_task(model_config, task_type: str, key: str) -> None:
     """model.lora_adapter_path's adapter was saved for this kind of model: an actor's (CAUSAL_LM) adapter has no
-    value head to train, a critic's (TOKEN_CLS) one carries a head the actor does not have."""
+    value head to train, a critic's (TOKEN_CLS) one carries a head the actor does not have. An adapter saved
+    without a task_type is taken as an actor's (adapter_config), as verl 0.9.1 takes it."""
     saved = adapter_config(model_config, task_type).task_type
     saved = getattr(saved, "value", saved)
     if saved != task_type:

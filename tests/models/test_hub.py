@@ -80,5 +80,8 @@ def test_local_paths_and_pyrl_models(tmp_path):
         resolve_model_path("/no/such/dir", "critic.model.path")
     with pytest.raises(ValueError, match="reward_model.model.path is empty"):
         resolve_model_path("", "reward_model.model.path")
+    with pytest.raises(ValueError, match=r"model paths on remote file systems .*: not implemented in pyrl "
+                                         r"\(actor_rollout_ref.model.path=hdfs://nn/models/q asks for it"):
+        resolve_model_path("hdfs://nn/models/q", "actor_rollout_ref.model.path")  # verl copies it to local disk
     assert is_hub_id("Qwen/Qwen2.5-0.5B-Instruct") and is_hub_id("gpt2")
     assert not any(is_hub_id(p) for p in ("./model", "/abs/model", "~/model", "a/b/c", "bad id/x"))

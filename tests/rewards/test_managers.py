@@ -232,6 +232,13 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
                       "+reward.reward_kwargs.overlong_buffer_cfg.len=4")
     with pytest.raises(ValueError, match="needs reward.reward_kwargs.max_resp_len"):
         load_reward_manager(missing, None)
+    for length in (9, 0):  # verl's dapo manager asserts 0 < len <= max_resp_len
+        wrong = compose("preset=toy", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.max_resp_len=8",
+                        "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                        f"+reward.reward_kwargs.overlong_buffer_cfg.len={length}")
+        with pytest.raises(ValueError, match=f"overlong_buffer_cfg.len={length}: expected more than 0 and at most "
+                                             "max_resp_len=8"):
+            load_reward_manager(wrong, None)
 
 
 DAPO_RECIPE = ("reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",

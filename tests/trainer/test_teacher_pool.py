@@ -4,6 +4,7 @@ same run with the teacher in the actor's workers (the same samples, distillation
 the memory plan place it; the pool's settings verl refuses, or pyrl cannot honour, stop the run at start."""
 
 import json
+import logging
 
 import pytest
 from trainer.trainer_helpers import SMALL, compose
@@ -64,9 +65,6 @@ def test_the_plan_and_the_memory_plan_place_the_teachers_pool():
 @pytest.mark.parametrize("overrides, error", [
     (["distillation.nnodes=1", "distillation.n_gpus_per_node=3"],
      r"distillation.n_gpus_per_node=3: a teacher replica spans 2 device\(s\)"),
-    (["distillation.nnodes=1", "distillation.n_gpus_per_node=2",
-      "distillation.teacher_models.teacher_model.num_replicas=3"],
-     r"teacher_model.num_replicas=3: one teacher takes the whole pool .* 1 replica\(s\) of 2"),
     (["distillation.teacher_models.teacher_model.num_replicas=1"],
      r"num_replicas=1: replicas serve from the teachers' own pool, and .* gives none"),
     (["distillation.nnodes=1", "distillation.n_gpus_per_node=2",
@@ -107,6 +105,16 @@ def test_the_plan_and_the_memory_plan_place_the_teachers_pool():
 def test_pool_settings_pyrl_cannot_honour_stop_at_start(overrides, error):
     with pytest.raises((ValueError, NotImplementedError), match=error):
         plan_of(*overrides)
+
+
+def test_one_teachers_num_replicas_is_set_by_the_pool_as_in_verl(caplog):
+    """verl 0.9.1 sets a lone teacher's num_replicas to the pool's replica count whatever was given: taken, with
+    one log line, and the plan serves the pool's count."""
+    with caplog.at_level(logging.INFO, logger="pyrl"):
+        plan, _ = plan_of("distillation.nnodes=1", "distillation.n_gpus_per_node=2",
+                          "distillation.teacher_models.teacher_model.num_replicas=3")
+    assert "teacher_model 1 replica(s) of 2 device(s)" in dict(plan.why)["teacher"]
+    assert any("num_replicas=3: 1 instead, as verl 0.9.1 sets it" in r.getMessage() for r in caplog.records)
 
 
 def test_a_vllm_teacher_pool_without_vllm_stops_at_start(monkeypatch):

@@ -122,6 +122,7 @@ def test_every_verl_key_pyrl_lacks_names_a_feature():
      r"Megatron strategy: not implemented in pyrl \(actor_rollout_ref\.actor\.megatron\.tensor_model_parallel_size=2 "),
     (["+actor_rollout_ref.actor.profiler.enable=True"], r"verl's profilers .*profiler\.enable=True asks for it"),
     (["++data.image_key=images"], r"multimodal \(image, video, audio\) inputs"),
+    (["+actor_rollout_ref.model.target_parameters=[experts.w1]"], r"LoRA on parameters that are not linear layers"),
     (["~actor_rollout_ref.actor.entropy_checkpointing"],
      r"verl's chunked and checkpointed entropy .*\(~actor_rollout_ref\.actor\.entropy_checkpointing "),
     (["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1"],

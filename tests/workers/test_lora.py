@@ -248,3 +248,29 @@ def test_critic_starts_from_a_value_adapter_and_refuses_an_actor_adapter(tiny_pa
         lora.check_lora_config(wrong.critic.model, "critic.model", "TOKEN_CLS")  # at start, in the driver
     with pytest.raises(ValueError, match="critic.model.lora_adapter_path: the adapter was saved with task_type"):
         CriticWorker(wrong.critic).init_model()
+
+
+def test_an_adapter_saved_without_a_task_type_loads_as_the_actors(tiny_path, tmp_path):
+    """An adapter_config.json with task_type null (PEFT's plain LoraConfig): verl 0.9.1 loads it into the actor,
+    and so does pyrl, as a CAUSAL_LM adapter with its saved weights, trainable; the critic refuses it (no head)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    saved = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    saved.save_pretrained(str(tmp_path / "plain"))
+    keys = ["actor_rollout_ref.model.lora_rank=4", f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'plain'}"]
+    model_config = make_config(*keys).actor_rollout_ref.model
+    lora.check_lora_config(model_config, "actor_rollout_ref.model", "CAUSAL_LM")
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    peft_model = lora.add_adapters(fresh, model_config, "CAUSAL_LM", "actor_rollout_ref.model")
+    assert getattr(peft_model.peft_config["default"].task_type, "value", None) == "CAUSAL_LM"
+    loaded = dict(peft_model.named_parameters())
+    for name, value in saved.named_parameters():
+        if ".lora_" in name:
+            assert loaded[name].requires_grad and torch.equal(loaded[name], value), name
+    critic = make_config("critic.model.lora_rank=4", f"critic.model.lora_adapter_path={tmp_path / 'plain'}",
+                         "algorithm.adv_estimator=gae").critic.model
+    with pytest.raises(ValueError, match="saved with task_type None, expected TOKEN_CLS"):
+        lora.check_lora_config(critic, "critic.model", "TOKEN_CLS")
