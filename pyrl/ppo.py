@@ -69,6 +69,7 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
         model.path = resolve_model_path(model.path, key)
         if role.kind == "served":  # the servers read verl's key
             config.reward.reward_model.model_path = model.path
+            resolve_served_max_model_len(config.reward.reward_model)
         if model.tokenizer_path:
             model.tokenizer_path = resolve_model_path(model.tokenizer_path, f"{role.model_section}.tokenizer_path")
     if plan.runs("teacher"):  # on-policy distillation's teachers (in the actor's workers or their own servers)
@@ -77,6 +78,21 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
         for name, teacher in teachers_of(config.distillation):
             teacher.model_path = resolve_model_path(teacher.model_path,
                                                     f"distillation.teacher_models.{name}.model_path")
+
+
+def resolve_served_max_model_len(section) -> None:
+    """A served reward model's rollout.max_model_len left null is its model's max_position_embeddings, as verl
+    0.9.1's server resolves it: a judge's prompt (the policy's prompt and response in the judge's template) may run
+    past rollout.prompt_length, up to the model's context."""
+    if section.rollout.max_model_len is None:
+        from transformers import AutoConfig  # lazy: transformers loads only for a served reward model
+
+        hf = AutoConfig.from_pretrained(section.model_path)
+        positions = getattr(hf, "max_position_embeddings", None)
+        if positions:
+            section.rollout.max_model_len = int(positions)
+            log.info("reward.reward_model.rollout.max_model_len: %d, the model's max_position_embeddings (verl 0.9.1's "
+                     "default)", positions)
 
 
 def apply_rollout_correction_config(config: PPOConfig) -> None:

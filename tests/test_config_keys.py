@@ -665,3 +665,20 @@ def test_a_custom_reward_function_beside_pyrls_fsdp_reward_model_is_refused():
     with pytest.raises(ValueError, match="custom_reward_function.path with pyrl's FSDP reward model"):
         check_fsdp_reward_model(config)
     check_fsdp_reward_model(compose("preset=toy", "reward.reward_model.enable=true"))
+
+
+def test_a_served_reward_models_context_defaults_to_its_models():
+    """reward.reward_model.rollout.max_model_len null is the model's max_position_embeddings, as verl 0.9.1's server
+    resolves it (a judge's prompt may run past rollout.prompt_length); a value given is kept."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.models import tiny_model_path
+    from pyrl.ppo import resolve_served_max_model_len
+
+    config = compose("preset=toy", "reward.reward_model.enable=true", "reward.reward_model.rollout.name=hf",
+                     f"reward.reward_model.model_path={tiny_model_path()}")
+    resolve_served_max_model_len(config.reward.reward_model)
+    assert config.reward.reward_model.rollout.max_model_len == 512  # pyrl:tiny's
+    config.reward.reward_model.rollout.max_model_len = 300
+    resolve_served_max_model_len(config.reward.reward_model)
+    assert config.reward.reward_model.rollout.max_model_len == 300

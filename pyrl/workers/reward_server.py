@@ -488,13 +488,19 @@ def vllm_classifier(model_path: str, rollout, device: torch.device, seed: int):
 
         tensor_parallel = dict(tensor_parallel_size=rollout.tensor_model_parallel_size,
                                **vllm_own_workers(on_cuda))
+    max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    chunked_prefill = rollout.enable_chunked_prefill and on_cuda
     return LLM(model=model_path, runner="pooling", dtype=str(dtype).removeprefix("torch."), seed=seed,
                **tensor_parallel,
                enable_sleep_mode=on_cuda and rollout.free_cache_engine,
                enforce_eager=rollout.enforce_eager, gpu_memory_utilization=rollout.gpu_memory_utilization,
-               max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
-               max_num_seqs=rollout.max_num_seqs, enable_prefix_caching=rollout.enable_prefix_caching and on_cuda,
-               enable_chunked_prefill=rollout.enable_chunked_prefill and on_cuda,
+               max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs,
+               # as the generative engine takes them (pyrl.workers.rollout.vllm_engine): raised to max_model_len
+               # without chunked prefill, as verl does
+               max_num_batched_tokens=(rollout.max_num_batched_tokens if chunked_prefill
+                                       else max(rollout.max_num_batched_tokens, max_model_len)),
+               load_format=rollout.load_format or "auto",
+               enable_prefix_caching=rollout.enable_prefix_caching and on_cuda, enable_chunked_prefill=chunked_prefill,
                **{k: v for k, v in dict(rollout.engine_kwargs.get("vllm") or {}).items() if v is not None})
 
 
