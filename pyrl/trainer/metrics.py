@@ -159,11 +159,14 @@ def validation_metrics(data_sources, uids, infos: dict, response_lengths) -> dic
     (uid) over its N responses: mean@N, and for N > 1 std@N and, for each size 2, 4, ... < N and N, bootstrap
     best@size / worst@size (and maj@size when the scorer returns a "pred" field) as /mean and /std; then
     averaged over prompts. val-core/{source}/{var}/... holds mean, maj and best at the largest N of the core
-    variable ("acc" when the scorer reports it, else "reward"); everything else is val-aux/."""
+    variable ("acc" when the scorer reports it, else "reward"); everything else is val-aux/. With "acc", verl
+    0.9.1's acc_success_only too: acc over the samples whose rollout did not fail (pyrl drops none: acc's values)."""
     grouped: dict = defaultdict(lambda: defaultdict(list))  # source -> uid -> sample indices
     for i, (source, uid) in enumerate(zip(data_sources, uids)):
         grouped[source][uid].append(i)
     preds = infos.get("pred")
+    if "acc" in infos:
+        infos = {**infos, "acc_success_only": infos["acc"]}
     out = {}
     for source, groups in grouped.items():
         indices = [i for group in groups.values() for i in group]

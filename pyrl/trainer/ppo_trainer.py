@@ -439,6 +439,8 @@ class PPOTrainer:
             columns = {key: np.concatenate([c[key] for c in agent_columns]) for key in AGENT_LOOP_COLUMNS}
             metrics.update({f"val-aux/{key}": value for key, value in M.agent_loop_metrics(columns).items()
                             if not key.startswith("timing_s/")})
+        elif uids:  # every verl 0.9.1 rollout runs in an agent loop: a single-turn sample counts 2 turns there
+            metrics.update({"val-aux/num_turns/min": 2, "val-aux/num_turns/max": 2, "val-aux/num_turns/mean": 2.0})
         return metrics, records
 
     def run_validation(self, tracker) -> dict:
