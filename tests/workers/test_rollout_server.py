@@ -257,6 +257,36 @@ def test_hf_rows_sample_from_their_own_seed_whatever_they_are_batched_with(hf_en
     assert other_seed != alone[0][0][0]
 
 
+def test_hf_sampling_ignores_the_models_shipped_sampling_settings(hf_engine, tiny_path, tmp_path):
+    """A generation_config.json's repetition_penalty / no_repeat_ngram_size (Qwen2.5-Instruct ships a penalty) would
+    sample from another distribution than the trainer scores: the engine keeps only its token ids, as verl's
+    engines sample with repetition_penalty 1.0. Greedy, sampled and per-row seeded alike."""
+    import shutil
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from pyrl.config import RolloutConfig
+    from pyrl.workers.rollout.hf_engine import HFEngine
+
+    shipped_path = tmp_path / "shipped"
+    shutil.copytree(tiny_path, shipped_path)
+    shipped = GenerationConfig.from_pretrained(tiny_path)
+    shipped.repetition_penalty, shipped.no_repeat_ngram_size, shipped.top_k, shipped.do_sample = 5.0, 1, 3, True
+    shipped.save_pretrained(shipped_path)
+    engine = HFEngine(str(shipped_path), RolloutConfig(dtype="float32"), torch.device("cpu"),
+                      AutoTokenizer.from_pretrained(tiny_path))
+    prompts = [[5, 6, 7], [8, 9]]
+    for temperature, seeds in ((0.0, None), (1.0, None), (1.0, [4, 5])):
+        spec = SamplingSpec(temperature=temperature, max_tokens=16, logprobs=True)
+        outputs = []
+        for which in (hf_engine, engine):
+            which.generator.manual_seed(0)
+            outputs.append(which.generate(prompts, spec, max_tokens=[16, 16], seeds=seeds))
+        assert outputs[0] == outputs[1], (temperature, seeds)
+    greedy = hf_engine.generate(prompts, SamplingSpec(temperature=0.0, max_tokens=16))[0]
+    assert any(len(set(tokens)) < len(tokens) for tokens in greedy)  # a token repeats: the penalty would bite
+
+
 def test_hf_per_row_sampling_draws_from_the_tempered_top_k_top_p_softmax(hf_engine):
     """One token from one prompt, 3,000 seeds: the frequencies match the float64 distribution after temperature,
     top-k and top-p (transformers' order and rules), and each token's reported log-prob is that distribution's."""

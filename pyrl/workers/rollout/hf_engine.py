@@ -11,7 +11,7 @@ import copy
 from typing import Iterable
 
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from pyrl.protocol import left_padded
 from pyrl.workers.precision import runnable_dtype
@@ -25,6 +25,13 @@ class HFEngine(RolloutEngine):
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=self.dtype, trust_remote_code=trust_remote_code, **(config_overrides or {})
         ).to(device).eval()
+        # only the token ids of the model's generation_config.json: its sampling settings (a shipped
+        # repetition_penalty, no_repeat_ngram_size, min_p, ...) would sample from another distribution than the
+        # trainer scores, and transformers' generate fills every setting a call leaves unset from the model's. verl's
+        # engines sample with the rollout's temperature, top_k, top_p and repetition_penalty 1.0
+        shipped = self.model.generation_config
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=shipped.bos_token_id, eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id)
         self.device = device
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
