@@ -513,8 +513,8 @@ def check_served_reward_model(config, plan) -> None:
 def check_multi_turn(config) -> list[dict] | None:
     """rollout.multi_turn and rollout.agent: names, limits, and the tools themselves, loaded here once before any worker
     does (the interactions load in check_agent_loops, which knows the rows). Returns the OpenAI schemas of the tools
-    the prompts list (data.tool_config_path and data.function_tool_path, by default the rollout's; None without
-    tools)."""
+    the tool agent's prompts list: the rollout's (multi_turn.tool_config_path / function_tool_path), as verl 0.9.1's
+    loop renders them; None without tools."""
     # lazy: the tools and the rollout (pydantic, omegaconf, torch) load for the checks only
     from pyrl.experimental.agent_loop.agent_loop import known_agent_loops
     from pyrl.tools.tool_registry import load_all_tools
@@ -539,9 +539,13 @@ def check_multi_turn(config) -> list[dict] | None:
         log.info("actor_rollout_ref.rollout.agent.num_workers=%d: pyrl has no separate agent-loop workers; each "
                  "rollout worker runs all its trajectories' turns and tool calls concurrently", agent.num_workers)
     tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
-    data = config.data  # the tools the prompts list (verl's dataset reads these; by default the rollout's)
+    data = config.data
     if (data.tool_config_path, data.function_tool_path) != (multi_turn.tool_config_path, multi_turn.function_tool_path):
-        tools = load_all_tools(data.tool_config_path, data.function_tool_path)
+        # verl's dataset renders prompts with these only to filter over-long ones, and its loop renders them with
+        # the rollout's tools; pyrl measures each prompt as the loop renders it
+        log.info("data.tool_config_path / function_tool_path: not read; prompts are rendered, and their lengths "
+                 "checked, with the rollout's tools (multi_turn.tool_config_path / function_tool_path), as verl "
+                 "0.9.1's tool agent renders them")
     return [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools] or None
 
 

@@ -346,3 +346,54 @@ def test_loop_scores_reach_the_reward_step_for_the_whole_batch(tool_tokenizer):
     both.batch["rm_scores"] = torch.zeros(3, 4)
     with pytest.raises(ValueError, match="a reward model scored them too"):
         manager(both)
+
+
+def test_tool_responses_are_labelled_with_their_calls_names(tool_tokenizer):
+    """A template that labels a tool response with its call's name, as gpt-oss's does (`functions.` + the
+    assistant turn's last tool call's name), sees the real call's name, as verl 0.9.1's gpt-oss builder writes it."""
+    template = ("{% set ns = namespace(name='') %}{% for m in messages %}"
+                "{% if m.role == 'assistant' and m.tool_calls %}"
+                "{% set ns.name = m.tool_calls[-1].function.name %}<call>"
+                "{% elif m.role == 'tool' %}<from functions.{{ ns.name }}>{{ m.content }}<end>"
+                "{% else %}<{{ m.role }}>{{ m.content }}<end>{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    chat = ChatTokens(tool_tokenizer, chat_template=template)
+    tokens = chat.tool_responses([{"role": "tool", "content": "42"}], None, ["calculator"])
+    assert "functions.calculator" in tool_tokenizer.decode(tokens)
+
+
+def test_tools_see_verls_agent_data(tool_tokenizer):
+    """A BaseTool's execute() gets agent_data with verl 0.9.1's AgentData attributes and meanings: prompt_ids the
+    whole context so far, response_ids the last assistant turn, tool_calls that turn's calls; extra_fields it
+    writes reach the trajectory."""
+    from pyrl.tools.base_tool import BaseTool
+    from pyrl.tools.schemas import ToolResponse
+
+    seen = {}
+
+    class Recorder(BaseTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            data = kwargs["agent_data"]
+            seen.update(prompt_ids=list(data.prompt_ids), response_ids=list(data.response_ids),
+                        calls=[call.name for call in data.tool_calls], images=data.image_data,
+                        turns=(data.assistant_turns, data.user_turns))
+            data.extra_fields["session"] = "kept"
+            return ToolResponse(text="ok"), 0.5, {}
+
+    schema = {"type": "function", "function": {"name": "recorder", "description": "records",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+    async def check():
+        loop = _loop(tool_tokenizer, [Recorder({}, schema)])
+        t = _trajectory(loop)
+        t.append([7, 8], trained=True)  # an earlier turn, then its tool's answer
+        t.append([9], trained=False)
+        t.append([10, 11, 12], trained=True)
+        t.last_turn_ids, t.assistant_turns = [10, 11, 12], 2
+        t.pending_calls = [FunctionCall(name="recorder", arguments="{}")]
+        await loop._run_tools(t)
+        assert seen == {"prompt_ids": [1, 7, 8, 9, 10, 11, 12], "response_ids": [10, 11, 12], "calls": ["recorder"],
+                        "images": [], "turns": (2, 0)}
+        assert t.extra_fields["session"] == "kept" and t.tool_rewards == [0.5]
+
+    asyncio.run(check())

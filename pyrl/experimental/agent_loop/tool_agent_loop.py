@@ -36,8 +36,7 @@ from pyrl.workers.rollout.tool_parser import ToolParser
 
 @dataclass
 class Trajectory:
-    """One sample's tokens so far and its counters; tools get it as agent_data (and may keep what they like in
-    extra_fields)."""
+    """One sample's tokens so far and its counters; tools get its AgentData view as agent_data."""
 
     prompt_ids: list[int]
     messages: list[dict]
@@ -56,6 +55,7 @@ class Trajectory:
     metrics: dict = field(default_factory=dict)  # verl's generate_sequences and tool_calls seconds
     extra_fields: dict = field(default_factory=dict)
     pending_calls: list = field(default_factory=list)  # this turn's parsed calls, not yet run
+    last_turn_ids: list[int] = field(default_factory=list)  # the last assistant turn's tokens
     tools: dict = field(default_factory=dict)  # name -> the tools this sample may call
     interaction: Any = None  # (name, instance id) of its interaction, if any
     done: bool = False
@@ -69,6 +69,26 @@ class Trajectory:
     def num_turns(self) -> int:
         """verl's count: the prompt, each assistant turn and each user/tool turn."""
         return self.user_turns + self.assistant_turns + 1
+
+
+class AgentData:
+    """What a tool's execute() gets as agent_data: verl 0.9.1's AgentData attributes with their meanings there.
+    prompt_ids is the whole context so far (the prompt and every turn), response_ids the last assistant turn's
+    tokens, tool_calls that turn's calls (FunctionCall); no images, videos or audio (pyrl's loops are text-only).
+    extra_fields, metrics, messages and the lists are the trajectory's own: a tool's writes to extra_fields reach
+    the loop's output, as in verl."""
+
+    def __init__(self, t: Trajectory):
+        self.messages, self.metrics, self.request_id = t.messages, t.metrics, t.request_id
+        self.tools_kwargs, self.extra_fields = t.tools_kwargs, t.extra_fields
+        self.image_data, self.video_data, self.audio_data, self.mm_processor_kwargs = [], [], None, {}
+        self.mm_processor_output, self.routed_experts = None, None
+        self.prompt_ids = t.prompt_ids + t.response_ids
+        self.response_ids = list(t.last_turn_ids)
+        self.response_mask, self.response_logprobs = t.response_mask, t.response_logprobs
+        self.turn_scores, self.tool_rewards = t.turn_scores, t.tool_rewards
+        self.user_turns, self.assistant_turns = t.user_turns, t.assistant_turns
+        self.tool_calls = list(t.pending_calls)
 
 
 @register("tool_agent")
@@ -146,6 +166,7 @@ class ToolAgentLoop(AgentLoopBase):
                                                         sampling_params=params)
         tokens = list(output.token_ids)
         t.append(tokens, trained=True, logprobs=output.log_probs)
+        t.last_turn_ids = tokens
         t.assistant_turns += 1
         cfg = self.multi_turn
         if (len(t.response_ids) >= self.response_length
@@ -167,10 +188,11 @@ class ToolAgentLoop(AgentLoopBase):
         """This turn's calls, at once; then their responses appended."""
         cfg = self.multi_turn
         started = time.perf_counter()
-        results = await self.runtime.tool_runner.run([self._call_tool(t, call) for call in t.pending_calls],
-                                                     cfg.tool_timeout_s)
+        agent_data = AgentData(t)  # the state the turn's calls see, as verl's tools see it
+        results = await self.runtime.tool_runner.run([self._call_tool(t, call, agent_data)
+                                                      for call in t.pending_calls], cfg.tool_timeout_s)
         t.metrics["tool_calls"] = t.metrics.get("tool_calls", 0.0) + time.perf_counter() - started
-        messages = []
+        messages, names = [], []
         for call, result in zip(t.pending_calls, results):
             t.tool_calls += 1
             if isinstance(result, SandboxUnavailable):  # a machine setting, not the tool call's failure
@@ -192,10 +214,11 @@ class ToolAgentLoop(AgentLoopBase):
             if getattr(call, "tool_call_id", None) is not None:
                 message["tool_call_id"] = call.tool_call_id
             messages.append(message)
+            names.append(call.name)
         t.pending_calls = []
-        self._append_context(t, messages, self.chat.tool_responses(messages, self.tool_schemas))
+        self._append_context(t, messages, self.chat.tool_responses(messages, self.tool_schemas, names))
 
-    async def _call_tool(self, t: Trajectory, call) -> tuple[str, float, bool]:
+    async def _call_tool(self, t: Trajectory, call, agent_data: AgentData | None = None) -> tuple[str, float, bool]:
         """(response text, reward, failed). verl 0.9.1's _call_tool: unknown names and bad JSON are answered, not
         raised; a BaseTool runs create -> execute -> release."""
         if getattr(call, "error", None):
@@ -215,7 +238,7 @@ class ToolAgentLoop(AgentLoopBase):
         kwargs = t.tools_kwargs.get(call.name, {})
         instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
         try:
-            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=t)
+            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=agent_data or AgentData(t))
         finally:
             await tool.release(instance_id)
         return response.text or "", reward, False

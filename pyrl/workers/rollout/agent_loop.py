@@ -98,9 +98,13 @@ class ChatTokens:
                              "conversation before them; it cannot be used turn by turn")
         return after[len(before):]
 
-    def tool_responses(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def tool_responses(self, messages: list[dict], tools: list[dict] | None,
+                       names: list[str] | None = None) -> list[int]:
+        """The tokens of tool `messages` answering calls of `names` (a template that labels a response with its call's
+        name, gpt-oss's, reads it from the assistant turn's tool_calls), rendered after a synthetic call turn."""
+        names = names or [m.get("name", "tool") for m in messages]
         calls = [{"id": m.get("tool_call_id", f"call_{i}"), "type": "function",
-                  "function": {"name": m.get("name", "tool"), "arguments": {}}} for i, m in enumerate(messages)]
+                  "function": {"name": name, "arguments": {}}} for i, (m, name) in enumerate(zip(messages, names))]
         # reasoning_content: templates that drop an earlier turn's reasoning (Qwen3) render this turn the same way
         # with and without the messages after it, as verl 0.9.1's builder relies on
         assistant = {"role": "assistant", "content": "", "reasoning_content": "reasoning", "tool_calls": calls}
