@@ -299,10 +299,30 @@ class RewardManager:
                 raise ValueError("reward: the agent loops scored their trajectories (AgentLoopOutput.reward_score) "
                                  "and a reward model scored them too (reward.reward_model.enable): use one")
             return data.batch["rm_scores"], {}, {}
-        if scored_by_loops:  # verl 0.9.1's rm_scores from the loops' reward_score: the reward function is not called
-            width = data.batch["responses"].shape[1]
-            scores = agent_loop_rm_scores(loop_scores, response_lengths(data).tolist(), width)
-            return scores, agent_loop_reward_extra_info(data.non_tensor_batch["tool_extra_fields"]), {}
+        if not scored_by_loops:
+            return self.function_scores(data)
+        # verl 0.9.1's rm_scores from the loops' reward_score; the reward function scores only the rows whose loop
+        # left it None (its _compute_score)
+        scores = agent_loop_rm_scores(loop_scores, response_lengths(data).tolist(), data.batch["responses"].shape[1])
+        scored = [i for i, score in enumerate(loop_scores) if score is not None]
+        rest = [i for i, score in enumerate(loop_scores) if score is None]
+        extra_info: dict[str, list] = {}
+        for name, values in agent_loop_reward_extra_info(data.non_tensor_batch["tool_extra_fields"][scored]).items():
+            extra_info[name] = [None] * len(data)
+            for i, value in zip(scored, values):
+                extra_info[name][i] = value
+        if not rest:
+            return scores, extra_info, {}
+        rest_scores, rest_info, metrics = self.function_scores(data.select_idxs(rest))
+        scores[rest] = rest_scores
+        for name, values in rest_info.items():
+            extra_info.setdefault(name, [None] * len(data))
+            for i, value in zip(rest, values):
+                extra_info[name][i] = value
+        return scores, extra_info, metrics
+
+    def function_scores(self, data: DataProto) -> tuple[torch.Tensor, dict, dict]:
+        """The reward function's scores of every row (and the overlong penalty), on each response's last token."""
         _, responses, lengths = self.decoded(data)
         counts = defaultdict(int)
         raw = self.scores(data, responses, counts)

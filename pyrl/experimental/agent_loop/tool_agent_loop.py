@@ -197,12 +197,10 @@ class ToolAgentLoop(AgentLoopBase):
             t.tool_calls += 1
             if isinstance(result, SandboxUnavailable):  # a machine setting, not the tool call's failure
                 raise result
-            if isinstance(result, BaseException):
-                limit = cfg.max_tool_response_length  # an exception's message is not bounded either
+            if isinstance(result, BaseException):  # verl 0.9.1's words; the response budget bounds its length
                 text = (f"Error: tool '{call.name}' timed out after {cfg.tool_timeout_s:g} s"
-                        if isinstance(result, asyncio.TimeoutError) else
-                        f"Error executing tool '{call.name}': {type(result).__name__}: "
-                        f"{truncate_text(str(result), limit, cfg.tool_response_truncate_side)}")
+                        if isinstance(result, asyncio.TimeoutError)
+                        else f"Error executing tool '{call.name}': {result}")
                 result = (text, 0.0, True)
             text, reward, failed = result
             t.tool_errors += int(failed)
@@ -253,7 +251,8 @@ class ToolAgentLoop(AgentLoopBase):
         except Exception as error:
             raise RuntimeError(f"agent loop: interaction {name!r} failed: {type(error).__name__}: {error}") from error
         terminate, text, score, _ = reply
-        t.turn_scores.append(float(score))
+        if score is not None:  # a turn the interaction does not score (verl's interactions may answer None)
+            t.turn_scores.append(float(score))
         if terminate:
             t.done = True
             return

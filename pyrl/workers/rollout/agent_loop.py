@@ -246,23 +246,16 @@ def agent_loop_logprobs(outputs: list) -> list[list[float]]:
 def agent_loop_rm_scores(reward_scores, lengths: list[int], response_length: int):
     """[B, R] scores on each response's last token (an empty one's: the last column, as verl's rm_scores[-1]) from
     the batch's agent_loop_reward_score column (AgentLoopOutput.reward_score per trajectory; verl 0.9.1's
-    rm_scores); None where no loop scored. Some rows but not all is refused: the batch's rewards would come from
-    two places. Decided on the whole batch (in the reward step), not per rollout rank."""
-    scores = list(reward_scores)
-    if all(score is None for score in scores):
-        return None
-    missing = [i for i, score in enumerate(scores) if score is None]
-    if missing:
-        raise ValueError(f"agent loop: rows {missing[:8]} returned no reward_score while others did; a batch's "
-                         "rewards come from its loops or from the reward function, not both")
-    rm_scores = torch.zeros((len(scores), response_length), dtype=torch.float32)
-    for i, (length, score) in enumerate(zip(lengths, scores)):
-        rm_scores[i, min(length, response_length) - 1 if length else response_length - 1] = float(score)
+    rm_scores); zeros on the rows no loop scored (the reward function scores those, as verl's _compute_score)."""
+    rm_scores = torch.zeros((len(lengths), response_length), dtype=torch.float32)
+    for i, (length, score) in enumerate(zip(lengths, reward_scores)):
+        if score is not None:
+            rm_scores[i, min(length, response_length) - 1 if length else response_length - 1] = float(score)
     return rm_scores
 
 
 def agent_loop_reward_extra_info(extra_fields) -> dict[str, list]:
-    """reward_extra_info {name: a value per row} of a batch its loops scored: each trajectory's
+    """reward_extra_info {name: a value per row} of the rows its loops scored: each trajectory's
     extra_fields["reward_extra_info"] (verl 0.9.1's _postprocess), every row with the same names."""
     infos = [dict((fields or {}).get("reward_extra_info") or {}) for fields in extra_fields]
     names = list(dict.fromkeys(name for info in infos for name in info))
