@@ -51,9 +51,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict:
 
 
 def agent_loop_metrics(nt: dict) -> dict:
-    """verl's num_turns/*, tool_call_counts/* and timing_s/agent_loop/{generate_sequences,tool_calls,slowest}/*,
-    with pyrl's tool errors, from the agent loop's per-sample columns of a batch's non_tensor_batch (absent for
-    single-turn rollouts)."""
+    """verl's num_turns/* (and training/num_turns/*), tool_call_counts/* and
+    timing_s/agent_loop/{generate_sequences,tool_calls,slowest}/*, with pyrl's tool errors, from the agent loop's
+    per-sample columns of a batch's non_tensor_batch (absent for single-turn rollouts)."""
     out = {}
     for column, prefix in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts"),
                            ("tool_error_counts", "tool_error_counts"),
@@ -68,6 +68,8 @@ def agent_loop_metrics(nt: dict) -> dict:
         slowest = int(np.argmax(generate + tools))
         out["timing_s/agent_loop/slowest/generate_sequences"] = generate[slowest]
         out["timing_s/agent_loop/slowest/tool_calls"] = tools[slowest]
+    if "num_turns/min" in out:  # verl 0.9.1's default trainer logs the turns under training/ too
+        out.update({f"training/{key}": out[key] for key in ("num_turns/min", "num_turns/max", "num_turns/mean")})
     if "tool_call_counts" in nt and len(nt["tool_call_counts"]):
         calls = np.asarray(nt["tool_call_counts"], dtype=np.float64)
         errors = np.asarray(nt["tool_error_counts"], dtype=np.float64)

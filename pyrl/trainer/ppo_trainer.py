@@ -438,7 +438,7 @@ class PPOTrainer:
         if agent_columns:  # verl's val-aux/num_turns/*, with the tool calls' counts and errors
             columns = {key: np.concatenate([c[key] for c in agent_columns]) for key in AGENT_LOOP_COLUMNS}
             metrics.update({f"val-aux/{key}": value for key, value in M.agent_loop_metrics(columns).items()
-                            if not key.startswith("timing_s/")})
+                            if not key.startswith(("timing_s/", "training/"))})
         elif uids:  # every verl 0.9.1 rollout runs in an agent loop: a single-turn sample counts 2 turns there
             metrics.update({"val-aux/num_turns/min": 2, "val-aux/num_turns/max": 2, "val-aux/num_turns/mean": 2.0})
         return metrics, records

@@ -284,6 +284,7 @@ def test_trajectory_columns_and_their_metrics_by_hand():
     assert list(columns["tool_extra_fields"]) == [o.extra_fields for o in outputs]  # verl's: each loop's, whole
     metrics = agent_loop_metrics(columns)
     assert metrics["num_turns/mean"] == 4.0 and metrics["tool_call_counts/max"] == 2
+    assert metrics["training/num_turns/mean"] == 4.0  # verl 0.9.1's default trainer's name too
     assert metrics["timing_s/agent_loop/generate_sequences/max"] == 3.0
     assert metrics["timing_s/agent_loop/tool_calls/mean"] == np.mean([2.0, 0.0, 1.75])
     # totals 2.5, 3.0, 2.75: the second is the slowest
@@ -399,5 +400,33 @@ def test_tools_see_verls_agent_data(tool_tokenizer):
         assert seen == {"prompt_ids": [1, 7, 8, 9, 10, 11, 12], "response_ids": [10, 11, 12], "calls": ["recorder"],
                         "images": [], "turns": (2, 0)}
         assert t.extra_fields["session"] == "kept" and t.tool_rewards == [0.5]
+
+    asyncio.run(check())
+
+
+def test_a_tool_answering_with_an_image_stops_the_run(tool_tokenizer):
+    """A text-only loop cannot show a tool's image to the model: verl 0.9.1 raises, and so does pyrl, instead of
+    dropping it and answering with the text alone."""
+    import pytest
+
+    from pyrl.experimental.agent_loop.tool_agent_loop import MediaToolResponse
+    from pyrl.tools.schemas import ToolResponse
+
+    def camera(angle: str):
+        """Takes a picture.
+
+        Args:
+            angle: where to look
+        """
+        return ToolResponse(text="a picture", image=["<image bytes>"])
+
+    async def check():
+        loop = _loop(tool_tokenizer, [FunctionTool(name="calculator", fn=camera,
+                                                   tool_schema=_build_schema_from_fn(camera, "calculator"),
+                                                   is_async=False)])
+        t = _trajectory(loop)
+        t.pending_calls = [FunctionCall(name="calculator", arguments='{"angle": "up"}')]
+        with pytest.raises(MediaToolResponse, match="returned images or videos"):
+            await loop._run_tools(t)
 
     asyncio.run(check())

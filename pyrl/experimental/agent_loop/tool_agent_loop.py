@@ -34,6 +34,10 @@ from pyrl.workers.rollout.agent_loop import TRUNCATE_SIDES, interaction_name, op
 from pyrl.workers.rollout.tool_parser import ToolParser
 
 
+class MediaToolResponse(ValueError):
+    """A tool answered with images or videos, which a text-only loop cannot show: the run stops (verl's too)."""
+
+
 @dataclass
 class Trajectory:
     """One sample's tokens so far and its counters; tools get its AgentData view as agent_data."""
@@ -195,7 +199,7 @@ class ToolAgentLoop(AgentLoopBase):
         messages, names = [], []
         for call, result in zip(t.pending_calls, results):
             t.tool_calls += 1
-            if isinstance(result, SandboxUnavailable):  # a machine setting, not the tool call's failure
+            if isinstance(result, (SandboxUnavailable, MediaToolResponse)):  # a setting, not the call's failure
                 raise result
             if isinstance(result, BaseException):  # verl 0.9.1's words; the response budget bounds its length
                 text = (f"Error: tool '{call.name}' timed out after {cfg.tool_timeout_s:g} s"
@@ -232,13 +236,17 @@ class ToolAgentLoop(AgentLoopBase):
             return f"Invalid arguments for '{call.name}': expected a JSON object, got {call.arguments}", 0.0, True
         if isinstance(tool, FunctionTool):
             response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
-            return response.text or "", reward, False
-        kwargs = t.tools_kwargs.get(call.name, {})
-        instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
-        try:
-            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=agent_data or AgentData(t))
-        finally:
-            await tool.release(instance_id)
+        else:
+            kwargs = t.tools_kwargs.get(call.name, {})
+            instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
+            try:
+                response, reward, _ = await tool.execute(instance_id, arguments,
+                                                         agent_data=agent_data or AgentData(t))
+            finally:
+                await tool.release(instance_id)
+        if response.image or response.video:  # verl 0.9.1 raises too: a text model's loop has no processor
+            raise MediaToolResponse(f"tool {call.name!r} returned images or videos, which pyrl's text-only loops "
+                                    "cannot show the model (verl 0.9.1 needs a vision-language model's processor)")
         return response.text or "", reward, False
 
     async def _interact(self, t: Trajectory) -> None:
