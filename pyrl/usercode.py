@@ -54,8 +54,16 @@ def load_file(path: str, key: str) -> ModuleType:
     return module
 
 
+PKG_PREFIX, FILE_PREFIX = "pkg://", "file://"  # verl 0.9.1's load_module prefixes
+
+
 def load_module(location: str, key: str) -> ModuleType:
-    """A file's module (load_file) or an importable module by dotted name."""
+    """A file's module (load_file) or an importable module by dotted name; verl's spellings too: pkg://a.b or
+    pkg://a/b (a module), file://path (a file)."""
+    if location.startswith(PKG_PREFIX):
+        location = location[len(PKG_PREFIX):].replace("/", ".")
+    elif location.startswith(FILE_PREFIX):
+        return load_file(location[len(FILE_PREFIX):], key)
     if is_file_location(location):
         return load_file(location, key)
     try:

@@ -15,6 +15,10 @@ def test_a_file_or_a_dotted_name(tmp_path):
     assert load_file(str(path), "k").RUNS == [1]
     assert load_object("pyrl.usercode.load_object", "class_name") is load_object
     assert load_object("pyrl.usercode", "k", name="load_file") is load_file
+    # verl 0.9.1's prefixes: pkg:// (dots or slashes) and file://
+    assert load_object("pkg://pyrl.usercode", "k", name="load_file") is load_file
+    assert load_object("pkg://pyrl/usercode", "k", name="load_file") is load_file
+    assert load_object(f"file://{path}", "k", name="score")(4) == 8
 
 
 def test_errors_name_the_key(tmp_path):

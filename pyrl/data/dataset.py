@@ -5,6 +5,7 @@ rollout. Problems name the file (or dataset), the row and what was expected."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -12,6 +13,8 @@ import torch
 import torch.utils.data
 
 from pyrl.protocol import DataProto, left_padded
+
+log = logging.getLogger("pyrl")
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -158,6 +161,9 @@ class PromptBatches:
         if data_config.truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation: expected one of {TRUNCATIONS}, got {data_config.truncation!r}")
         tokenized = _Tokenized(dataset, tokenizer, data_config, chat_template, tools_for)
+        if data_config.apply_chat_template and not (chat_template or getattr(tokenizer, "chat_template", None)):
+            log.warning("data.apply_chat_template: the tokenizer has no chat template (and no "
+                        "model.custom_chat_template is set): each prompt is its messages' contents joined by newlines")
         # no more processes than rows / 64 (a pool for a few rows costs more than it saves) or than this machine's cores
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = min(data_config.dataloader_num_workers, len(dataset) // 64, cores)

@@ -188,11 +188,13 @@ def evaluate(config: EvalConfig) -> dict:
     per_row: dict[int, list[tuple[float, bool]]] = {}
     for i, value, place in zip(owners, scores, places):
         score = value.get("score") if isinstance(value, dict) else value
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
+        try:  # any real number, numpy's and bool included (verl takes np.mean of whatever it gets); NaN stays NaN
+            score = float(score)
+        except (TypeError, ValueError):
             raise ValueError(f"{place}: the scorer returned {value!r:.100}; expected a number or a dict with a "
-                             f"numeric 'score'")
+                             f"numeric 'score'") from None
         passed = bool(value["acc"]) if isinstance(value, dict) and "acc" in value else score >= config.pass_threshold
-        per_row.setdefault(i, []).append((float(score), passed))
+        per_row.setdefault(i, []).append((score, passed))
     by_source: dict[str, list[list[tuple[float, bool]]]] = {}
     for i, results in per_row.items():
         by_source.setdefault(rows[i][data.data_source_key], []).append(results)

@@ -72,8 +72,8 @@ class PromptRows:
                 if name not in (None, "single_turn_agent"):
                     raise ValueError(f"{self.places[i]}: agent_name {name!r}; generation is one assistant turn per "
                                      f"sample: agent loops run in the PPO trainer's rollout only")
-        if RESPONSES in self.table.column_names:
-            raise ValueError(f"data.train_files already has a {RESPONSES!r} column: the output would overwrite it")
+        if RESPONSES in self.table.column_names:  # regenerating from an earlier output: replaced, as verl does
+            log.info("data.train_files: its %r column is replaced by this run's generations", RESPONSES)
         self.prompts = self.table.column(prompt_key).to_pylist()
         self.prompt_key = prompt_key
 
@@ -188,12 +188,15 @@ def run_generation(config: PPOConfig) -> str:
                                      "apply_chat_template_kwargs": dict(data.apply_chat_template_kwargs)})
             out = workers.rollout.generate_sequences(batch)  # padded to the ranks and stripped by the dispatch
             responses, lengths = out.batch["responses"], response_lengths(out).tolist()
-            decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True)
-                       for i in range(len(out))]  # interleaved: prompt j's samples at j*n .. j*n+n-1
+            # as vLLM's detokenizer writes the text verl saves: no clean-up of spaces ("from . import" stays);
+            # interleaved: prompt j's samples at j*n .. j*n+n-1
+            decoded = [tokenizer.decode(responses[i, :lengths[i]].tolist(), skip_special_tokens=True,
+                                        clean_up_tokenization_spaces=False) for i in range(len(out))]
             texts += [decoded[j * n:(j + 1) * n] for j in range(len(batch))]
             log.info("generated for %d / %d prompts (%d samples each), %.1f s", len(texts), len(rows), n,
                      time.perf_counter() - start)
-    table = rows.table.append_column(RESPONSES, pa.array(texts, type=pa.list_(pa.string())))
+    table = rows.table.drop_columns([name for name in (RESPONSES,) if name in rows.table.column_names])
+    table = table.append_column(RESPONSES, pa.array(texts, type=pa.list_(pa.string())))
     directory = os.path.dirname(os.path.abspath(data.output_path))
     os.makedirs(directory, exist_ok=True)
     partial = f"{data.output_path}.partial"

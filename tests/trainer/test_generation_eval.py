@@ -331,6 +331,9 @@ def judge(source, answer, truth, bonus=0.0):
         raise RuntimeError("cannot score")
     if source == "dict_source":
         return {"score": 0.5 if answer == truth else 0.0, "acc": answer == truth}
+    if source == "numpy_source":  # numpy's numbers and bools score as verl's np.mean takes them
+        import numpy
+        return numpy.bool_(answer == truth) if answer == "x" else numpy.float32(0.25)
     return (1.0 if answer == truth else 0.0) + bonus
 '''
 
@@ -357,7 +360,7 @@ def test_metrics_by_hand_with_a_users_scorer(tmp_path):
     scorer = tmp_path / "judge.py"
     scorer.write_text(SCORER)
     path = generations(tmp_path, [("a", ["1", "2", "1"], "1"), ("a", ["3", "3"], "4"),
-                                  ("dict_source", ["x", "y"], "x")])
+                                  ("dict_source", ["x", "y"], "x"), ("numpy_source", ["x", "y"], "x")])
     metrics = evaluate(**{"data.path": path, "custom_reward_function.path": scorer,
                           "custom_reward_function.name": "judge"})
     assert metrics["test_score/a"] == pytest.approx((2 / 3 + 0) / 2)
@@ -365,6 +368,7 @@ def test_metrics_by_hand_with_a_users_scorer(tmp_path):
     assert metrics["pass@2/a"] == pytest.approx((1 - math.comb(1, 2) / math.comb(3, 2) + 0) / 2)
     assert "pass@3/a" not in metrics  # a row of a has only 2
     assert metrics["test_score/dict_source"] == pytest.approx(0.25) and metrics["pass@2/dict_source"] == 1.0
+    assert metrics["test_score/numpy_source"] == pytest.approx((1.0 + 0.25) / 2)
     kwargs = evaluate(**{"data.path": path, "reward.custom_reward_function.path": scorer,
                          "reward.custom_reward_function.name": "judge",
                          "reward.custom_reward_function.reward_kwargs.bonus": 1.0})
@@ -384,7 +388,7 @@ def test_evaluation_refusals_name_the_row_or_key(tmp_path):
                     "reward.custom_reward_function.path": scorer})
     with pytest.raises(ValueError, match="missing column 'answers'"):
         evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1")]), "data.response_key": "answers"})
-    with pytest.raises(RuntimeError, match="no rule-based scorer for data_source 'a'"):
+    with pytest.raises(RuntimeError, match="data_source 'a': no rule-based scorer for it"):
         evaluate(**{"data.path": generations(tmp_path, [("a", ["1"], "1")])})
 
 
