@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyrl.verl_features import NotImplementedFeature, Unsupported, feature_of
+from pyrl.verl_features import NotImplementedFeature, Unsupported, feature_of, no_effect
 
 log = logging.getLogger("pyrl")
 
@@ -1059,8 +1059,23 @@ def unknown_node(key: str) -> tuple[str, list[str]] | None:
 
 def check_known_keys(cfg) -> None:
     """Stop naming the first key the schema lacks that asks for a verl feature pyrl does not implement
-    (pyrl.verl_features), else each key the schema lacks (unknown_keys) with the nearest known names."""
-    unknown = unknown_keys(cfg)
+    (pyrl.verl_features), else each key the schema lacks (unknown_keys) with the nearest known names. A key a
+    config file set that changes nothing (pyrl.verl_features.no_effect: at any value, or at the value that turns
+    its feature off) is dropped with one log line, as on the command line."""
+    from omegaconf import OmegaConf, open_dict  # lazy: as the entries load it
+
+    unknown = []
+    for name, siblings in unknown_keys(cfg):
+        value = OmegaConf.select(cfg, name)
+        why = no_effect(name, "null" if value is None else str(value))
+        if not why:
+            unknown.append((name, siblings))
+            continue
+        log.info("%s=%s: accepted, with no effect (%s)", name, value, why)
+        parent, _, leaf = name.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        with open_dict(node):
+            del node[leaf]
     for name, _ in unknown:
         feature = feature_of(name)
         if feature:

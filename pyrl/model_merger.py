@@ -13,9 +13,9 @@ A LoRA checkpoint (model.lora_rank > 0) holds only the adapters: `merge` writes 
 merged in, and the adapter itself (PEFT's format) in OUT/lora_adapter. verl 0.9.1's merger writes the base weights
 unmerged beside lora_adapter/, so its OUT is not the trained policy; pyrl's is.
 
-Unlike verl, which casts the merged weights to bf16, the weights keep the checkpoint's dtype (pyrl's float32
-master weights): the merged model is the trained policy exactly; config.json's dtype is the source model's, what
-to run it in (dtype="auto" loads it so).
+Unlike verl, which casts the merged weights to bf16 (and its config.json says bfloat16), the weights keep the
+checkpoint's dtype (pyrl's float32 master weights) and config.json says float32: the merged model is the trained
+policy exactly; load it with dtype=torch.bfloat16 (vLLM: dtype="bfloat16") to run it in bf16.
 """
 
 from __future__ import annotations
@@ -127,32 +127,12 @@ def checkpoint_state(local_dir: str, expected) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-DTYPE_KEYS = ("dtype", "torch_dtype")  # config.json's name for it: transformers 5's, and earlier releases'
-
-
-def keep_compute_dtype(source_dir: str, target_dir: str) -> None:
-    """target_dir/config.json says the dtype the source model's config says (save_pretrained writes the weights'
-    own, float32): the weights stay exact, and dtype="auto" loads them in the dtype the model was made for."""
-    with open(os.path.join(source_dir, "config.json")) as f:
-        source = json.load(f)
-    dtype = next((source[key] for key in DTYPE_KEYS if source.get(key)), None)
-    if dtype is None:
-        return
-    path = os.path.join(target_dir, "config.json")
-    with open(path) as f:
-        target = json.load(f)
-    target.update({key: dtype for key in DTYPE_KEYS if key in target} or {"dtype": dtype})
-    with open(path, "w") as f:
-        json.dump(target, f, indent=2, sort_keys=True)
-
-
 def merge(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer  # lazy: transformers loads only when a command runs
 
     model = load_merged_model(args.local_dir, args.trust_remote_code)
     os.makedirs(args.target_dir, exist_ok=True)
     model.save_pretrained(args.target_dir)
-    keep_compute_dtype(os.path.join(args.local_dir, "huggingface"), args.target_dir)
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.local_dir, "huggingface"),
                                               trust_remote_code=args.trust_remote_code)
     tokenizer.save_pretrained(args.target_dir)

@@ -81,10 +81,12 @@ def resolve_model_paths(config: PPOConfig, plan: RunPlan) -> None:
 
 
 def resolve_served_max_model_len(section) -> None:
-    """A served reward model's rollout.max_model_len left null is its model's max_position_embeddings, as verl
-    0.9.1's server resolves it: a judge's prompt (the policy's prompt and response in the judge's template) may run
-    past rollout.prompt_length, up to the model's context."""
-    if section.rollout.max_model_len is None:
+    """A vLLM-served reward model's rollout.max_model_len left null is its model's max_position_embeddings, as verl
+    0.9.1's vLLM server resolves it: a judge's prompt (the policy's prompt and response in the judge's template) may
+    run past rollout.prompt_length, up to the model's context, and vLLM's KV cache is sized by memory, not by it.
+    pyrl's hf engine (verl has none) keeps prompt_length + response_length: its KV cache grows with the longest
+    request it batches, and the memory plan counts max_num_seqs of them."""
+    if section.rollout.max_model_len is None and section.rollout.name == "vllm":
         from transformers import AutoConfig  # lazy: transformers loads only for a served reward model
 
         hf = AutoConfig.from_pretrained(section.model_path)

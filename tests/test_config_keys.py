@@ -549,6 +549,21 @@ def test_plus_overrides_inside_free_form_sections_are_kept():
     assert config.actor_rollout_ref.actor.ppo_epochs == 2
 
 
+def test_keys_without_effect_in_the_composed_config_are_dropped():
+    """What a config file (or a `+key=` the command line's early check did not see) sets: a verl key that changes
+    nothing, at any value or at its feature's off value, is dropped as on the command line; on, it names the
+    feature."""
+    from trainer.trainer_helpers import compose
+
+    from pyrl.verl_features import NotImplementedFeature
+
+    config = compose("preset=toy", "+algorithm.use_pf_ppo=false", "+actor_rollout_ref.ref.rollout_n=4",
+                     "+algorithm.filter_groups.max_inflight_gen_batches=1")
+    assert not hasattr(config.algorithm, "use_pf_ppo") and not hasattr(config.actor_rollout_ref.ref, "rollout_n")
+    with pytest.raises(NotImplementedFeature, match="PF-PPO"):
+        compose("preset=toy", "+algorithm.use_pf_ppo=true")
+
+
 def test_ray_kwargs_reach_ray_init():
     """verl 0.9.1's ray_kwargs.ray_init goes to ray.init as verl hands it over (unset entries dropped); num_cpus
     while joining a cluster, or an address there, stops the run naming the key."""
@@ -668,17 +683,20 @@ def test_a_custom_reward_function_beside_pyrls_fsdp_reward_model_is_refused():
 
 
 def test_a_served_reward_models_context_defaults_to_its_models():
-    """reward.reward_model.rollout.max_model_len null is the model's max_position_embeddings, as verl 0.9.1's server
-    resolves it (a judge's prompt may run past rollout.prompt_length); a value given is kept."""
+    """reward.reward_model.rollout.max_model_len null is, with vLLM, the model's max_position_embeddings, as verl
+    0.9.1's server resolves it (a judge's prompt may run past rollout.prompt_length); a value given is kept."""
     from trainer.trainer_helpers import compose
 
     from pyrl.models import tiny_model_path
     from pyrl.ppo import resolve_served_max_model_len
 
-    config = compose("preset=toy", "reward.reward_model.enable=true", "reward.reward_model.rollout.name=hf",
+    config = compose("preset=toy", "reward.reward_model.enable=true", "reward.reward_model.rollout.name=vllm",
                      f"reward.reward_model.model_path={tiny_model_path()}")
     resolve_served_max_model_len(config.reward.reward_model)
     assert config.reward.reward_model.rollout.max_model_len == 512  # pyrl:tiny's
+    config.reward.reward_model.rollout.name, config.reward.reward_model.rollout.max_model_len = "hf", None
+    resolve_served_max_model_len(config.reward.reward_model)
+    assert config.reward.reward_model.rollout.max_model_len is None  # hf: prompt_length + response_length
     config.reward.reward_model.rollout.max_model_len = 300
     resolve_served_max_model_len(config.reward.reward_model)
     assert config.reward.reward_model.rollout.max_model_len == 300

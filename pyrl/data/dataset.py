@@ -170,8 +170,10 @@ class PromptBatches:
         if workers:  # the tokenizer's own threads do not survive the fork: say so once, not per worker
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         loader = torch.utils.data.DataLoader(tokenized, batch_size=64, num_workers=workers, collate_fn=list)
+        self.dataset = dataset
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
+        self.source_items: list[int] = []  # each row's item of the dataset (rows skip the filtered ones)
         self.filtered = 0
         for i, (item, ids) in enumerate(pair for chunk in loader for pair in chunk):
             if len(ids) > self.max_prompt_length:
@@ -181,9 +183,14 @@ class PromptBatches:
                 ids = self._truncate(ids, data_config.truncation, where(dataset, i))
             self.rows.append(_non_tensor_fields(item, i))
             self.prompt_ids.append(ids)
+            self.source_items.append(i)
         if not self.rows:
             raise ValueError(f"data: no usable rows in {type(dataset).__name__} (filtered as overlong: "
                              f"{self.filtered})")
+
+    def place(self, row: int) -> str:
+        """Row `row`'s place in error messages: its file and row there, where the dataset knows them."""
+        return where(self.dataset, self.source_items[row])
 
     def _truncate(self, ids, mode, place: str):
         limit = self.max_prompt_length

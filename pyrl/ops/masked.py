@@ -64,7 +64,8 @@ def agg_loss(
     global_batch_info: dict | None = None,
 ) -> torch.Tensor:
     """Aggregate a [B, T] per-token loss into a scalar (verl 0.9.1's core_algos.agg_loss). With S the number of
-    rows holding a valid token and N the number of valid tokens:
+    rows holding a valid token and N the number of valid tokens (with global_batch_info: its global_batch_size and
+    batch_num_tokens, pyrl's trainers passing every row and the tokens before rejection, as verl 0.9.1's engine):
 
     token-mean:              sum(l * m) / N
     token-sum:               sum(l * m)

@@ -251,7 +251,6 @@ class RewardManager:
                  "rollout_reward_scores": nt["reward_scores"][i] if "reward_scores" in nt else {}}
         return source, truth, extra
 
-
     def settle(self, counts, index: int, outcome: tuple, failed=0.0):
         """An attempt's value; a failure gives `failed` (a zero score), counted and logged once per kind, or
         stops the run when strict."""
@@ -281,7 +280,6 @@ class RewardManager:
             outcomes = pool_outcomes(self.compute_score, self.timeout_s, calls, self.num_workers)
         return [self.settle(counts, i, outcome, failed) for i, outcome in enumerate(outcomes)]
 
-
     def scores(self, data: DataProto, responses, counts) -> list:
         calls = []
         for i, response in enumerate(responses):
@@ -307,18 +305,13 @@ class RewardManager:
         scored = [i for i, score in enumerate(loop_scores) if score is not None]
         rest = [i for i, score in enumerate(loop_scores) if score is None]
         extra_info: dict[str, list] = {}
-        for name, values in agent_loop_reward_extra_info(data.non_tensor_batch["tool_extra_fields"][scored]).items():
-            extra_info[name] = [None] * len(data)
-            for i, value in zip(scored, values):
-                extra_info[name][i] = value
+        placed(extra_info, scored, agent_loop_reward_extra_info(data.non_tensor_batch["tool_extra_fields"][scored]),
+               len(data))
         if not rest:
             return scores, extra_info, {}
         rest_scores, rest_info, metrics = self.function_scores(data.select_idxs(rest))
         scores[rest] = rest_scores
-        for name, values in rest_info.items():
-            extra_info.setdefault(name, [None] * len(data))
-            for i, value in zip(rest, values):
-                extra_info[name][i] = value
+        placed(extra_info, rest, rest_info, len(data))
         return scores, extra_info, metrics
 
     def function_scores(self, data: DataProto) -> tuple[torch.Tensor, dict, dict]:
@@ -378,6 +371,14 @@ def extra_fields(raw: list) -> dict[str, list]:
         fill = 0.0 if all(is_number(v) for v in present) else None
         fields[key] = [score.get(key, fill) if isinstance(score, dict) else fill for score in raw]
     return fields
+
+
+def placed(extra_info: dict[str, list], rows: list[int], values: dict[str, list], size: int) -> None:
+    """values {name: one value per row of `rows`} into extra_info {name: `size` values}, None at the other rows."""
+    for name, column in values.items():
+        extra_info.setdefault(name, [None] * size)
+        for i, value in zip(rows, column):
+            extra_info[name][i] = value
 
 
 class DAPORewardManager(RewardManager):
@@ -680,7 +681,7 @@ def load_reward_manager(config, tokenizer) -> RewardManager:
     if overlong.get("enable") and max_resp_len is None:
         raise ValueError("reward.reward_kwargs.overlong_buffer_cfg.enable needs reward.reward_kwargs.max_resp_len "
                          "(verl's dapo manager does too)")
-    if overlong.get("enable") and not 0 < overlong.get("len", 0) <= max_resp_len:
+    if overlong.get("enable") and not 0 < (overlong.get("len") or 0) <= max_resp_len:
         raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.len={overlong.get('len')!r}: expected more than 0 "
                          f"and at most max_resp_len={max_resp_len} (verl's dapo manager asserts both)")
     options = {}

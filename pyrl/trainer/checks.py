@@ -597,10 +597,10 @@ def check_default_scorer(config, datasets) -> None:
             or rollout.multi_turn.interaction_config_path):
         return
     key = config.data.reward_fn_key
-    for files, dataset in zip(("data.train_files", "data.val_files"), datasets):
+    for dataset in datasets:
         for i, row in enumerate(dataset.rows):
             if scorer_for(str(row.get(key))) is None:
-                raise ValueError(f"{files}, row {i}: {no_scorer(str(row.get(key)))} (data.reward_fn_key={key})")
+                raise ValueError(f"{dataset.place(i)}: {no_scorer(str(row.get(key)))} (data.reward_fn_key={key})")
     if not reward.sandbox_fusion.url and any(row.get(key) in DATA_SOURCES for dataset in datasets
                                               for row in dataset.rows):
         check_isolation(reward.sandbox.allow_unisolated)

@@ -189,6 +189,8 @@ def evaluate(config: EvalConfig) -> dict:
     for i, value, place in zip(owners, scores, places):
         score = value.get("score") if isinstance(value, dict) else value
         try:  # any real number, numpy's and bool included (verl takes np.mean of whatever it gets); NaN stays NaN
+            if isinstance(score, (str, bytes)):
+                raise TypeError("text")
             score = float(score)
         except (TypeError, ValueError):
             raise ValueError(f"{place}: the scorer returned {value!r:.100}; expected a number or a dict with a "

@@ -41,8 +41,8 @@ def config(allow: bool, url=None, custom=None, reward_model=False):
                            actor_rollout_ref=SimpleNamespace(rollout=rollout))
 
 
-def datasets(*sources):
-    return [SimpleNamespace(rows=[{"data_source": s} for s in sources])]
+def datasets(*sources, path="train.parquet"):
+    return [SimpleNamespace(rows=[{"data_source": s} for s in sources], place=lambda i: f"data file {path!r} row {i}")]
 
 
 def test_start_check_stops_a_code_run_naming_the_key(unisolated):
@@ -67,9 +67,9 @@ def test_start_check_passes_when_no_local_code_runs_unisolated(unisolated, cfg, 
 def test_start_check_stops_a_source_nothing_scores(source, why):
     """A data source the default scorer cannot score stops the run naming the row and the source, where scoring
     would have given every one of its samples 0; a custom function or a reward model scores it instead."""
-    with pytest.raises(ValueError, match=rf"data.val_files, row 1: data_source '{source}': {why}; set "
+    with pytest.raises(ValueError, match=rf"data file 'val.parquet' row 1: data_source '{source}': {why}; set "
                                          r"reward.custom_reward_function.path"):
-        check_default_scorer(config(True), datasets("openai/gsm8k") + datasets("aime2024", source))
+        check_default_scorer(config(True), datasets("openai/gsm8k") + datasets("aime2024", source, path="val.parquet"))
     check_default_scorer(config(True, custom="my_reward.py"), datasets(source))
     check_default_scorer(config(True, reward_model=True), datasets(source))
 

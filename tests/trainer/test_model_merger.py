@@ -75,29 +75,6 @@ def test_merge_gives_the_trained_model(step_dir, tmp_path, role):
     assert proc.returncode == 0 and "checks passed" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_the_merged_config_keeps_the_models_compute_dtype(step_dir, tmp_path):
-    """The weights stay the checkpoint's float32, and config.json says the dtype the source model's config says
-    (a bf16 model's: bfloat16), which save_pretrained alone would have written as float32."""
-    import json
-    import shutil
-
-    from safetensors import safe_open
-
-    local_dir = tmp_path / "actor"
-    shutil.copytree(step_dir / "actor", local_dir)
-    config_path = local_dir / "huggingface" / "config.json"
-    config = json.loads(config_path.read_text())
-    config["dtype"] = "bfloat16"
-    config_path.write_text(json.dumps(config))
-    target = tmp_path / "merged"
-    proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir), "--target_dir", str(target),
-                  cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((target / "config.json").read_text())["dtype"] == "bfloat16"
-    with safe_open(target / "model.safetensors", "pt") as f:
-        assert {f.get_tensor(key).dtype for key in f.keys()} == {torch.float32}
-
-
 def test_merger_errors(step_dir, tmp_path):
     for local_dir in (tmp_path / "missing", step_dir):  # step_dir: the step, not its actor/ or critic/
         proc = merger("merge", "--backend", "fsdp", "--local_dir", str(local_dir),
