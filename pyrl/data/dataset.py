@@ -49,17 +49,32 @@ def where(dataset, i: int) -> str:
     return dataset.where(i) if hasattr(dataset, "where") else f"{type(dataset).__name__} item {i}"
 
 
+def _plain(value):
+    """numpy arrays (a list column read through pandas) as lists, at any depth."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def _check_messages(place: str, key: str, messages) -> list:
+    """Chat messages as the chat template gets them, as verl 0.9.1's dataset hands them over: every field a message
+    has (name, tool_calls, tool_call_id, reasoning_content, ...), less those parquet's struct columns fill with None
+    where a message lacks them. content may be None on an assistant message that calls tools."""
     if isinstance(messages, str):
         return [{"role": "user", "content": messages}]
-    if isinstance(messages, np.ndarray):
-        messages = messages.tolist()
+    messages = _plain(messages)
     ok = isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and (isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls")))
+        for m in messages)
     if not ok:
         raise ValueError(f"{place}: column {key!r} must be a non-empty list of "
                          f"{{'role': str, 'content': str}} messages (or a string), got {messages!r:.200}")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return [{k: v for k, v in m.items() if v is not None or k == "content"} for m in messages]
 
 
 class RLHFDataset:
@@ -144,7 +159,7 @@ class _Tokenized:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                       chat_template=template, tools=tools,
                                                       **dict(self.cfg.apply_chat_template_kwargs))
-        return "\n".join(m["content"] for m in messages)
+        return "\n".join(m["content"] or "" for m in messages)
 
 
 class PromptBatches:

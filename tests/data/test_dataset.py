@@ -116,6 +116,22 @@ def test_preprocessed_files_load_and_score_end_to_end(kind, tokenizer, tmp_path)
     assert default_compute_score(source, wrong, truth) < 1.0
 
 
+def test_messages_keep_their_fields_as_verl_hands_them_to_the_template(tokenizer, tmp_path):
+    """A prompt's messages keep every field they have (a few-shot tool call, its tool answer, a speaker's name), as
+    verl 0.9.1's dataset hands them to the chat template; the fields parquet's struct column fills with None where
+    a message lacks them are left out, and an assistant message calling tools may have no content."""
+    call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"x\": 1}"}}
+    prompt = [{"role": "system", "content": "be brief", "name": "rules"},
+              {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "content": "1", "tool_call_id": "c1"},
+              {"role": "user", "content": "1+1="}]
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "pyrl/toy_addition", "prompt": prompt,
+                                          "reward_model": {"ground_truth": "2"}}]), path)
+    raw = prompts(path, tokenizer, DataConfig(max_prompt_length=512)).batch([0], 0).non_tensor_batch["raw_prompt"][0]
+    assert raw == prompt
+
+
 def test_every_column_reaches_the_batch_and_reward_fn_key_any_column(tokenizer, tmp_path):
     """Columns beyond verl's known ones reach non_tensor_batch under their own names; data.reward_fn_key
     names the column the reward manager reads as the data source (the dataset renames nothing)."""
