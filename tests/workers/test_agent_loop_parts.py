@@ -398,7 +398,7 @@ def test_tools_see_verls_agent_data(tool_tokenizer):
         t.pending_calls = [FunctionCall(name="recorder", arguments="{}")]
         await loop._run_tools(t)
         assert seen == {"prompt_ids": [1, 7, 8, 9, 10, 11, 12], "response_ids": [10, 11, 12], "calls": ["recorder"],
-                        "images": [], "turns": (2, 0)}
+                        "images": None, "turns": (2, 0)}
         assert t.extra_fields["session"] == "kept" and t.tool_rewards == [0.5]
 
     asyncio.run(check())

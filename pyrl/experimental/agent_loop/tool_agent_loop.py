@@ -85,7 +85,8 @@ class AgentData:
     def __init__(self, t: Trajectory):
         self.messages, self.metrics, self.request_id = t.messages, t.metrics, t.request_id
         self.tools_kwargs, self.extra_fields = t.tools_kwargs, t.extra_fields
-        self.image_data, self.video_data, self.audio_data, self.mm_processor_kwargs = [], [], None, {}
+        # a text row's, as verl's loop sets them (multi_modal_data.get("images"), ...)
+        self.image_data, self.video_data, self.audio_data, self.mm_processor_kwargs = None, None, None, {}
         self.mm_processor_output, self.routed_experts = None, None
         self.prompt_ids = t.prompt_ids + t.response_ids
         self.response_ids = list(t.last_turn_ids)
