@@ -503,6 +503,7 @@ class RewardModelConfig:
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
     reward_manager: Optional[str] = None
+    num_workers: Optional[int] = None  # verl's legacy spelling of reward.num_workers
     # verl's legacy spellings of reward.reward_model.{enable_resource_pool, n_gpus_per_node, nnodes, rollout.*}
     enable_resource_pool: Optional[bool] = None
     n_gpus_per_node: Optional[int] = None
@@ -897,6 +898,8 @@ def migrate_legacy_reward(config: PPOConfig) -> None:
 
     move("reward_model.reward_manager", legacy.reward_manager, "reward.reward_manager.name",
          lambda v: setattr(reward.reward_manager, "name", v), reward.reward_manager.name)
+    move("reward_model.num_workers", legacy.num_workers, "reward.num_workers",
+         lambda v: setattr(reward, "num_workers", v), reward.num_workers)
     move("reward_model.enable", legacy.enable, "reward.reward_model.enable",
          lambda v: setattr(reward.reward_model, "enable", v), reward.reward_model.enable)
     move("reward_model.model.path", legacy.model.path, "reward.reward_model.model_path",

@@ -65,7 +65,7 @@ FEATURES: list[tuple[str, str]] = [
                              "lora_alpha, target_modules, ...)"),
     (r"(^|\.)tiled_mlp(\.|$)", "tiled MLP"),
     (r"(^|\.)disaggregation(\.|$)", "prefill/decode disaggregation"),
-    (r"^reward_model\.(reward_loop_source|reward_loop_module_path|reward_loop_class_name|num_workers)$",
+    (r"^reward_model\.(reward_loop_source|reward_loop_module_path|reward_loop_class_name)$",
      "verl's reward-loop classes (reward_model.reward_loop_*)"),
     (r"^data\.(image_key|video_key|audio_key|image_patch_size|return_multi_modal_inputs|mm_processor_kwargs)$"
      r"|(^|\.)freeze_vision_tower$|(^|\.)limit_images$", "multimodal (image, video, audio) inputs"),

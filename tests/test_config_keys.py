@@ -41,7 +41,8 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
     scorer = f"reward.custom_reward_function.path={tmp / 'scorer.py'}"
     return {
         # gae: the critic (LoRA), the reference (KL loss, and KL in the reward with the adaptive controller), the
-        # reward model; validation before training, a checkpoint, the scorer's kwargs, the steps from total_epochs
+        # reward model (its scores are the rewards: no reward function beside it); validation before training, a
+        # checkpoint, the steps from total_epochs
         "critic_reference_reward_model": [
             *SMALL, "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=gae", "critic.model.lora_rank=4",
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
@@ -49,8 +50,8 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
             "reward.reward_model.model_path=pyrl:tiny",
             "trainer.val_before_train=true", "data.val_max_samples=8", "data.val_batch_size=4",
             "trainer.log_val_generations=1", f"trainer.validation_data_dir={tmp / 'validation'}", "trainer.save_freq=1",
-            "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1", scorer,
-            "+reward.custom_reward_function.reward_kwargs.scale=2", "trainer.total_training_steps=null",
+            "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1",
+            "trainer.total_training_steps=null",
             "trainer.total_epochs=1", "data.train_max_samples=8",
             # on-policy distillation beside the task's rewards, top-k as PPO advantages, in chunks
             "distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=pyrl:tiny",
@@ -79,12 +80,14 @@ def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
             "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=2",
             "reward.reward_model.rollout.prompt_length=64", "reward.reward_model.rollout.response_length=8",
             f"reward.custom_reward_function.path={tmp / 'judge.py'}"],
-        # one-step-off: the rollout in vLLM workers of its own, bypass mode, gdpo's reward components, a dataset class
+        # one-step-off: the rollout in vLLM workers of its own, bypass mode, gdpo's reward components (the scorer's,
+        # with its kwargs), a dataset class
         "one_step_off": [
             *SMALL, "trainer.total_training_steps=1", f"actor_rollout_ref.rollout.name={'vllm' if VLLM else 'hf'}",
             "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_cache_engine=false",
             "actor_rollout_ref.rollout.calculate_log_probs=true", "rollout.n_gpus_per_node=0",
             "algorithm.rollout_correction.bypass_mode=true", "algorithm.adv_estimator=gdpo", scorer,
+            "+reward.custom_reward_function.reward_kwargs.scale=2",
             "algorithm.gdpo_reward_keys=[acc,format]", "algorithm.gdpo_reward_weights=[1.0,0.5]",
             f"data.custom_cls.path={tmp / 'rows.py'}", "data.custom_cls.name=Rows",
             "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],  # for the losses called below

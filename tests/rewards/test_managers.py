@@ -215,11 +215,13 @@ def test_verl_091_reward_keys_and_their_legacy_spellings():
                   "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8",
                   "reward.reward_model.enable=true", "reward.reward_model.model_path=pyrl:tiny")
     old = compose("preset=toy", "data.max_response_length=8", "reward_model.reward_manager=dapo",
+                  "reward.num_workers=8", "reward_model.num_workers=2",  # verl's default, then the legacy key
                   "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4",
                   "reward_model.enable=true", "reward_model.model.path=pyrl:tiny")
     for config in (new, old):
         migrate_legacy_reward(config)
         assert config.reward.reward_manager.name == "dapo" and config.reward.reward_model.enable
+        assert config.reward.num_workers == (2 if config is old else 1)  # the toy preset's 1
         assert config.reward_model.model.path == "pyrl:tiny"  # where the reward model worker reads it
         manager = load_reward_manager(config, None)
         assert manager.overlong_buffer["len"] == 4 and manager.max_response_length == 8
