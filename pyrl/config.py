@@ -96,6 +96,12 @@ def unwrap_model_config(model: ModelConfig, key: str) -> None:
     model.override_config = dict(overrides["model_config"] or {})
 
 
+def engine_max_model_len(rollout) -> int:
+    """The longest sequence a rollout engine admits (a RolloutConfig or a served reward model's rollout section):
+    rollout.max_model_len, else prompt_length + response_length."""
+    return rollout.max_model_len or rollout.prompt_length + rollout.response_length
+
+
 def recomputes(model: ModelConfig) -> bool:
     """Whether the model's backward recomputes each layer's forward (model.enable_gradient_checkpointing); null,
     unresolved, is verl's default: it does."""

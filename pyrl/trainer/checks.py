@@ -11,7 +11,7 @@ import logging
 import re
 
 from pyrl.algos import distillation
-from pyrl.config import check_no_nan
+from pyrl.config import check_no_nan, engine_max_model_len
 from pyrl.sandbox import check_isolation
 from pyrl.trainer.one_step_off import check_one_step_off
 from pyrl.trainer.run_plan import ConfigValue, machine_gpus
@@ -503,7 +503,7 @@ def check_served_reward_model(config, plan) -> None:
                          "generative reward model scores through reward.custom_reward_function (its prompt and score "
                          "parser are yours; the function gets reward_router_address and reward_model_tokenizer), as "
                          "in verl; without one the model must be a sequence classifier")
-    length = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    length = engine_max_model_len(rollout)
     limit = getattr(hf, "max_position_embeddings", None)
     if limit is not None and length > limit:
         raise ValueError(f"{key}.rollout: max_model_len (or prompt_length + response_length) = {length} exceeds "
@@ -589,7 +589,7 @@ def check_default_scorer(config, datasets) -> None:
     programs (or reward.sandbox.allow_unisolated=true). Both checked before workers start, not at the first
     step's scoring."""
     # lazy: pyrl.rewards loads torch, for the checks only
-    from pyrl.rewards.code_exec import DATA_SOURCES
+    from pyrl.rewards import code_exec
     from pyrl.rewards.scorers import no_scorer, scorer_for
 
     reward, rollout = config.reward, config.actor_rollout_ref.rollout
@@ -597,10 +597,13 @@ def check_default_scorer(config, datasets) -> None:
             or rollout.multi_turn.interaction_config_path):
         return
     key = config.data.reward_fn_key
+    runs_code = False
     for dataset in datasets:
         for i, row in enumerate(dataset.rows):
-            if scorer_for(str(row.get(key))) is None:
-                raise ValueError(f"{dataset.place(i)}: {no_scorer(str(row.get(key)))} (data.reward_fn_key={key})")
-    if not reward.sandbox_fusion.url and any(row.get(key) in DATA_SOURCES for dataset in datasets
-                                              for row in dataset.rows):
+            source = str(row.get(key))
+            scorer = scorer_for(source)
+            if scorer is None:
+                raise ValueError(f"{dataset.place(i)}: {no_scorer(source)} (data.reward_fn_key={key})")
+            runs_code = runs_code or scorer is code_exec
+    if runs_code and not reward.sandbox_fusion.url:
         check_isolation(reward.sandbox.allow_unisolated)

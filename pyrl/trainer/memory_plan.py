@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyrl.config import recomputes, torch_dtype
+from pyrl.config import engine_max_model_len, recomputes, torch_dtype
 from pyrl.models.gated_mlp import runs_gated
 from pyrl.models.rms_norm import runs_fused_norm
 from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
@@ -473,7 +473,7 @@ def served_reward_model_terms(config, shape: ModelShape, setting: Setting, capac
     rollout = config.reward.reward_model.rollout
     key = "reward.reward_model.rollout"
     dtype = element_bytes(runnable_dtype(rollout.dtype, f"{key}.dtype", torch.device(setting.device)))
-    length = rollout.max_model_len or rollout.prompt_length + rollout.response_length  # the longest it admits
+    length = engine_max_model_len(rollout)
     weights = engine_weights(shape, dtype, rollout, key, "reward model weights (served)")
     if rollout.name == "vllm":
         return vllm_terms(rollout, key, "reward model ", weights, setting, capacity)

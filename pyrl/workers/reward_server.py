@@ -41,9 +41,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from pyrl.config import RolloutConfig, engine_max_model_len
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.workers.distributed import worker_device
-from pyrl.workers.rollout.vllm_engine import set_vllm_env
+from pyrl.workers.rollout.vllm_engine import batched_token_budget, set_vllm_env
 
 log = logging.getLogger("pyrl")
 
@@ -230,7 +231,7 @@ class RewardModelServer(Worker):
             base.check("reward.reward_model.rollout")
             self.loop = asyncio.new_event_loop()
             threading.Thread(target=self.loop.run_forever, name="pyrl-rm-loop", daemon=True).start()
-            max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+            max_model_len = engine_max_model_len(rollout)
             # the hf engine batches what is pending: at most max_num_seqs (an async judge sends a batch's calls at once)
             self.rollout = RolloutServer(self.engine, base, rollout.prompt_length, max_model_len,
                                          max_batch=rollout.max_num_seqs)
@@ -463,8 +464,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 def engine_config_of(rollout, seed: int):
     """pyrl's rollout-engine settings (pyrl.config.RolloutConfig) from reward.reward_model.rollout: the engine loads
     the checkpoint's own weights (no push from a trainer)."""
-    from pyrl.config import RolloutConfig  # lazy: the config module imports the workers' sections
-
     shared = {name: getattr(rollout, name) for name in (
         "name", "dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_batched_tokens",
         "max_num_seqs", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
@@ -488,17 +487,15 @@ def vllm_classifier(model_path: str, rollout, device: torch.device, seed: int):
 
         tensor_parallel = dict(tensor_parallel_size=rollout.tensor_model_parallel_size,
                                **vllm_own_workers(on_cuda))
-    max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    max_model_len = engine_max_model_len(rollout)
     chunked_prefill = rollout.enable_chunked_prefill and on_cuda
     return LLM(model=model_path, runner="pooling", dtype=str(dtype).removeprefix("torch."), seed=seed,
                **tensor_parallel,
                enable_sleep_mode=on_cuda and rollout.free_cache_engine,
                enforce_eager=rollout.enforce_eager, gpu_memory_utilization=rollout.gpu_memory_utilization,
                max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs,
-               # as the generative engine takes them (pyrl.workers.rollout.vllm_engine): raised to max_model_len
-               # without chunked prefill, as verl does
-               max_num_batched_tokens=(rollout.max_num_batched_tokens if chunked_prefill
-                                       else max(rollout.max_num_batched_tokens, max_model_len)),
+               max_num_batched_tokens=batched_token_budget(rollout.max_num_batched_tokens, max_model_len,
+                                                           chunked_prefill),
                load_format=rollout.load_format or "auto",
                enable_prefix_caching=rollout.enable_prefix_caching and on_cuda, enable_chunked_prefill=chunked_prefill,
                **{k: v for k, v in dict(rollout.engine_kwargs.get("vllm") or {}).items() if v is not None})

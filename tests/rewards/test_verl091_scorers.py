@@ -131,24 +131,17 @@ def test_math_dapo_matches_verl(args, expected):
     assert {k: (type(v), v) for k, v in got.items()} == {k: (type(v), v) for k, v in expected.items()}
 
 
-@pytest.mark.parametrize("args, expected", SEARCH_R1_CASES, ids=_ids(SEARCH_R1_CASES))
-def test_search_r1_matches_verl(args, expected):
-    assert search_r1.compute_score(*args) == expected
+NUMBER_SCORERS = {"search_r1": (search_r1.compute_score, SEARCH_R1_CASES),
+                  "search_r1_subem": (search_r1.compute_score_subem, SEARCH_R1_SUBEM_CASES),
+                  "math_answer": (math_answer.compute_score, MATH_ANSWER_CASES),
+                  "gsm8k": (gsm8k.compute_score, GSM8K_CASES)}
 
 
-@pytest.mark.parametrize("args, expected", SEARCH_R1_SUBEM_CASES, ids=_ids(SEARCH_R1_SUBEM_CASES))
-def test_search_r1_subem_matches_verl(args, expected):
-    assert search_r1.compute_score_subem(*args) == expected
-
-
-@pytest.mark.parametrize("args, expected", MATH_ANSWER_CASES, ids=_ids(MATH_ANSWER_CASES))
-def test_math_answer_matches_verl(args, expected):
-    assert math_answer.compute_score(*args) == expected
-
-
-@pytest.mark.parametrize("args, expected", GSM8K_CASES, ids=_ids(GSM8K_CASES))
-def test_gsm8k_matches_verl(args, expected):
-    assert gsm8k.compute_score(*args) == expected
+@pytest.mark.parametrize("scorer, args, expected",
+                         [(fn, args, expected) for fn, cases in NUMBER_SCORERS.values() for args, expected in cases],
+                         ids=[f"{name}-{i}" for name, (_, cases) in NUMBER_SCORERS.items() for i in range(len(cases))])
+def test_number_scorers_match_verl(scorer, args, expected):
+    assert scorer(*args) == expected
 
 
 def test_inputs_verl_rejects_raise():

@@ -41,6 +41,7 @@ from typing import Any, Literal, Optional
 from omegaconf import OmegaConf
 from pydantic import BaseModel
 
+from pyrl.config import engine_max_model_len
 from pyrl.workers.rollout.agent_loop import ChatTokens, ToolRunner
 from pyrl.workers.rollout.server import CURRENT_TRAJECTORY, RolloutServer, TrajectorySlot
 
@@ -372,7 +373,7 @@ class AgentLoopRunner:
         self.classes: dict[str, type] = {}
         load_agent_loop_config(rollout.agent.agent_loop_config_path)
         self.prompt_length = rollout.prompt_length
-        self.max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+        self.max_model_len = engine_max_model_len(rollout)
 
     def _build(self, name: str, **kwargs) -> AgentLoopBase:
         """hydra.utils.instantiate(registry entry, **kwargs, _recursive_=False), as verl builds a loop per

@@ -20,6 +20,7 @@ from typing import Iterable
 
 import torch
 
+from pyrl.config import engine_max_model_len
 from pyrl.seeding import derive_seed
 from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.base import RolloutEngine, SamplingSpec, check_seeds
@@ -39,6 +40,12 @@ def set_vllm_env(on_cuda: bool) -> None:
     if not on_cuda:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+
+def batched_token_budget(max_num_batched_tokens: int, max_model_len: int, chunked_prefill: bool) -> int:
+    """vLLM's max_num_batched_tokens: without chunked prefill raised to max_model_len, so that a whole prompt fits
+    one step, as verl raises it."""
+    return max_num_batched_tokens if chunked_prefill else max(max_num_batched_tokens, max_model_len)
 
 
 def hf_overrides(config_overrides: dict | None, options: dict) -> dict:
@@ -84,10 +91,8 @@ class VLLMEngine(RolloutEngine):
             if not on_cuda:
                 _prefix_cpu_shm_names(group_name)
         options = engine_options(config)  # verl's order: engine_kwargs.vllm over the engine's own arguments
-        max_model_len = config.max_model_len or config.prompt_length + config.response_length
-        # a whole prompt in one step without chunked prefill (raised to max_model_len there, as verl does)
-        batched_tokens = config.max_num_batched_tokens if chunked_prefill else max(config.max_num_batched_tokens,
-                                                                                   max_model_len)
+        max_model_len = engine_max_model_len(config)
+        batched_tokens = batched_token_budget(config.max_num_batched_tokens, max_model_len, chunked_prefill)
         self.llm = LLM(**{**dict(
             model=model_path,
             trust_remote_code=trust_remote_code,
