@@ -460,8 +460,12 @@ class ActorRolloutRefWorker(Worker):
                 loss = loss - cfg.entropy_coeff * entropy_loss
             if cfg.entropy_coeff or cfg.calculate_entropy:
                 shares["entropy_loss"] = entropy_loss.item() / info["dp_size"]
-            if on_policy:  # the policy before its one step: what the skipped old-log-prob pass reports
-                shares["entropy"] = entropy_loss.item() / info["dp_size"]
+            if on_policy:  # the policy before its one step: what the skipped old-log-prob pass reports, which verl
+                # aggregates over the response mask alone (its tokens, its non-empty rows)
+                entropy_info = {**info, "batch_num_tokens": info["response_tokens"],
+                                "global_batch_size": info["response_rows"]}
+                shares["entropy"] = ops.agg_loss(entropy, mask, cfg.loss_agg_mode,
+                                                 global_batch_info=entropy_info).item() / info["dp_size"]
         if cfg.use_kl_loss:
             kl = ops.kl_penalty(logp, to("ref_log_prob").float(), cfg.kl_loss_type)
             kl_loss = ops.agg_loss(kl, mask, cfg.loss_agg_mode, global_batch_info=info)

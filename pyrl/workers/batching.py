@@ -104,12 +104,13 @@ def global_batch_info(response_mask: torch.Tensor, device: torch.device, dp_size
     """agg_loss's global_batch_info for a mini-batch, as verl 0.9.1's engine counts it: the valid tokens of
     loss_mask (the response mask before rollout-correction rejection; response_mask where nothing was rejected)
     and the rows, over all ranks. Rejected tokens and empty rows stay in the denominators, as in verl.
-    response_tokens (pyrl's): the valid tokens of response_mask, over which the metrics' token means run."""
+    response_tokens and response_rows (pyrl's): the valid tokens of response_mask, over which the metrics' token
+    means run, and its rows holding one (the rows verl's old-log-prob pass averages its entropy over)."""
     tokens = loss_mask if loss_mask is not None else response_mask
-    counts = all_reduce(torch.tensor([float(tokens.sum()), float(response_mask.shape[0]), float(response_mask.sum())],
-                                     dtype=torch.float64, device=device))
+    counts = all_reduce(torch.tensor([float(tokens.sum()), float(response_mask.shape[0]), float(response_mask.sum()),
+                                      float((response_mask.sum(-1) > 0).sum())], dtype=torch.float64, device=device))
     return {"batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item(), "dp_size": dp_size,
-            "response_tokens": counts[2].item()}
+            "response_tokens": counts[2].item(), "response_rows": counts[3].item()}
 
 
 @dataclass

@@ -366,14 +366,20 @@ def test_fast_paths_equal_the_plain_update(ray_session, train_batch, monkeypatch
                                        msg=lambda m, name=name, param=param: f"{name}: {param}: {m}")
 
 
-@pytest.mark.parametrize("micro", [None, 3], ids=["one_micro_batch", "micro_batches_of_3"])
-def test_on_policy_update_skips_old_log_probs(train_batch, micro):
+@pytest.mark.parametrize("micro, agg", [(None, "token-mean"), (3, "seq-mean-token-mean")],
+                         ids=["one_micro_batch", "micro_batches_of_3_seq_mean_an_empty_row"])
+def test_on_policy_update_skips_old_log_probs(train_batch, micro, agg):
     """ppo_epochs=1 and one mini-batch: update_actor needs no old_log_probs (its own detached log-probs stand in,
     so the ratio is 1 and nothing clips) and moves the weights exactly as with the extra pass. With the rollout
     engine's log-probs in the batch it returns its own, taken before its optimizer step: the extra pass's."""
     cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.shuffle=true",
+                      f"actor_rollout_ref.actor.loss_agg_mode={agg}",
                       *([f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}"] if micro else [])
                       ).actor_rollout_ref
+    train_batch = train_batch.select_idxs(list(range(ROWS)))
+    scored = train_batch.batch["response_mask"].bool()  # the tokens each pass scores
+    if agg.startswith("seq-mean"):  # a row left without a loss token: the loss counts it, verl's entropy does not
+        train_batch.batch["response_mask"][2] = 0
     digests, metrics, outputs = [], [], []
     for with_old in (True, False):
         worker = ActorRolloutRefWorker(cfg, "actor")
@@ -393,9 +399,9 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
         digests.append(worker.state_digest())
     assert "old_log_probs" not in outputs[0].batch  # it had them
     own = outputs[1].batch["old_log_probs"]
+    assert own.shape == extra_pass.shape and not own[~scored].any()
+    torch.testing.assert_close(own[scored], extra_pass[scored], atol=1e-6, rtol=0)
     mask = train_batch.batch["response_mask"].bool()
-    assert own.shape == extra_pass.shape and not own[~mask].any()
-    torch.testing.assert_close(own[mask], extra_pass[mask], atol=1e-6, rtol=0)
     # the extra pass's forward and the update's own agree to float32 rounding, not bit for bit: the gradients
     # (Adam's first moment after one step) agree to that rounding; Adam's first step moves a weight by
     # ~lr x sign(gradient), so where a gradient is ~0 the rounding can flip the step's sign (up to 6.7e-5 of the
@@ -407,11 +413,16 @@ def test_on_policy_update_skips_old_log_probs(train_batch, micro):
         torch.testing.assert_close(digests[1]["params"][name], value, atol=2e-4, rtol=0, msg=name)
     assert metrics[1]["actor/pg_clipfrac"] == 0 and metrics[1]["actor/ppo_kl"] == pytest.approx(0, abs=1e-7)
     assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)
-    # verl 0.9.1's actor/entropy is the old-log-prob pass's, aggregated by loss_agg_mode; the update reports it
-    # when it skipped that pass, and (entropy_coeff != 0) its own entropy term as actor/entropy_loss
+    # verl 0.9.1's actor/entropy is the old-log-prob pass's, aggregated by loss_agg_mode over the response mask (its
+    # non-empty rows in the seq-mean modes); the update reports it when it skipped that pass, and (entropy_coeff !=
+    # 0) its own entropy term as actor/entropy_loss, whose seq-mean counts every row (verl's engine)
     expected = ops.agg_loss(entropys, mask.float(), cfg.actor.loss_agg_mode).item()
     assert metrics[1]["actor/entropy"] == pytest.approx(expected, rel=1e-5)
-    assert metrics[1]["actor/entropy_loss"] == pytest.approx(expected, rel=1e-5)
+    every_row = ops.agg_loss(entropys, mask.float(), cfg.actor.loss_agg_mode, global_batch_info={
+        "batch_num_tokens": float(mask.sum()), "global_batch_size": ROWS, "dp_size": 1}).item()
+    assert metrics[1]["actor/entropy_loss"] == pytest.approx(every_row, rel=1e-5)
+    nonempty = int((mask.sum(-1) > 0).sum())
+    assert nonempty < ROWS if agg.startswith("seq-mean") else agg == "token-mean"  # the two denominators differ
     off_policy = ActorRolloutRefWorker(make_config(*TRAIN).actor_rollout_ref, "actor")  # 2 mini-batches
     off_policy.init_model()
     with pytest.raises(KeyError, match="lacks old_log_probs, which only an on-policy update"):
