@@ -1,12 +1,13 @@
 """Policy losses, registered by name (verl's `actor.policy_loss.loss_mode`).
 
 Each is called as fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info,
-rollout_is_weights=None) and returns (pg_loss, metrics) with metrics {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
-...}: 0-dim tensors, each a token mean over the response mask (the actor weights them by the micro-batch's token
-share and reports them as actor/<name>), with the same names whatever the input, an all-masked one included. config
-is the actor config (pyrl.config.ActorConfig) or a dict with the same keys (policy-loss options under "policy_loss")
-or None: a missing key takes verl 0.9.1's default; clip_ratio (default 0.2), clip_ratio_low / clip_ratio_high
-(default clip_ratio) and clip_ratio_c (3.0) are the PPO ones. global_batch_info (optional) is passed to
+rollout_is_weights=None) and returns (pg_loss, metrics): 0-dim tensors, each a token mean over the response mask
+(the actor weights them by the micro-batch's token share and reports them as actor/<name>), the names verl 0.9.1's
+loss reports (the PPO-style ones "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"; fewer for gpg, clip_cov, kl_cov, dro
+and bypass_mode's reinforce, whose docstrings name theirs), the same whatever the input, an all-masked one
+included. config is the actor config (pyrl.config.ActorConfig) or a dict with the same keys (policy-loss options
+under "policy_loss") or None: a missing key takes verl 0.9.1's default; clip_ratio (default 0.2), clip_ratio_low /
+clip_ratio_high (default clip_ratio) and clip_ratio_c (3.0) are the PPO ones. global_batch_info (optional) is passed to
 pyrl.ops.agg_loss. rollout_is_weights (optional, [B, T]) are verl's decoupled-mode rollout-correction IS weights,
 computed by the trainer: as verl, every loss multiplies its per-token loss by them before aggregating (geo_mean its
 sequence losses by their geometric mean over the sequence's tokens; bypass_mode ignores them: it computes its own);
@@ -96,9 +97,10 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                                    global_batch_info=None, *, rollout_is_weights=None):
-    """GPG: -w A log pi (no ratio, no clipping)."""
-    return _ppo("gpg", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, global_batch_info,
-                rollout_is_weights)
+    """GPG: -w A log pi (no ratio, no clipping). No metrics (verl 0.9.1 reports none)."""
+    pg_loss, _ = _ppo("gpg", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                      global_batch_info, rollout_is_weights)
+    return pg_loss, {}
 
 
 @register_policy_loss("cispo")
@@ -217,8 +219,8 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     """Clip-Cov: w max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)) (no dual clip, no log-ratio clamp),
     times 0 on n = max(1, int(clip_cov_ratio x unmasked tokens)) tokens drawn at random (torch.randperm, as verl)
     among the unmasked ones PPO did not clip whose covariance (A - mean A)(log pi - mean log pi) lies in
-    (clip_cov_lb, clip_cov_ub): their gradient is cut. pg_clipfrac = mean(cut), pg_clipfrac_lower = 0,
-    ppo_kl = mean(-log r)."""
+    (clip_cov_lb, clip_cov_ub): their gradient is cut. pg_clipfrac = mean(cut), ppo_kl = mean(-log r) (no
+    pg_clipfrac_lower, as verl)."""
     share, lower, upper = clip_cov_settings(config)
     clip = clip_ratios(config)
     log_ratio = log_prob - old_log_prob
@@ -236,8 +238,8 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     kept[candidates[:, 0], candidates[:, 1]] = 0.0
     pg_losses = torch.maximum(pg_losses1, pg_losses2) * kept
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, rollout_is_weights)
-    return pg_loss, _metrics(_fraction(kept == 0, response_mask), log_prob.new_zeros(()),
-                             ops.masked_mean(-log_ratio, response_mask))
+    return pg_loss, {"pg_clipfrac": _fraction(kept == 0, response_mask).detach(),
+                     "ppo_kl": ops.masked_mean(-log_ratio, response_mask).detach()}
 
 
 def kl_cov_settings(config, key: str = "") -> tuple[float, float]:
@@ -253,9 +255,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
                                config=None, global_batch_info=None, *, rollout_is_weights=None):
     """KL-Cov: w (-A r + ppo_kl_coef |log r| on the n = max(1, int(kl_cov_ratio x
     unmasked tokens)) unmasked tokens of largest covariance (A - mean A)(log pi - mean log pi)), no clipping, no
-    log-ratio clamp. ppo_kl =
-    mean(|log r|) (verl's value under that name), pg_clipfrac = mean(penalized) (verl reports none),
-    pg_clipfrac_lower = 0."""
+    log-ratio clamp. Its one metric, as verl's: ppo_kl = mean(|log r|) (verl's value under that name)."""
     share, coef = kl_cov_settings(config)
     log_ratio = log_prob - old_log_prob
     valid = torch.nonzero(response_mask.reshape(-1) > 0).squeeze(-1)
@@ -268,8 +268,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
     pg_losses = -advantages * torch.exp(log_ratio)
     pg_losses = torch.where(penalized, pg_losses + coef * log_ratio.abs(), pg_losses)
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, rollout_is_weights)
-    return pg_loss, _metrics(_fraction(penalized, response_mask), log_prob.new_zeros(()),
-                             ops.masked_mean(log_ratio.abs(), response_mask))
+    return pg_loss, {"ppo_kl": ops.masked_mean(log_ratio.abs(), response_mask).detach()}
 
 
 @register_policy_loss("geo_mean")
@@ -311,14 +310,13 @@ def dro_beta(config, key: str = "") -> float:
 @register_policy_loss("dro", needs=checked_at_start(dro_beta))
 def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                             global_batch_info=None, *, rollout_is_weights=None):
-    """DRO: -w (A log pi - dro_beta / 2 (log r)^2), policy_loss.dro_beta required (> 0). pg_clipfrac =
-    pg_clipfrac_lower = 0, ppo_kl = mean(-log r)."""
+    """DRO: -w (A log pi - dro_beta / 2 (log r)^2), policy_loss.dro_beta required (> 0). Its one metric, as
+    verl's: ppo_kl = mean(-log r)."""
     beta = dro_beta(config)
     log_ratio = log_prob - old_log_prob
     pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, rollout_is_weights)
-    zero = log_prob.new_zeros(())
-    return pg_loss, _metrics(zero, zero, ops.masked_mean(-log_ratio, response_mask))
+    return pg_loss, {"ppo_kl": ops.masked_mean(-log_ratio, response_mask).detach()}
 
 
 ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
@@ -451,7 +449,7 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
     """Bypass mode: old_log_prob is the rollout's log-probs. rollout_correction (algorithm.rollout_correction's
     rollout_is / rollout_rs keys) of log r = log pi - log pi_rollout gives IS weights w and a rejection mask, then by
     loss_type: "ppo_clip" (default) vanilla PPO on the unrejected tokens, without w (r already is the IS ratio);
-    "reinforce" -sg(w) A log pi (w = 1 without rollout_is) on them, pg_clipfrac = pg_clipfrac_lower = 0, ppo_kl =
+    "reinforce" -sg(w) A log pi (w = 1 without rollout_is) on them, its one metric (as verl) ppo_kl =
     mean(log pi_rollout - log pi). Plus the rollout_corr/<name> metrics. rollout_is_weights is ignored (as verl)."""
     settings = config_value(config, "policy_loss.rollout_correction", {})
     if isinstance(settings, dict):  # a plain dict (tests, other trainers): the keys it lacks take verl's defaults
@@ -470,6 +468,5 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
     else:
         pg_losses = -advantages * log_prob * (1.0 if weights is None else weights)
         pg_loss = ops.agg_loss(pg_losses, mask, loss_agg_mode, global_batch_info=global_batch_info)
-        zero = log_prob.new_zeros(())
-        metrics = _metrics(zero, zero, ops.masked_mean(old_log_prob - log_prob, mask))
+        metrics = {"ppo_kl": ops.masked_mean(old_log_prob - log_prob, mask).detach()}
     return pg_loss, {**metrics, **correction_metrics}

@@ -109,4 +109,4 @@ def test_policy_losses_match_reference(name, config):
     loss64, _ = ref.ppo_policy_loss(log_prob.double(), old.double(), adv.double(), mask.double(), 0.2, high, 3.0,
                                     "token-mean", name)
     torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
-    assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
+    assert set(metrics) == (set() if name == "gpg" else {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"})  # as verl
