@@ -69,12 +69,21 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+class KeywordsFirst(functools.partial):
+    """functools.partial whose bound keywords win over the call's, as verl 0.9.1's _call_with_kwargs merges
+    reward_kwargs into each call ({**call's, **reward_kwargs}); still a partial to inspect (an `async def` function
+    bound so is a coroutine function) and to pickle."""
+
+    def __call__(self, /, *args, **kwargs):
+        return self.func(*self.args, *args, **{**kwargs, **self.keywords})
+
+
 def load_custom_function(path: str, name: str, kwargs: dict | None = None) -> Callable:
     """reward.custom_reward_function.path / .name: a function from a Python file (or module), with reward_kwargs
-    bound."""
+    bound (a keyword the manager passes too, such as extra_info, takes reward_kwargs' value, as in verl)."""
     fn = load_object(path, "reward.custom_reward_function.path", name=name,
                      name_key="reward.custom_reward_function.name", what="function")
-    return functools.partial(fn, **kwargs) if kwargs else fn
+    return KeywordsFirst(fn, **kwargs) if kwargs else fn
 
 
 def call_scorer(fn: Callable, **kwargs):

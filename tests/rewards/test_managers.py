@@ -128,6 +128,9 @@ def test_custom_reward_gets_verl_keywords_reward_kwargs_and_may_be_async(tokeniz
         fn = load_custom_function(str(path), name, {"scale": 2.0})
         scores, _, metrics = RewardManager(tokenizer, fn, strict=True)(data)
         assert scores.sum(-1).tolist() == [2.0, 0.0] and metrics["reward/scorer_errors"] == 0, name
+    # a reward_kwargs key the manager passes too wins over the manager's value (verl's _call_with_kwargs)
+    fn = load_custom_function(str(path), "awaited", {"ground_truth": "8"})
+    assert RewardManager(tokenizer, fn, strict=True)(data)[0].sum(-1).tolist() == [0.0, 1.0]
 
 
 def test_an_async_scorers_calls_are_awaited_together_each_within_the_timeout(tokenizer):
