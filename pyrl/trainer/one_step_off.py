@@ -13,8 +13,9 @@ Step k (as verl's OneStepOffRayTrainer):
   4. train on batch k (old log-probs, reference, values, advantages, updates, as in the hybrid loop).
 So batch k+1 is generated with the weights of step k-1 while the actor trains on batch k: each batch is one
 update older than the policy that trains on it (batches 1 and 2 both come from the initial weights). The rollout's
-log-probs (rollout.calculate_log_probs, required) let algorithm.rollout_correction weight the stale samples, and
-training/rollout_probs_diff_* (without bypass_mode) shows the staleness.
+log-probs (rollout.calculate_log_probs, on in verl's one_step_off_ppo_trainer) let algorithm.rollout_correction
+weight the stale samples, and training/rollout_probs_diff_* (without bypass_mode) shows the staleness; without them
+the old log-probs are the trainer's, as in verl.
 
 Validation first waits for the batch in flight and pushes the current weights: it scores the current policy.
 A checkpoint waits for the batch in flight and stores it (with its metrics) in data.pt, and the data sampler as
@@ -38,8 +39,8 @@ log = logging.getLogger("pyrl")
 
 def check_one_step_off(config) -> None:
     """What actor_rollout_ref.hybrid_engine and the rollout section ask for, checked before any worker starts:
-    the rollout section only means something without the hybrid engine, and one-step-off needs the rollout's
-    log-probs and a rollout that keeps its cache (verl's one_step_off_ppo_trainer sets both)."""
+    the rollout section only means something without the hybrid engine, and one-step-off needs a rollout that keeps
+    its cache (verl's one_step_off_ppo_trainer sets it)."""
     arr = config.actor_rollout_ref
     if arr.hybrid_engine:
         default = RolloutPoolConfig()
@@ -53,10 +54,11 @@ def check_one_step_off(config) -> None:
         raise ValueError("actor_rollout_ref.rollout.free_cache_engine=true: with actor_rollout_ref.hybrid_engine=false "
                          "the rollout workers only generate and never free their cache for training; set it to false "
                          "(verl's one_step_off_ppo_trainer does)")
-    if not arr.rollout.calculate_log_probs:
-        raise ValueError("actor_rollout_ref.hybrid_engine=false trains on samples one update older than the policy: "
-                         "set actor_rollout_ref.rollout.calculate_log_probs=true so that their log-probs are kept "
-                         "(algorithm.rollout_correction weights them; verl's one_step_off_ppo_trainer sets it)")
+    if not arr.rollout.calculate_log_probs:  # as verl 0.9.1's trainer then: recomputed, nothing corrected
+        log.info("actor_rollout_ref.rollout.calculate_log_probs=false with actor_rollout_ref.hybrid_engine=false: the "
+                 "samples are one update older than the policy and their log-probs are not kept, so the old "
+                 "log-probs are the trainer's (the current policy's) and nothing weighs the staleness; set it true "
+                 "for algorithm.rollout_correction (verl's one_step_off_ppo_trainer does)")
 
 
 class WeightPush:

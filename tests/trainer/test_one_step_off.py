@@ -165,6 +165,27 @@ def test_the_one_step_off_entry_trains_with_verls_defaults(tmp_path, ray_session
     assert entry.returncode == 0 and "hybrid_engine: false" in entry.stdout, entry.stderr[-2000:]
 
 
+def test_without_the_rollouts_log_probs_the_old_ones_are_the_trainers(tmp_path, ray_session, caplog):
+    """rollout.calculate_log_probs=false (no bypass, IS or rejection): as verl 0.9.1's one-step-off trainer, the
+    old-log-prob pass recomputes them with the current policy and nothing corrects the staleness; said at start."""
+    from pyrl.ppo import run_ppo
+
+    config = compose("preset=toy", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.val_before_train=false",
+                     "trainer.test_freq=-1", "trainer.total_training_steps=2", "actor_rollout_ref.rollout.name=hf",
+                     "actor_rollout_ref.rollout.calculate_log_probs=false",
+                     "algorithm.rollout_correction.bypass_mode=false", f"trainer.default_local_dir={tmp_path}",
+                     config_name="one_step_off_ppo_trainer")
+    with caplog.at_level("INFO", logger="pyrl"):
+        run_ppo(config)
+    assert "the old log-probs are the trainer's (the current policy's)" in caplog.text
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # two mini-batches: the pass runs
+        assert "timing_s/old_log_prob" in row and "timing_s/generate_async" in rows[1]
+        assert not any(key.startswith(("training/rollout_probs_diff", "actor/rollout_corr/")) for key in row)
+
+
 def test_a_rollout_pool_of_tensor_parallel_vllm_engines(tmp_path, ray_session):
     """The rollout's own two workers share one vLLM engine (rollout.tensor_model_parallel_size=2): they form a
     process group for it, load each pushed weight into their halves, and generate one batch ahead of the trainer."""
@@ -194,8 +215,6 @@ OFF = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.free_
     (["rollout.nnodes=2"], "rollout.nnodes=2: the rollout has workers of its own only with "
                            "actor_rollout_ref.hybrid_engine=false"),
     (["actor_rollout_ref.hybrid_engine=false"], "free_cache_engine=true: .* set it to false"),
-    (OFF[:2] + ["actor_rollout_ref.rollout.calculate_log_probs=false"],
-     "set actor_rollout_ref.rollout.calculate_log_probs=true"),
     (OFF + ["rollout.n_gpus_per_node=0", "rollout.n_cpu_workers_per_node=0"],
      "rollout.n_cpu_workers_per_node must be >= 1"),
     (OFF + ["rollout.nnodes=0"], "rollout.nnodes=0: the rollout needs at least one node"),
