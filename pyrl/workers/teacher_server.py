@@ -26,6 +26,7 @@ import logging
 import torch
 
 from pyrl.algos import distillation as D
+from pyrl.config import RolloutConfig
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.protocol import DataProto
 from pyrl.workers.distributed import worker_device
@@ -56,8 +57,6 @@ def teacher_engine_config(inference, topk: int, seed: int):
     """pyrl's vLLM engine settings (pyrl.config.RolloutConfig) for a teacher replica, as verl prepares its teacher
     server: room for the student's prompt and whole response plus one token, the raw log-probs, max_logprobs >= k
     (engine_kwargs.vllm.max_logprobs, set to k where unset), and no sleep (the pool is the teacher's alone)."""
-    from pyrl.config import RolloutConfig  # lazy: the config module imports the workers' sections
-
     vllm_kwargs = dict(inference.engine_kwargs.get("vllm") or {})
     if vllm_kwargs.get("max_logprobs") is None:
         vllm_kwargs["max_logprobs"] = max(topk, 1)
