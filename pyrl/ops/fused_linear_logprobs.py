@@ -3,7 +3,8 @@
 logits_c = hidden_c @ weight.T is formed one chunk of rows at a time, fed to the log-prob kernel and
 dropped; backward recomputes each chunk's logits, gets d_logits_c from the kernel and accumulates
 grad_hidden_c = d_logits_c @ weight and grad_weight += d_logits_c.T @ hidden_c. Peak extra memory is one
-[chunk, V] block in the hidden dtype.
+[chunk, V] block in the hidden dtype, plus the float32 [V, H] grad_weight, unless grad_into_weight lets the
+backward add into the weight's existing float32 .grad in place (a later micro-batch of gradient accumulation).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def accumulate_grad_weight(grad_weight: torch.Tensor, grad_logits: torch.Tensor,
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, return_entropy, chunk_size, backend):
+    def forward(ctx, hidden, weight, labels, temperature, return_entropy, chunk_size, backend, grad_into_weight):
         ctx.set_materialize_grads(False)
+        ctx.weight_param = weight if grad_into_weight else None
         impl = implementation(backend)
         inv_t = 1.0 / temperature
         n = hidden.shape[0]
@@ -86,11 +88,14 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         if grad_logp is None and grad_entropy is None:
-            return (None,) * 7
+            return (None,) * 8
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_h else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_weight, into = None, _existing_float32_grad(ctx.weight_param) if need_w else None
+        if need_w:
+            grad_weight = into if into is not None else torch.zeros(weight.shape, dtype=torch.float32,
+                                                                    device=weight.device)
         as_f32 = lambda g: None if g is None else g.to(torch.float32).contiguous()  # noqa: E731
         grad_logp, grad_entropy = as_f32(grad_logp), as_f32(grad_entropy)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
@@ -106,12 +111,29 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if need_w:
                 accumulate_grad_weight(grad_weight, grad_logits, hidden[start:end])
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
+        if into is not None:  # added in place: nothing for autograd to add
+            grad_weight = None
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None,
+                None, None)
 
 
-def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=None, return_entropy=False):
+def _existing_float32_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """weight.grad where the backward may add into it in place: a leaf's dense float32 .grad of its shape."""
+    grad = None if weight is None or not weight.is_leaf else weight.grad
+    if grad is None or grad.dtype != torch.float32 or grad.shape != weight.shape or grad.layout != torch.strided:
+        return None
+    return grad
+
+
+def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=None, return_entropy=False,
+                          grad_into_weight=False):
     """logprobs_from_logits(hidden @ weight.T, labels, temperature) for hidden [N, H], weight [V, H],
-    labels [N], computed chunk by chunk; differentiable wrt hidden and weight."""
+    labels [N], computed chunk by chunk; differentiable wrt hidden and weight.
+
+    grad_into_weight: where weight is a leaf whose .grad already holds a float32 tensor (gradients accumulated over
+    micro-batches), the backward adds the weight's gradient into it in place instead of handing autograd a new
+    float32 [V, H] tensor to add (one [V, H] float32 less at the backward's peak). Only for losses reduced with
+    .backward(): torch.autograd.grad(..., weight) would find its result in weight.grad instead."""
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)
     if hidden.dim() != 2 or weight.dim() != 2:
@@ -139,6 +161,6 @@ def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=No
         return tuple(t.float() for t in out) if return_entropy else out.float()
     logp, entropy = FusedLinearLogProbsFunction.apply(
         hidden, weight, labels.to(torch.int64).contiguous(), temperature, bool(return_entropy), max(1, chunk_size),
-        backend
+        backend, bool(grad_into_weight)
     )
     return (logp, entropy) if return_entropy else logp

@@ -117,6 +117,38 @@ def test_reference_matches_independent_oracle(return_entropy):
         torch.testing.assert_close(weight.grad, grad_w, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grad_into_weight_accumulates_as_autograd_does(backend, device, dtype):
+    """grad_into_weight over three micro-batches, the weight also read by an embedding lookup (tied, as a Qwen2
+    head): weight.grad ends as autograd's own accumulation gives it. The first backward hands autograd its gradient
+    (no .grad yet); the later ones add into a float32 .grad in place and hand autograd nothing for the weight (what
+    reaches the weight's hook is the lookup's gradient alone); a bf16 .grad is left to autograd."""
+    n, h, v = 11, 16, 97
+    weight0 = torch.randn(v, h, device=device, dtype=dtype) / 4
+    batches = [(torch.randn(n, h, device=device, dtype=dtype), torch.randint(0, v, (n,), device=device),
+                torch.randint(0, v, (5,), device=device), torch.randn(n, device=device)) for _ in range(3)]
+
+    def lookup_loss(ids, weight):
+        return torch.nn.functional.embedding(ids, weight).float().square().sum()
+
+    grads, seen = {}, {}
+    for into in (False, True):
+        weight = weight0.clone().requires_grad_()
+        seen[into] = []
+        weight.register_hook(lambda g, arrived=seen[into]: arrived.append(g.detach().clone()))
+        for hidden, labels, ids, g in batches:
+            logp = fused_linear_logprobs(hidden, weight, labels, chunk_size=4, grad_into_weight=into)
+            ((logp * g).sum() + lookup_loss(ids, weight)).backward()
+        grads[into] = weight.grad.double()
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-5 if dtype == torch.float32 else 0, rtol=1e-5)
+    in_place = backend != "torch" and dtype == torch.float32  # the torch backend is plain autograd
+    for k, (_, _, ids, _) in enumerate(batches):
+        leaf = weight0.clone().requires_grad_()
+        (lookup_only,) = torch.autograd.grad(lookup_loss(ids, leaf), leaf)
+        for into in (False, True):
+            assert torch.equal(seen[into][k], lookup_only) == (into and in_place and k > 0), (into, k)
+
+
 def test_only_hidden_requires_grad(backend, device):
     hidden = torch.randn(5, 8, device=device, requires_grad=True)
     weight = torch.randn(40, 8, device=device)
