@@ -45,7 +45,7 @@ from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.trainer.run_plan import PASSES, ConfigValue
 from pyrl.trainer.workers import start_ray
-from pyrl.workers.fsdp import compute_dtype, shard_group_size
+from pyrl.workers.fsdp import compute_dtype, shard_group_size, wraps_with_fsdp2
 from pyrl.workers.lora import adapter_config, uses_lora
 from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
@@ -324,8 +324,10 @@ def sharded_state(shape: ModelShape, precision: Precision, shards: int, world: i
 def gathered_bytes(shape: ModelShape, precision: Precision, setting: Setting, backward: bool) -> int:
     """FSDP2's unsharded parameters in compute dtype: the root (embedding, final norm, head: kept gathered
     through the forward and backward) and two decoder layers (the one running and the one prefetched); in
-    backward also their unsharded gradients. A single process without a process group gathers nothing."""
-    if not setting.distributed:
+    backward also their unsharded gradients. A plain module gathers nothing: a single process without a process
+    group, or one rank in its master dtype (fsdp.wraps_with_fsdp2; param_offload on one CUDA rank, which FSDP2
+    runs, is not counted)."""
+    if not setting.distributed or not wraps_with_fsdp2(setting.world, precision.compute != precision.master, False):
         return 0
     params = shape.root_params + 2 * shape.layer_params
     return params * precision.compute * (2 if backward else 1)

@@ -49,11 +49,21 @@ def fsdp_mesh(fsdp_config, device: torch.device):
     return _MESHES[device.type, shards]
 
 
+def wraps_with_fsdp2(world: int, mixed_precision: bool, offloads: bool) -> bool:
+    """Whether fsdp_wrap hands a model to FSDP2: over more than one rank, and on one rank only for what a plain
+    module does not do (mixed precision: compute dtype != master dtype; param_offload on CUDA). On one rank
+    FSDP2 computes the same numbers as the plain module with copies it does not need: every pass all-gathers each
+    weight into an unsharded copy, and each reduction copies every gradient into the sharded one (on bench_memory's
+    float32 GRPO step, ~0.3 GiB of the worker's peak; benchmarks/RESULTS.md)."""
+    return world > 1 or mixed_precision or offloads
+
+
 def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> torch.dtype:
     """fully_shard each decoder layer, then the root (embedding, final norm, head), in place, the forward in
     compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype;
     over every rank, or with fsdp_config.fsdp_size hybrid-sharded (fsdp_mesh). Returns the compute dtype. A
-    single process without a process group is not sharded and computes in the master dtype."""
+    single process without a process group, or one rank that needs nothing of FSDP2 (wraps_with_fsdp2), is a plain
+    module computing in the master dtype."""
     # lazy: torch.distributed.fsdp loads only to wrap a model (pyrl.trainer.memory_plan imports this module)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -62,10 +72,13 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
     if not is_distributed():
         return master  # a plain single-process module: nothing to shard
     compute = compute_dtype(fsdp_config, device)
+    offloads = fsdp_config.param_offload and device.type == "cuda"
+    if not wraps_with_fsdp2(dist.get_world_size(), compute != master, offloads):
+        return master
     mp = MixedPrecisionPolicy()
     if compute != master:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy() if fsdp_config.param_offload and device.type == "cuda" else OffloadPolicy()
+    offload = CPUOffloadPolicy() if offloads else OffloadPolicy()
     options = dict(mesh=fsdp_mesh(fsdp_config, device), mp_policy=mp,
                    reshard_after_forward=fsdp_config.reshard_after_forward, offload_policy=offload)
     for layer in layers:

@@ -119,14 +119,21 @@ def test_generate_fields_are_consistent(group):
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], logp[mask], atol=1e-4, rtol=0)
 
 
+def force_fsdp2(monkeypatch):
+    """FSDP2 on one rank in the master dtype too (pyrl runs a plain module there: fsdp.wraps_with_fsdp2), for the
+    FSDP2 path one rank takes with mixed precision, on a CPU without bf16."""
+    monkeypatch.setattr(fsdp, "wraps_with_fsdp2", lambda world, mixed_precision, offloads: True)
+
+
 @pytest.mark.parametrize("fsdp2", [False, True], ids=["plain_module", "fsdp2_on_one_rank"])
-def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2):
+def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2, monkeypatch):
     """One rank, the engine in the actor's dtype: the engine's parameters are the actor's tensors (with FSDP2, its
     shards' local tensors), so the optimizer's steps reach it with no push, and it generates what transformers
     does from the exported weights."""
     from torch.distributed.tensor import DTensor
 
-    # with FSDP2, a process group of one rank, as a trainer's: FSDP2 shards the actor over it
+    if fsdp2:  # a process group of one rank, as a trainer's, and FSDP2 sharding the actor over it
+        force_fsdp2(monkeypatch)
     with one_rank_process_group() if fsdp2 else contextlib.nullcontext():
         worker = ActorRolloutRefWorker(SINGLE.actor_rollout_ref, "actor_rollout")
         worker.init_model()
@@ -166,6 +173,8 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
 
     if dtype == "bfloat16" and not cpu_has_bf16():
         pytest.skip("this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
+    if dtype == "float32":  # FSDP2 wraps one rank with mixed precision only: here forced
+        force_fsdp2(monkeypatch)
     calls, can_wait = [], update.gradient_sync_can_wait
     sync = FSDPModule.set_requires_gradient_sync
     monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync",
@@ -192,6 +201,38 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     # 2 mini-batches of 4 rows, micro-batches of 3 and 1: unreduced after the first, reduced after the last
     assert calls == [False, True, False, True, True]  # the last: sync restored after the update
     assert max((weights[True][k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the steps moved them
+
+
+def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monkeypatch):
+    """One rank computing in its master dtype (float32 here) holds a plain module, no FSDP2 (fsdp.wraps_with_fsdp2:
+    FSDP2 would only copy every weight and gradient), and its update, micro-batches and gradient clipping
+    included, moves the weights exactly as FSDP2 on that rank does; with mixed precision FSDP2 wraps it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    assert not fsdp.wraps_with_fsdp2(1, False, False)
+    assert fsdp.wraps_with_fsdp2(2, False, False) and fsdp.wraps_with_fsdp2(1, True, False)
+    assert fsdp.wraps_with_fsdp2(1, False, True)  # param_offload on CUDA: FSDP2's CPUOffloadPolicy
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                      "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.actor.grad_clip=0.5"
+                      ).actor_rollout_ref
+    batch = random_batch(ROWS, seed=13)
+    batch.batch["old_log_probs"] = torch.zeros(ROWS, 6)
+    batch.batch["ref_log_prob"] = torch.zeros(ROWS, 6)
+    batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(14))
+    weights, metrics = {}, {}
+    with one_rank_process_group():
+        for wrapped in (False, True):
+            if wrapped:
+                force_fsdp2(monkeypatch)
+            worker = ActorRolloutRefWorker(cfg, "actor")
+            worker.init_model()
+            assert isinstance(worker.policy, FSDPModule) == wrapped
+            metrics[wrapped] = worker.update_actor(batch).meta_info["metrics"]
+            weights[wrapped] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
+    assert weights[True].keys() == weights[False].keys()
+    for name, value in weights[True].items():
+        torch.testing.assert_close(weights[False][name], value, atol=1e-7, rtol=0, msg=name)
+    assert metrics[False]["actor/grad_norm"] == pytest.approx(metrics[True]["actor/grad_norm"], rel=1e-6)
 
 
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):

@@ -115,7 +115,8 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
 @contextlib.contextmanager
 def one_rank_process_group():
     """A gloo process group of this process alone, set up as a one-rank trainer's worker sets up its own (FSDP2
-    shards over it); destroyed after, and the rendezvous variables it set removed."""
+    wraps its models only with mixed precision or CUDA offload: pyrl.workers.fsdp.wraps_with_fsdp2); destroyed
+    after, and the rendezvous variables it set removed."""
     from pyrl.controller.worker import Worker
 
     with mock.patch.dict(os.environ):  # setup_distributed sets MASTER_ADDR and MASTER_PORT
