@@ -282,16 +282,22 @@ def kv_cache_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes per element: master weights (and gradients, AdamW's moments), forward/backward compute."""
+    """Bytes per element: master weights (and gradients, AdamW's moments), forward/backward compute; fsdp2: whether
+    FSDP2 wraps the model (fsdp.wraps_with_fsdp2), else it is a plain module that gathers nothing."""
 
     master: int
     compute: int
+    fsdp2: bool = False
 
 
-def fsdp_precision(fsdp_config, device, distributed: bool) -> Precision:
+def fsdp_precision(fsdp_config, setting: Setting) -> Precision:
     master = torch_dtype(fsdp_config.model_dtype, "fsdp_config.model_dtype")
-    compute = compute_dtype(fsdp_config, device) if distributed else master  # fsdp_wrap: one process computes in master
-    return Precision(element_bytes(master), element_bytes(compute))
+    if not setting.distributed:  # fsdp_wrap: one process without a process group computes in master, unwrapped
+        return Precision(element_bytes(master), element_bytes(master))
+    compute = compute_dtype(fsdp_config, torch.device(setting.device))
+    offloads = fsdp_config.param_offload and setting.device == "cuda"
+    return Precision(element_bytes(master), element_bytes(compute),
+                     wraps_with_fsdp2(setting.world, compute != master, offloads))
 
 
 @dataclass(frozen=True)
@@ -321,13 +327,12 @@ def sharded_state(shape: ModelShape, precision: Precision, shards: int, world: i
     return terms
 
 
-def gathered_bytes(shape: ModelShape, precision: Precision, setting: Setting, backward: bool) -> int:
+def gathered_bytes(shape: ModelShape, precision: Precision, backward: bool) -> int:
     """FSDP2's unsharded parameters in compute dtype: the root (embedding, final norm, head: kept gathered
     through the forward and backward) and two decoder layers (the one running and the one prefetched); in
-    backward also their unsharded gradients. A plain module gathers nothing: a single process without a process
-    group, or one rank in its master dtype (fsdp.wraps_with_fsdp2; param_offload on one CUDA rank, which FSDP2
-    runs, is not counted)."""
-    if not setting.distributed or not wraps_with_fsdp2(setting.world, precision.compute != precision.master, False):
+    backward also their unsharded gradients. A plain module (precision.fsdp2 false: a single process without a
+    process group, or one rank in its master dtype) gathers nothing."""
+    if not precision.fsdp2:
         return 0
     params = shape.root_params + 2 * shape.layer_params
     return params * precision.compute * (2 if backward else 1)
@@ -348,7 +353,7 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
     else:
         head_term = Term("head", mb.scored * shape.hidden * precision.compute, micro)
     largest = head_term if head_term.bytes > layer else Term("activations", layer, micro)
-    return [largest, Term("gathered weights", gathered_bytes(shape, precision, setting, backward=False))]
+    return [largest, Term("gathered weights", gathered_bytes(shape, precision, backward=False))]
 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
@@ -382,7 +387,7 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
         head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda")
         head_term = Term("logits", head_bytes,
                          micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
-        if not fused and not setting.distributed and shape.head_trains:  # after the logits are released
+        if not fused and not precision.fsdp2 and shape.head_trains:  # after the logits are released
             head_grad = max(0, shape.vocab * shape.hidden * precision.master
                             - mb.scored * shape.vocab * precision.compute)
     else:
@@ -397,7 +402,7 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     return [kept, backward, Term("head weight gradient", head_grad),
             Term("gradients, late in the backward", max(0, late - early),
                  "fsdp_config.param_offload=true (CUDA), or more ranks"),
-            Term("gathered weights and gradients", gathered_bytes(shape, precision, setting, backward=True))]
+            Term("gathered weights and gradients", gathered_bytes(shape, precision, backward=True))]
 
 
 def matmul_attention_len(setting: Setting, precision: Precision, length: int) -> int:
@@ -503,7 +508,7 @@ class RoleState:
 
 def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     fsdp = ConfigValue(role.fsdp).read(config)
-    precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
+    precision = fsdp_precision(fsdp, setting)
     shards = shard_group_size(fsdp.fsdp_size, setting.world)
     on_cuda = setting.device == "cuda"
     if not role.owns_weights:  # another role's weights, counted there
@@ -555,7 +560,7 @@ def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
     idle, passes = [], []
     for name, model in teachers:
         fsdp = teacher_fsdp_config(config.actor_rollout_ref.ref.fsdp_config, model)
-        precision = fsdp_precision(fsdp, torch.device(setting.device), setting.distributed)
+        precision = fsdp_precision(fsdp, setting)
         shape = shapes[f"teacher/{name}"]
         idle += sharded_state(shape, precision, shard_group_size(fsdp.fsdp_size, setting.world), setting.world, False,
                               fsdp.param_offload and setting.device == "cuda", "actor_rollout_ref.ref.fsdp_config",

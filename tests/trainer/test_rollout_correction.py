@@ -84,7 +84,8 @@ def test_decoupled_correction_rejects_tokens_and_adds_weights():
     assert torch.equal(batch.batch["loss_mask"], mask.long())
     info = global_batch_info(batch.batch["response_mask"], torch.device("cpu"), 1, batch.batch["loss_mask"])
     assert info == {"batch_num_tokens": float(mask.sum()), "global_batch_size": float(mask.shape[0]), "dp_size": 1,
-                    "response_tokens": float(batch.batch["response_mask"].sum())}  # the metrics' token means
+                    "response_tokens": float(batch.batch["response_mask"].sum()),  # the metrics' token means
+                    "response_rows": float((batch.batch["response_mask"].sum(-1) > 0).sum())}
     assert {"rollout_corr/kl", "rollout_corr/training_ppl", "rollout_corr/rollout_is_mean"} <= set(metrics)
     untouched = DataProto.from_dict({"old_log_probs": old.float(), "rollout_log_probs": rollout.float(),
                                      "response_mask": mask.long()})

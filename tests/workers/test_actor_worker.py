@@ -203,10 +203,11 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     assert max((weights[True][k] - v).abs().max().item() for k, v in before.items()) > 1e-4  # the steps moved them
 
 
-def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monkeypatch):
+def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monkeypatch, tmp_path, ray_session):
     """One rank computing in its master dtype (float32 here) holds a plain module, no FSDP2 (fsdp.wraps_with_fsdp2:
     FSDP2 would only copy every weight and gradient), and its update, micro-batches and gradient clipping
-    included, moves the weights exactly as FSDP2 on that rank does; with mixed precision FSDP2 wraps it."""
+    included, moves the weights exactly as FSDP2 on that rank does; with mixed precision FSDP2 wraps it. Its
+    checkpoint loads into two ranks sharding the model (a run resumed with more workers)."""
     from torch.distributed.fsdp import FSDPModule
 
     assert not fsdp.wraps_with_fsdp2(1, False, False)
@@ -229,10 +230,27 @@ def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monke
             assert isinstance(worker.policy, FSDPModule) == wrapped
             metrics[wrapped] = worker.update_actor(batch).meta_info["metrics"]
             weights[wrapped] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
+            if not wrapped:
+                worker.save_checkpoint(str(tmp_path / "ckpt"))
+                plain = worker.state_digest()
     assert weights[True].keys() == weights[False].keys()
     for name, value in weights[True].items():
         torch.testing.assert_close(weights[False][name], value, atol=1e-7, rtol=0, msg=name)
     assert metrics[False]["actor/grad_norm"] == pytest.approx(metrics[True]["actor/grad_norm"], rel=1e-6)
+    two = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, cfg, "actor")
+    try:
+        two.init_model()
+        two.load_checkpoint(str(tmp_path / "ckpt"))
+        loaded = two.state_digest()
+    finally:
+        two.kill()
+    for digest in loaded:  # each rank holds half of the elements, and gathers the whole state
+        assert digest["held_elements"] < plain["held_elements"]
+        for name, value in plain["params"].items():
+            assert torch.equal(digest["params"][name], value), name
+        assert digest["optimizer"].keys() == plain["optimizer"].keys() and plain["optimizer"]
+        for name, value in plain["optimizer"].items():
+            assert torch.equal(torch.as_tensor(digest["optimizer"][name]), torch.as_tensor(value)), name
 
 
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
