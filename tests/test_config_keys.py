@@ -34,17 +34,19 @@ VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def runs(tmp: pathlib.Path) -> dict[str, list[str]]:
-    """One training step each (one CPU worker per role), together turning on every feature whose keys are read only
-    when it is on."""
+    """One training step each (one CPU worker per role, two in the first run), together turning on every feature
+    whose keys are read only when it is on."""
     from trainer.trainer_helpers import SMALL
 
     scorer = f"reward.custom_reward_function.path={tmp / 'scorer.py'}"
     return {
         # gae: the critic (LoRA), the reference (KL loss, and KL in the reward with the adaptive controller), the
         # reward model (its scores are the rewards: no reward function beside it); validation before training, a
-        # checkpoint, the steps from total_epochs
+        # checkpoint, the steps from total_epochs; two ranks, over which FSDP2 shards each model (one rank computing
+        # in its master dtype is a plain module: fsdp_size and reshard_after_forward act on more)
         "critic_reference_reward_model": [
             *SMALL, "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=gae", "critic.model.lora_rank=4",
+            "trainer.n_cpu_workers_per_node=2",
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
             "algorithm.kl_ctrl.type=adaptive", "reward.reward_model.enable=true",
             "reward.reward_model.model_path=pyrl:tiny",

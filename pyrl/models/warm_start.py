@@ -357,11 +357,13 @@ def tool_warm_start_path(target_success: float = 0.1, seed: int = 0, max_steps: 
     assistant turns only), each checked on the validation split by ToolCallEvaluator:
 
     1. skill: every demonstration calls the calculator; until greedy success >= SKILL_SUCCESS (the model has
-       learned to copy the operands into the call and the result into the answer; 115 steps at seed 0);
+       learned to copy the operands into the call and the result into the answer; 110-115 steps at seed 0: the
+       counts move with float32 rounding, e.g. 115 + 70 on 2026-11-28, 110 + 240 once the head's weight gradient was
+       added in place, benchmarks/RESULTS.md);
     2. habit, from stage 1's model with a fresh optimizer: demonstrations of a teacher that calls the calculator only
        sometimes (pyrl.data.tool_calc.TOOL_USE_*: 80% of the prompts whose first operand is >= 900, 20% of the
        others; otherwise a guessed answer), until greedy success >= target_success with a greedy tool-call rate
-       <= MAX_CALL_RATE (70 steps at seed 0: the greedy policy then calls the tool for the first operands >= 900,
+       <= MAX_CALL_RATE (70-240 steps at seed 0: the greedy policy then calls the tool for the first operands >= 900,
        about 15% of the prompts, and guesses elsewhere).
 
     Why not stop one stage of tool demonstrations at a low greedy success: the skill appears abruptly (greedy
