@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pyrl.ops.logprobs import gradient_buffer
+
 # Exponents below this are 0 (masked -inf logits then add nothing, and 0 * (-inf) never happens). A
 # tl.constexpr: compiled kernels may read no other kind of global (the interpreter reads any).
 MIN_EXPONENT = tl.constexpr(-100.0)
@@ -90,9 +92,9 @@ def forward(logits2d, labels, inv_t, want_entropy):
     return (logp if labels is not None else None), lse, (entropy if want_entropy else None)
 
 
-def backward(logits2d, labels, inv_t, lse, entropy, grad_logp, grad_entropy):
+def backward(logits2d, labels, inv_t, lse, entropy, grad_logp, grad_entropy, out=None):
     n, vocab = logits2d.shape
-    grad_logits = torch.empty((n, vocab), dtype=logits2d.dtype, device=logits2d.device)
+    grad_logits = gradient_buffer(logits2d, out)
     if n:
         block = _block(vocab, 4096)
         _logprobs_bwd_kernel[(n, triton.cdiv(vocab, block))](

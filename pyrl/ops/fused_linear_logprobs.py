@@ -1,10 +1,10 @@
 """Log-probs (and entropy) of lm_head(hidden) without materializing the [N, V] logits.
 
 logits_c = hidden_c @ weight.T is formed one chunk of rows at a time, fed to the log-prob kernel and
-dropped; backward recomputes each chunk's logits, gets d_logits_c from the kernel and accumulates
-grad_hidden_c = d_logits_c @ weight and grad_weight += d_logits_c.T @ hidden_c. Peak extra memory is one
-[chunk, V] block in the hidden dtype, plus the float32 [V, H] grad_weight, unless grad_into_weight lets the
-backward add into the weight's existing float32 .grad in place (a later micro-batch of gradient accumulation).
+dropped; backward recomputes each chunk's logits, has the kernel turn them into d_logits_c in place and
+accumulates grad_hidden_c = d_logits_c @ weight and grad_weight += d_logits_c.T @ hidden_c. Peak extra memory is
+one [chunk, V] block in the hidden dtype, reused by every chunk, plus the float32 [V, H] grad_weight, unless
+grad_into_weight has the backward add into the float32 weight's .grad in place.
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def accumulate_grad_weight(grad_weight: torch.Tensor, grad_logits: torch.Tensor,
         grad_weight += (a @ hidden).float()
 
 
+def chunk_buffer(hidden: torch.Tensor, weight: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """The one [chunk, V] block every chunk's logits (and, in the backward, their gradient) are written into: a
+    new block per chunk would hold two at once while the next is made and the last freed."""
+    return torch.empty(min(chunk_size, hidden.shape[0]), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+
+
 class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, return_entropy, chunk_size, backend, grad_into_weight):
@@ -74,9 +80,10 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if return_entropy else None
+        block = chunk_buffer(hidden, weight, chunk_size)
         for start in range(0, n, chunk_size):
             end = min(n, start + chunk_size)
-            logits = hidden[start:end] @ weight.t()
+            logits = torch.mm(hidden[start:end], weight.t(), out=block[: end - start])
             lp, ls, ent = impl.forward(logits, labels[start:end], inv_t, return_entropy)
             logp[start:end], lse[start:end] = lp, ls
             if return_entropy:
@@ -92,20 +99,22 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_h else None
-        grad_weight, into = None, _existing_float32_grad(ctx.weight_param) if need_w else None
+        grad_weight, into = None, float32_grad_to_add_into(ctx.weight_param) if need_w else None
         if need_w:
             grad_weight = into if into is not None else torch.zeros(weight.shape, dtype=torch.float32,
                                                                     device=weight.device)
         as_f32 = lambda g: None if g is None else g.to(torch.float32).contiguous()  # noqa: E731
         grad_logp, grad_entropy = as_f32(grad_logp), as_f32(grad_entropy)
+        block = chunk_buffer(hidden, weight, ctx.chunk_size)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             end = min(hidden.shape[0], start + ctx.chunk_size)
-            logits = hidden[start:end] @ weight.t()
-            grad_logits = ctx.impl.backward(
+            logits = torch.mm(hidden[start:end], weight.t(), out=block[: end - start])
+            grad_logits = ctx.impl.backward(  # in place: the chunk's logits become their gradient
                 logits, labels[start:end], ctx.inv_t, lse[start:end],
                 None if entropy is None else entropy[start:end],
                 None if grad_logp is None else grad_logp[start:end],
                 None if grad_entropy is None else grad_entropy[start:end],
+                out=logits,
             )
             if need_h:
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
@@ -117,10 +126,18 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
                 None, None)
 
 
-def _existing_float32_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
-    """weight.grad where the backward may add into it in place: a leaf's dense float32 .grad of its shape."""
-    grad = None if weight is None or not weight.is_leaf else weight.grad
-    if grad is None or grad.dtype != torch.float32 or grad.shape != weight.shape or grad.layout != torch.strided:
+def float32_grad_to_add_into(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """weight.grad, where the backward adds the weight's gradient into it in place: a float32 leaf's .grad, made
+    here (zeros) when it has none yet, so that the first micro-batch's other gradients of the weight (a tied
+    embedding's lookup) are added into it too, instead of the sum of two [V, H] tensors made beside them. None (the
+    caller returns its gradient for autograd to add) for other weights and for a .grad of another dtype, shape or
+    layout. Also pyrl.models.embedding's."""
+    if weight is None or not weight.is_leaf or weight.dtype != torch.float32:
+        return None
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    grad = weight.grad
+    if grad.dtype != torch.float32 or grad.shape != weight.shape or grad.layout != torch.strided:
         return None
     return grad
 
@@ -130,10 +147,11 @@ def fused_linear_logprobs(hidden, weight, labels, temperature=1.0, chunk_size=No
     """logprobs_from_logits(hidden @ weight.T, labels, temperature) for hidden [N, H], weight [V, H],
     labels [N], computed chunk by chunk; differentiable wrt hidden and weight.
 
-    grad_into_weight: where weight is a leaf whose .grad already holds a float32 tensor (gradients accumulated over
-    micro-batches), the backward adds the weight's gradient into it in place instead of handing autograd a new
-    float32 [V, H] tensor to add (one [V, H] float32 less at the backward's peak). Only for losses reduced with
-    .backward(): torch.autograd.grad(..., weight) would find its result in weight.grad instead."""
+    grad_into_weight: where weight is a float32 leaf, the backward adds the weight's gradient into weight.grad in
+    place (making it, zeros, when there is none yet) and hands autograd nothing for the weight: gradients
+    accumulated over micro-batches, and a tied embedding's, gather in one float32 [V, H] tensor instead of beside
+    new ones. Only for losses reduced with .backward(): torch.autograd.grad(..., weight) would find its result in
+    weight.grad instead."""
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)
     if hidden.dim() != 2 or weight.dim() != 2:

@@ -33,15 +33,26 @@ class CppLogProbs:
         return logp, lse, entropy
 
     @staticmethod
-    def backward(logits2d, labels, inv_t, lse, entropy, grad_logp, grad_entropy):
+    def backward(logits2d, labels, inv_t, lse, entropy, grad_logp, grad_entropy, out=None):
         from pyrl import _C  # lazy: pyrl._C loads only on the cpp backend
 
-        grad_logits = torch.empty(logits2d.shape, dtype=logits2d.dtype)
+        grad_logits = gradient_buffer(logits2d, out)
         _C.logprobs_backward(
             as_buffer(logits2d), FLOAT_KIND[logits2d.dtype], maybe_buffer(labels), inv_t, as_buffer(lse),
             maybe_buffer(entropy), maybe_buffer(grad_logp), maybe_buffer(grad_entropy), as_buffer(grad_logits),
         )
         return grad_logits
+
+
+def gradient_buffer(logits2d: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Where a backward writes d logits: `out` (contiguous, logits2d's shape and dtype; it may be logits2d itself,
+    since both kernels read each block of a row before writing that block, and nothing else), or a new tensor."""
+    if out is None:
+        return torch.empty(logits2d.shape, dtype=logits2d.dtype, device=logits2d.device)
+    if out.shape != logits2d.shape or out.dtype != logits2d.dtype or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous {tuple(logits2d.shape)} {logits2d.dtype} tensor, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    return out
 
 
 def implementation(backend: str):

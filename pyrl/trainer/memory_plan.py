@@ -4,8 +4,8 @@ config and the batch settings, checked against the device (trainer.memory_plan: 
 One formula sheet. Every term is a tensor (or a set of tensors) the code allocates, counted in bytes from the
 shapes the workers use; a term names the config key that shrinks it. Per rank, the processes that share its
 device (the actor/rollout/reference process, the critic's, the reward model's) hold their resident state at once:
-sharded master weights, gradients (kept from one update to the next: zero_grad runs before each mini-batch) and
-AdamW's two moments, the reference's weights, the rollout engine's weights and KV cache. Phases run one at a
+sharded master weights and AdamW's two moments (and, during an update only, the gradients: they are freed after
+its last optimizer step), the reference's weights, the rollout engine's weights and KV cache. Phases run one at a
 time, so a phase's peak is the resident set plus that phase's transient.
 
 Token counts are the workers' (pyrl/workers/batching.py), at their worst: every sequence prompt_length +
@@ -230,11 +230,15 @@ def layer_saved_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_a
     return saved
 
 
-def layer_forward_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0) -> int:
-    """A decoder layer's peak without autograd: the MLP's activation, up and their product at once (3 x
-    intermediate) beside the residual stream, the normed input and the norm's temporaries (8 x hidden); float32
-    upcasts of the norm in reduced precision; the matmul attention's float32 scores and probabilities."""
-    peak = tokens * dtype_bytes * (8 * shape.hidden + 3 * shape.intermediate)
+def layer_forward_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, matmul_attention_len: int = 0,
+                        lora: bool = False) -> int:
+    """A decoder layer's peak without autograd: the MLP's gate, up and activation at once (3 x intermediate) and its
+    output, beside the embeddings (transformers keeps them through the forward), the residual stream and its sum
+    and the normed input (5 x hidden), and the rotary cos and sin (2 x head_dim); float32 upcasts of the norm in
+    reduced precision; the matmul attention's float32 scores and probabilities. With LoRA a projection's output is
+    its base's plus the adapter's, a sum made beside both (one more [T, intermediate]). (Traced on CPU in float32,
+    with no KV cache: ModelInputs.hidden_states asks for none.)"""
+    peak = tokens * dtype_bytes * (5 * shape.hidden + (3 + lora) * shape.intermediate + 2 * shape.head_dim)
     if dtype_bytes < 4:
         peak += tokens * 4 * 2 * shape.hidden
     if matmul_attention_len:
@@ -254,22 +258,23 @@ def fused_chunk_rows(shape: ModelShape, scored: int, on_cuda: bool = False) -> i
 
 def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False) -> int:
     """The log-prob head without autograd: the scored hidden states and either the [N, vocab] logits
-    (pyrl.ops.logprobs_from_logits makes no float32 copy) or, fused, two [chunk, vocab] blocks (the next chunk's
-    logits are computed before the previous ones are released)."""
-    blocks = 2 * fused_chunk_rows(shape, scored, on_cuda) if fused else scored
+    (pyrl.ops.logprobs_from_logits makes no float32 copy) or, fused, one [chunk, vocab] block (every chunk's logits
+    are written into it)."""
+    blocks = fused_chunk_rows(shape, scored, on_cuda) if fused else scored
     return scored * shape.hidden * dtype_bytes + blocks * shape.vocab * dtype_bytes
 
 
 def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False) -> int:
     """The log-prob head's backward: the scored hidden states and their gradient, plus unfused the [N, vocab]
-    logits kept for backward and their gradient, or fused three [chunk, vocab] blocks (a chunk's logits and
-    gradient beside the previous chunk's gradient) and, when the head trains (not with LoRA, which never adapts
-    it), the float32 [vocab, hidden] weight gradient (plus its cast to the weight's dtype when narrower)."""
+    logits kept for backward and their gradient, or fused one [chunk, vocab] block (each chunk's logits, turned into
+    their gradient in place) and, when the head trains (not with LoRA, which never adapts it), the float32 [vocab,
+    hidden] weight gradient, made at the start of the backward (a float32 head's .grad, which the later gradients
+    join; in a 16-bit dtype a buffer and its cast)."""
     states = 2 * scored * shape.hidden * dtype_bytes
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
     weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0)) * shape.head_trains
-    return states + 3 * fused_chunk_rows(shape, scored, on_cuda) * shape.vocab * dtype_bytes + weight_grad
+    return states + fused_chunk_rows(shape, scored, on_cuda) * shape.vocab * dtype_bytes + weight_grad
 
 
 def element_bytes(dtype) -> int:
@@ -339,12 +344,12 @@ def gathered_bytes(shape: ModelShape, precision: Precision, backward: bool) -> i
 
 
 def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
-                 head: str, fused: bool, prefix: str) -> list:
+                 head: str, fused: bool, prefix: str, lora: bool = False) -> list:
     """A forward without autograd (old-log-prob, reference, values, reward scores): the layer peak or the head,
     whichever is larger (the hidden states between layers are one [T, hidden] tensor), plus gathered weights.
     head: "logits" (the vocabulary), "value" (one number per token)."""
     attn = matmul_attention_len(setting, precision, length)
-    layer = layer_forward_bytes(shape, mb.tokens, precision.compute, attn)
+    layer = layer_forward_bytes(shape, mb.tokens, precision.compute, attn, lora)
     micro = f"{prefix} micro-batch size or token budget"
     if head == "logits":
         head_bytes = logits_forward_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda")
@@ -365,9 +370,9 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     flight). Unfused in one process the head's weight gradient lands beside the logits' gradient once the logits are
     released (it counts where it is larger than they); distributed, FSDP2's gathered weights and unsharded
     gradients. The optimizer step runs after the activations are freed, and adds nothing: torch's fused AdamW
-    (pyrl/workers/optim.py) makes no temporaries. The gradients of the last step are freed when the mini-batch starts
-    (zero_grad), so they are not resident here; they return during the backward (the peak may come late, when they
-    are nearly all back)."""
+    (pyrl/workers/optim.py) makes no temporaries. The gradients are not resident when the update starts (the last
+    update freed them after its step); they return during the backward (the peak may come late, when they are nearly
+    all back)."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp, fused_norms, attention_copy)
     # the final norm's output is not kept: the head keeps its scored rows, gathered (counted in the head's term)
@@ -498,8 +503,8 @@ LABELS = {"actor": "actor", "ref": "reference", "critic": "critic", "reward_mode
 
 @dataclass(frozen=True)
 class RoleState:
-    """What a role holds on a rank between passes: `state` while it trains, `idle` otherwise (optimizer_offload
-    moves AdamW's moments off the device between updates)."""
+    """What a role holds on a rank: `state` while it trains, `idle` between its updates (no gradients: the update
+    frees them after its last step; optimizer_offload moves AdamW's moments off the device too)."""
     precision: Precision
     shards: int
     state: list
@@ -516,7 +521,8 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     state = sharded_state(shape, precision, shards, setting.world, role.trains, fsdp.param_offload and on_cuda,
                           role.fsdp, LABELS.get(role.name, role.name.replace("_", " ")))
     offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not fsdp.param_offload
-    return RoleState(precision, shards, state, [t for t in state if "moments" not in t.name] if offloaded else state)
+    idle = [t for t in state if "gradients" not in t.name and not (offloaded and "moments" in t.name)]
+    return RoleState(precision, shards, state, idle)
 
 
 @dataclass(frozen=True)
@@ -653,11 +659,12 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
                          rollout.response_length)
         if not micro.trains:
             skipped = "" if run.runs(micro.step_pass) else why[micro.step_pass].removeprefix("skipped: ")
+            adapted = role.name == "actor" and uses_lora(role_model)  # the reference runs with the adapters off
             phases.append(Phase(micro.phase, idle, forward_pass(shape, state.precision, setting, mb, length, head,
-                                                                fused, micro.knob), skipped))
+                                                                fused, micro.knob, adapted), skipped))
             continue
-        # while a role trains it holds its whole state but last step's gradients (zero_grad freed them); the others
-        # idle
+        # while a role trains it holds its whole state but the gradients (they come back during the backward,
+        # update_pass counts them); the others idle
         during = [t for name, s in states.items() for t in
                   ([t for t in s.state if "gradients" not in t.name] if name == role.name else s.idle)]
         # model.use_fused_kernels patches a causal LM's gated MLPs and RMSNorms (pyrl.workers.models.load_policy);

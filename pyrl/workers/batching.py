@@ -139,9 +139,10 @@ class ModelInputs:
         return self.input_ids.numel()
 
     def hidden_states(self, body) -> torch.Tensor:
-        """The model body (an HF base model) run on these inputs: its last hidden states."""
+        """The model body (an HF base model) run on these inputs: its last hidden states. No KV cache (as verl's
+        forwards): transformers would otherwise keep every layer's keys and values of the whole batch."""
         return body(input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
-                    **self.model_kwargs).last_hidden_state
+                    use_cache=False, **self.model_kwargs).last_hidden_state
 
     def scored_states(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.score_index)

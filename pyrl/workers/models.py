@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from pyrl.config import recomputes
-from pyrl.models import gated_mlp, rms_norm, varlen_attention
+from pyrl.models import embedding, gated_mlp, rms_norm, varlen_attention
 from pyrl.models.hub import model_dir, resolve_model_path
 from pyrl.workers.policy import ResponseLogProbs
 
@@ -53,7 +53,8 @@ def _one_label_config(model_config):
 def load_policy(model_config):
     """(HF causal LM, ResponseLogProbs over it); the worker shards it. model.use_fused_kernels: log-probs from the
     hidden states (pyrl.ops.fused_linear_logprobs), gated MLPs and RMSNorms that keep less for backward and run
-    their elementwise work in fewer passes (pyrl.models.gated_mlp, pyrl.models.rms_norm)."""
+    their elementwise work in fewer passes (pyrl.models.gated_mlp, pyrl.models.rms_norm), an input embedding whose
+    gradient is added into .grad in place (pyrl.models.embedding)."""
     from transformers import AutoModelForCausalLM  # lazy: transformers loads with the first model
 
     lm = AutoModelForCausalLM.from_pretrained(model_dir(model_config), **model_kwargs(model_config),
@@ -61,6 +62,7 @@ def load_policy(model_config):
     if model_config.use_fused_kernels:  # the same numbers to rounding, half the MLPs' activations kept for backward
         gated_mlp.patch_gated_mlps(lm)
         rms_norm.patch_rms_norms(lm)
+        embedding.patch_embeddings(lm)
     return _checkpointed(lm, model_config), ResponseLogProbs(lm, model_config.use_fused_kernels)
 
 

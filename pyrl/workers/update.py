@@ -124,6 +124,9 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             for name, value in _reduced_over_ranks(shares, device).items():
                 history.setdefault(f"{plan.prefix}/{name}", []).append(value)
             history.setdefault(f"{plan.prefix}/grad_norm", []).append(grad_norm)
+        # stepped: the gradients (a float32 copy of every trained weight) would otherwise be held through the
+        # generation and log-prob passes until the next update's first zero_grad
+        optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - start
     history[f"{plan.prefix}/lr"] = [lr_scheduler.get_last_lr()[0]]
     lr_scheduler.step()

@@ -6,6 +6,7 @@ import torch
 
 from pyrl.ops import entropy_from_logits, logprobs_from_logits
 from pyrl.ops import reference as ref
+from pyrl.ops.logprobs import implementation
 
 TOL = {torch.float32: 5e-5, torch.bfloat16: 5e-5, torch.float16: 5e-5}
 GRAD_TOL = {torch.float32: 3e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -191,3 +192,38 @@ def test_no_grad_mode(backend, device):
 def test_bad_input(backend, logits, labels, kwargs, err, match):
     with pytest.raises(err, match=match):
         logprobs_from_logits(logits, labels, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_backward_in_place_equals_out_of_place(backend, device, dtype):
+    """The kernels' backward writes d logits over the logits themselves (out=logits2d, what the fused linear
+    log-prob op does with its one chunk block) bit for bit as into a new tensor, entropy gradient included."""
+    if backend == "torch":
+        pytest.skip("the torch backend has no kernel pass to write in place")
+    impl = implementation(backend)
+    vocab = 4099 + int(torch.randint(0, 300, ()))
+    logits = (torch.randn(5, vocab, device=device) * 3).to(dtype)
+    labels = torch.randint(0, vocab, (5,), device=device)
+    logp, lse, entropy = impl.forward(logits, labels, 1 / 0.7, True)
+    grads = torch.randn(5, device=device), torch.randn(5, device=device)
+    expected = impl.backward(logits, labels, 1 / 0.7, lse, entropy, *grads)
+    in_place = logits.clone()
+    got = impl.backward(in_place, labels, 1 / 0.7, lse, entropy, *grads, out=in_place)
+    assert got.data_ptr() == in_place.data_ptr()
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+def test_backward_out_checked(backend):
+    if backend == "torch":
+        pytest.skip("the torch backend has no kernel pass")
+    impl = implementation(backend)
+    logits, labels = torch.randn(3, 10), torch.randint(0, 10, (3,))
+    _, lse, _ = impl.forward(logits, labels, 1.0, False)
+    g = torch.ones(3)
+    with pytest.raises(ValueError, match=r"out: expected a contiguous \(3, 10\) torch.float32"):
+        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(3, 11))
+    with pytest.raises(ValueError, match="out: expected a contiguous"):
+        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(10, 3).t())
+    strided = torch.randn(3, 12)[:, :10]
+    with pytest.raises(ValueError, match="out: expected a contiguous"):
+        impl.backward(strided, labels, 1.0, lse, None, g, None, out=strided)

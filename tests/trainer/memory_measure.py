@@ -88,8 +88,8 @@ def estimate(spec: dict) -> dict:
     phases = {p.name: p for p in result.phases}
     held = lambda name: sum(t.bytes for t in phases[name].resident if t.name.startswith("actor "))  # noqa: E731
     transient = lambda name: sum(t.bytes for t in phases[name].transient)  # noqa: E731
-    resident = held("old_log_prob")  # weights, gradients (kept from the last update), AdamW's moments
-    # measured from the resident set before the phase: the update frees the last step's gradients first
+    resident = held("old_log_prob")  # weights and AdamW's moments (the update frees its gradients after its step)
+    # measured from the resident set before the phase
     return {"resident": resident, "update_actor": held("update_actor") + transient("update_actor") - resident,
             "old_log_prob": transient("old_log_prob")}
 

@@ -72,11 +72,15 @@ def test_activation_formulas_by_hand():
     assert mp.backward_workspace_bytes(shape, T, 4, gated_mlp=True) == T * 4 * (3 * 128 + 2 * 64)
     # CPU matmul attention over sequences of 16: float32 q, k, v and [heads, 16] probabilities per token
     assert mp.layer_saved_bytes(shape, T, 2, 16) - mp.layer_saved_bytes(shape, T, 2) == T * 4 * (64 + 64 + 2 * 16)
-    assert mp.layer_forward_bytes(shape, T, 4) == T * 4 * (8 * 64 + 3 * 128)
-    # unfused logits of N=6 scored tokens and their gradient; fused: three chunks (default_chunk_size = all 6
-    # rows here) and the float32 weight gradient
+    # no autograd: 5 [T, hidden], 3 [T, intermediate] (4 with LoRA's sums), the rotary cos and sin
+    assert mp.layer_forward_bytes(shape, T, 4) == T * 4 * (5 * 64 + 3 * 128 + 2 * 32)
+    assert mp.layer_forward_bytes(shape, T, 4, lora=True) == T * 4 * (5 * 64 + 4 * 128 + 2 * 32)
+    # unfused logits of N=6 scored tokens and their gradient; fused: one chunk block (default_chunk_size = all 6
+    # rows here) and the float32 weight gradient (bf16: and its cast)
     assert mp.logits_update_bytes(shape, 6, 4, False) == 2 * 6 * 64 * 4 + 2 * 6 * 100 * 4
-    assert mp.logits_update_bytes(shape, 6, 4, True) == 2 * 6 * 64 * 4 + 3 * 6 * 100 * 4 + 100 * 64 * 4
+    assert mp.logits_update_bytes(shape, 6, 4, True) == 2 * 6 * 64 * 4 + 6 * 100 * 4 + 100 * 64 * 4
+    assert mp.logits_update_bytes(shape, 6, 2, True) == 2 * 6 * 64 * 2 + 6 * 100 * 2 + 100 * 64 * (4 + 2)
+    assert mp.logits_forward_bytes(shape, 6, 4, True) == 6 * 64 * 4 + 6 * 100 * 4
     assert mp.logits_forward_bytes(shape, 6, 2, False) == 6 * 64 * 2 + 6 * 100 * 2
     assert mp.kv_cache_bytes(shape, 7, 2) == 2 * 2 * 1 * 32 * 2 * 7
 
@@ -96,9 +100,10 @@ def test_plan_resident_state_and_phases_by_hand(monkeypatch):
     phases = {p.name: p for p in result.phases}
     shard = math.ceil(shape.params / 2) * 4
     terms = {t.name: t.bytes for t in phases["old_log_prob"].resident}
-    assert terms == {"actor weights": shard, "actor gradients": shard, "actor AdamW moments": 2 * shard,
+    # no gradients between updates: each update frees them after its last step
+    assert terms == {"actor weights": shard, "actor AdamW moments": 2 * shard,
                      "reference weights": shard, "rollout engine weights": shape.params * 4}
-    assert "actor gradients" not in {t.name for t in phases["update_actor"].resident}  # zero_grad freed them
+    assert "actor gradients" not in {t.name for t in phases["update_actor"].resident}  # made in its backward
     # update: a micro-batch of 2 rows x (32 + 8) tokens, 16 scored; all layers kept, then the logits' backward
     T, N = 80, 16
     kept = 2 * mp.layer_saved_bytes(shape, T, 4) + T * 8 * 64  # the final norm's output: the head's gathered rows
@@ -142,7 +147,7 @@ def test_lora_plan_counts_the_adapters_and_no_reference_copy():
     result = mp.plan(config, resolve_run_plan(config), {"actor": shape}, capacity=10 ** 12)
     terms = {t.name: t.bytes for t in {p.name: p for p in result.phases}["ref_log_prob"].resident}
     assert terms["actor weights"] == math.ceil(shape.params / 2) * 4
-    assert terms["actor gradients"] == per_layer * 4 and terms["actor AdamW moments"] == 2 * per_layer * 4
+    assert terms["actor AdamW moments"] == 2 * per_layer * 4 and "actor gradients" not in terms
     assert "reference weights" not in terms
 
 
