@@ -206,8 +206,11 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
 def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monkeypatch, tmp_path, ray_session):
     """One rank computing in its master dtype (float32 here) holds a plain module, no FSDP2 (fsdp.wraps_with_fsdp2:
     FSDP2 would only copy every weight and gradient), and its update, micro-batches and gradient clipping
-    included, moves the weights exactly as FSDP2 on that rank does; with mixed precision FSDP2 wraps it. Its
-    checkpoint loads into two ranks sharding the model (a run resumed with more workers)."""
+    included, moves the weights as FSDP2 on that rank does, to rounding (on the plain module the tied embedding's
+    gradient is added into .grad row by row, pyrl.models.embedding; under FSDP2 autograd adds it whole: AdamW's
+    first step divides each gradient by its own size, so a near-cancelled element's rounding moves it by up to a
+    thousandth of a step, lr 1e-3 here); with mixed precision FSDP2 wraps it. Its checkpoint loads into two ranks
+    sharding the model (a run resumed with more workers)."""
     from torch.distributed.fsdp import FSDPModule
 
     assert not fsdp.wraps_with_fsdp2(1, False, False)
@@ -235,7 +238,7 @@ def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monke
                 plain = worker.state_digest()
     assert weights[True].keys() == weights[False].keys()
     for name, value in weights[True].items():
-        torch.testing.assert_close(weights[False][name], value, atol=1e-7, rtol=0, msg=name)
+        torch.testing.assert_close(weights[False][name], value, atol=1e-6, rtol=0, msg=name)
     assert metrics[False]["actor/grad_norm"] == pytest.approx(metrics[True]["actor/grad_norm"], rel=1e-6)
     two = WorkerGroup(ResourcePool([2]), ActorRolloutRefWorker, cfg, "actor")
     try:
