@@ -5,10 +5,13 @@ that autograd then adds to W.grad: with a Qwen2 vocabulary (151,936) and float32
 hidden units, made at the end of every micro-batch's backward, on top of the memory the freed activations leave
 with the allocator. Here the rows' gradients are summed per distinct id by the same kernel ([distinct ids, H]
 instead of [V, H]) and each sum is added to its row of W.grad (made as zeros when there is none): the same sums,
-added in the same order, so the same gradient bit for bit on CPU (the tests check it, a head tied to W or not).
+added in the same order, so the embedding's own gradient is torch's bit for bit on CPU; tied to a head whose
+gradient autograd adds, the total matches to rounding (the lookup's part now joins .grad first). The tests check
+both.
 
-Only for losses reduced with .backward(), as pyrl's updates are: nothing is returned to autograd for W, so
-torch.autograd.grad(..., W) would not see this gradient, nor would W's tensor hooks.
+Only for losses reduced with .backward() over every leaf, as pyrl's updates are: nothing is returned to autograd
+for W, so torch.autograd.grad(..., W), backward(inputs=...) leaving W out, and W's tensor hooks would not see this
+gradient.
 
 `patch_embeddings(model)` makes the model's input embedding use it (the trainers do with model.use_fused_kernels);
 an embedding it cannot run (max_norm, scale_grad_by_freq, sparse gradients, a weight that is not a float32 leaf)
@@ -43,11 +46,11 @@ class EmbeddingIntoGradFunction(torch.autograd.Function):
         if into is None:  # a .grad of another kind: torch's dense gradient, for autograd to add
             return None, torch.ops.aten.embedding_dense_backward(grad_out, ids.reshape(-1), weight.shape[0], padding,
                                                                  False), None
-        rows, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        if padding >= 0:  # its rows get no gradient, as in torch's backward
-            at = (rows == padding).nonzero()
-            padding = int(at[0, 0]) if at.numel() else -1
-        summed = torch.ops.aten.embedding_dense_backward(grad_out, inverse, rows.numel(), padding, False)
+        ids = ids.reshape(-1)
+        if padding >= 0:  # its rows get no gradient, as in torch's backward (masked here: no host sync)
+            grad_out = grad_out.masked_fill((ids == padding).unsqueeze(1), 0.0)
+        rows, inverse = torch.unique(ids, return_inverse=True)
+        summed = torch.ops.aten.embedding_dense_backward(grad_out, inverse, rows.numel(), -1, False)
         into.index_add_(0, rows, summed)  # distinct rows: one addition per element, in any order
         return None, None, None
 

@@ -659,7 +659,7 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
                          rollout.response_length)
         if not micro.trains:
             skipped = "" if run.runs(micro.step_pass) else why[micro.step_pass].removeprefix("skipped: ")
-            adapted = role.name == "actor" and uses_lora(role_model)  # the reference runs with the adapters off
+            adapted = role.name != "ref" and uses_lora(role_model)  # the reference runs with the adapters off
             phases.append(Phase(micro.phase, idle, forward_pass(shape, state.precision, setting, mb, length, head,
                                                                 fused, micro.knob, adapted), skipped))
             continue

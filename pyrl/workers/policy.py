@@ -93,8 +93,8 @@ class ResponseLogProbs(nn.Module):
 
     def _log_probs(self, hidden, inputs: ModelInputs, temperature, return_entropy, return_sum_pi_squared):
         if self.use_fused_kernels:
-            # the update reduces its losses with .backward(): a later micro-batch adds the head's weight gradient
-            # into the accumulated float32 .grad in place, with no [vocab, hidden] float32 buffer beside it
+            # the update reduces its losses with .backward(): every micro-batch adds the head's weight gradient
+            # into the float32 .grad in place (the first makes it), with no [vocab, hidden] float32 buffer beside it
             out = fused_linear_logprobs(hidden, self.lm.lm_head.weight, inputs.labels, temperature=temperature,
                                         return_entropy=return_entropy, grad_into_weight=torch.is_grad_enabled())
         else:

@@ -213,17 +213,17 @@ def test_backward_in_place_equals_out_of_place(backend, device, dtype):
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
 
 
-def test_backward_out_checked(backend):
+def test_backward_out_checked(backend, device):
     if backend == "torch":
         pytest.skip("the torch backend has no kernel pass")
     impl = implementation(backend)
-    logits, labels = torch.randn(3, 10), torch.randint(0, 10, (3,))
+    logits, labels = torch.randn(3, 10, device=device), torch.randint(0, 10, (3,), device=device)
     _, lse, _ = impl.forward(logits, labels, 1.0, False)
-    g = torch.ones(3)
+    g = torch.ones(3, device=device)
     with pytest.raises(ValueError, match=r"out: expected a contiguous \(3, 10\) torch.float32"):
-        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(3, 11))
+        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(3, 11, device=device))
     with pytest.raises(ValueError, match="out: expected a contiguous"):
-        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(10, 3).t())
-    strided = torch.randn(3, 12)[:, :10]
+        impl.backward(logits, labels, 1.0, lse, None, g, None, out=torch.empty(10, 3, device=device).t())
+    strided = torch.randn(3, 12, device=device)[:, :10]
     with pytest.raises(ValueError, match="out: expected a contiguous"):
         impl.backward(strided, labels, 1.0, lse, None, g, None, out=strided)

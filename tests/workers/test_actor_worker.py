@@ -206,10 +206,11 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
 def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monkeypatch, tmp_path, ray_session):
     """One rank computing in its master dtype (float32 here) holds a plain module, no FSDP2 (fsdp.wraps_with_fsdp2:
     FSDP2 would only copy every weight and gradient), and its update, micro-batches and gradient clipping
-    included, moves the weights as FSDP2 on that rank does, to rounding (on the plain module the tied embedding's
-    gradient is added into .grad row by row, pyrl.models.embedding; under FSDP2 autograd adds it whole: AdamW's
-    first step divides each gradient by its own size, so a near-cancelled element's rounding moves it by up to a
-    thousandth of a step, lr 1e-3 here); with mixed precision FSDP2 wraps it. Its checkpoint loads into two ranks
+    included, moves the weights as FSDP2 on that rank does, to rounding: FSDP2's weights are views into its
+    all-gather buffer, and where the CPU's matmul kernels round differently for them (5.3e-7 at most on an AMD
+    EPYC, the code before pyrl.models.embedding too; under 1e-7 on the Intel Xeon box) AdamW's first step, which
+    divides each gradient by its own size, carries a near-cancelled element's rounding into the weight: within a
+    thousandth of a step (lr 1e-3 here). With mixed precision FSDP2 wraps it. Its checkpoint loads into two ranks
     sharding the model (a run resumed with more workers)."""
     from torch.distributed.fsdp import FSDPModule
 
