@@ -27,6 +27,13 @@ def backend(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=[p for p in _backends() if p.values[0] != "torch"])
+def kernel_backend(request, monkeypatch):
+    """As `backend`, for tests of the kernels' own passes: the backends other than torch's ops."""
+    monkeypatch.setenv("PYRL_OPS_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture
 def device():
     return DEVICE
