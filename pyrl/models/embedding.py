@@ -19,13 +19,12 @@ keeps torch's path, checked at each call."""
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from pyrl.models.patch import patch_forwards
 from pyrl.ops.fused_linear_logprobs import float32_grad_to_add_into
 
 
@@ -39,14 +38,12 @@ class EmbeddingIntoGradFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        (ids,) = ctx.saved_tensors
+        ids = ctx.saved_tensors[0].reshape(-1)
         weight, padding = ctx.weight, -1 if ctx.padding_idx is None else ctx.padding_idx
         grad_out = grad_out.reshape(-1, weight.shape[1])
         into = float32_grad_to_add_into(weight)
         if into is None:  # a .grad of another kind: torch's dense gradient, for autograd to add
-            return None, torch.ops.aten.embedding_dense_backward(grad_out, ids.reshape(-1), weight.shape[0], padding,
-                                                                 False), None
-        ids = ids.reshape(-1)
+            return None, torch.ops.aten.embedding_dense_backward(grad_out, ids, weight.shape[0], padding, False), None
         if padding >= 0:  # its rows get no gradient, as in torch's backward (masked here: no host sync)
             grad_out = grad_out.masked_fill((ids == padding).unsqueeze(1), 0.0)
         rows, inverse = torch.unique(ids, return_inverse=True)
@@ -74,7 +71,4 @@ def patch_embeddings(model: nn.Module) -> int:
     """Make `model`'s input embedding (an nn.Embedding) add its gradient into .grad in place. Returns 1 if it was
     patched, 0 if the model's input embedding is another kind of module."""
     embedding = model.get_input_embeddings()
-    if type(embedding) is not nn.Embedding:
-        return 0
-    embedding.forward = types.MethodType(_forward, embedding)
-    return 1
+    return patch_forwards(model, lambda module: module is embedding and type(module) is nn.Embedding, _forward)
