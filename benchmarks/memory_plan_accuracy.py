@@ -3,7 +3,7 @@ worker, per phase, for a couple of model and batch shapes, with and without grad
 log-prob kernel. Measurement: tests/trainer/memory_measure.py (a fresh process per configuration, peak RSS above
 the resident set before the phase, malloc returning freed tensors to the kernel).
 
-    python benchmarks/memory_plan_accuracy.py [--quick]   # prints a markdown table (benchmarks/RESULTS.md)
+    python benchmarks/memory_plan_accuracy.py [--quick] [--batch NAME]   # prints a markdown table (RESULTS.md)
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ MODELS = {  # name -> make_model keywords (head_dim 64, 2 KV heads, untied head)
     "h256-L4-V32k (21M)": dict(hidden=256, layers=4, intermediate=1024, vocab=32768),
     "h512-L8-V16k (42M)": dict(hidden=512, layers=8, intermediate=1536, vocab=16384, heads=8),
 }
-BATCHES = {  # name -> rows in one micro-batch, prompt and response lengths
+BATCHES = {  # name -> rows (one mini-batch), rows per micro-batch, prompt and response lengths
     "32 x (32+32)": dict(rows=32, micro=32, prompt=32, response=32),
     "8 x (64+192)": dict(rows=8, micro=8, prompt=64, response=192),
+    # the second micro-batch runs beside the first one's gradients
+    "32 x (32+32), micro-batches of 16": dict(rows=32, micro=16, prompt=32, response=32),
 }
 SHAPES = [("h256-L4-V32k (21M)", "32 x (32+32)"), ("h256-L4-V32k (21M)", "8 x (64+192)"),
-          ("h512-L8-V16k (42M)", "32 x (32+32)")]
+          ("h512-L8-V16k (42M)", "32 x (32+32)"), ("h512-L8-V16k (42M)", "32 x (32+32), micro-batches of 16")]
 
 
 def cpu_name() -> str:
@@ -40,8 +42,9 @@ def cpu_name() -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the first shape's two corners only (a smoke run)")
+    parser.add_argument("--batch", choices=sorted(BATCHES), help="only the shapes with this batch")
     args = parser.parse_args(argv)
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    shapes = SHAPES[:1] if args.quick else [s for s in SHAPES if args.batch in (None, s[1])]
     corners = ((False, False), (True, True)) if args.quick else ((False, False), (True, False),
                                                                  (False, True), (True, True))
     MiB = 2 ** 20

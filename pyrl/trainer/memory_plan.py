@@ -45,7 +45,7 @@ from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.trainer.run_plan import PASSES, ConfigValue
 from pyrl.trainer.workers import start_ray
-from pyrl.workers.fsdp import compute_dtype, shard_group_size, wraps_with_fsdp2
+from pyrl.workers.fsdp import compute_dtype, offloads_params, shard_group_size, wraps_with_fsdp2
 from pyrl.workers.lora import adapter_config, uses_lora
 from pyrl.workers.precision import runnable_dtype
 from pyrl.workers.rollout.vllm_engine import CPU_KV_CACHE_GIB
@@ -129,6 +129,7 @@ class ModelShape:
 class MicroBatch:
     tokens: int  # tokens the model runs at once (T)
     scored: int  # response tokens scored (N): the logits' rows
+    count: int = 1  # micro-batches in the pass, every row full length
 
 
 def micro_batch(rows: int, micro_batch_size, use_dynamic_bsz: bool, max_token_len: int, prompt_length: int,
@@ -139,7 +140,7 @@ def micro_batch(rows: int, micro_batch_size, use_dynamic_bsz: bool, max_token_le
         tokens = min(rows * length, max(int(max_token_len), length))
     else:
         tokens = min(micro_batch_size or rows, rows) * length
-    return MicroBatch(tokens, tokens * response_length // length)
+    return MicroBatch(tokens, tokens * response_length // length, max(1, math.ceil(rows * length / tokens)))
 
 
 @dataclass(frozen=True)
@@ -264,16 +265,19 @@ def logits_forward_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused
     return scored * shape.hidden * dtype_bytes + blocks * shape.vocab * dtype_bytes
 
 
-def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False) -> int:
+def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused: bool, on_cuda: bool = False,
+                        grads_held: bool = False) -> int:
     """The log-prob head's backward: the scored hidden states and their gradient, plus unfused the [N, vocab]
     logits kept for backward and their gradient, or fused one [chunk, vocab] block (each chunk's logits, turned into
     their gradient in place) and, when the head trains (not with LoRA, which never adapts it), the float32 [vocab,
     hidden] weight gradient, made at the start of the backward (a float32 head's .grad, which the later gradients
-    join; in a 16-bit dtype a buffer and its cast)."""
+    join; in a 16-bit dtype a buffer and its cast). grads_held: the .grad is already there (a later micro-batch
+    adds into it; counted with the gradients)."""
     states = 2 * scored * shape.hidden * dtype_bytes
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
-    weight_grad = shape.vocab * shape.hidden * (4 + (dtype_bytes if dtype_bytes < 4 else 0)) * shape.head_trains
+    weight_grad = (shape.vocab * shape.hidden * ((0 if grads_held else 4) + (dtype_bytes if dtype_bytes < 4 else 0))
+                   * shape.head_trains)
     return states + fused_chunk_rows(shape, scored, on_cuda) * shape.vocab * dtype_bytes + weight_grad
 
 
@@ -300,7 +304,7 @@ def fsdp_precision(fsdp_config, setting: Setting) -> Precision:
     if not setting.distributed:  # fsdp_wrap: one process without a process group computes in master, unwrapped
         return Precision(element_bytes(master), element_bytes(master))
     compute = compute_dtype(fsdp_config, torch.device(setting.device))
-    offloads = fsdp_config.param_offload and setting.device == "cuda"
+    offloads = offloads_params(fsdp_config, setting.device)
     return Precision(element_bytes(master), element_bytes(compute),
                      wraps_with_fsdp2(setting.world, compute != master, offloads))
 
@@ -372,7 +376,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     gradients. The optimizer step runs after the activations are freed, and adds nothing: torch's fused AdamW
     (pyrl/workers/optim.py) makes no temporaries. The gradients are not resident when the update starts (the last
     update freed them after its step); they return during the backward (the peak may come late, when they are nearly
-    all back)."""
+    all back). A mini-batch's first micro-batch starts without gradients (run_update sets them to None before it);
+    with more than one micro-batch the later ones run their whole forward and backward beside all of them."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp, fused_norms, attention_copy)
     # the final norm's output is not kept: the head keeps its scored rows, gathered (counted in the head's term)
@@ -388,8 +393,11 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
                     f"{model_key}.enable_gradient_checkpointing=true, {micro}")
         layer = Term("layer backward (gradients)", workspace, micro)
     head_grad = 0
+    grads = math.ceil(shape.trained_params / shards) * precision.master
+    held = mb.count > 1  # the second micro-batch onwards: the first one's gradients are held throughout
     if head == "logits":
-        head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda")
+        head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda",
+                                         grads_held=held and not precision.fsdp2)
         head_term = Term("logits", head_bytes,
                          micro if fused else f"{model_key}.use_fused_kernels=true, {micro}")
         if not fused and not precision.fsdp2 and shape.head_trains:  # after the logits are released
@@ -398,15 +406,18 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     else:
         head_term = Term("head", 2 * mb.scored * shape.hidden * precision.compute, micro)
     backward = max(head_term, layer, key=lambda t: t.bytes)
-    grads = math.ceil(shape.trained_params / shards) * precision.master
-    # late in the backward the gradients are back (all but the first layer's and the embedding's, which come last)
-    # beside the first layer's backward: with small activations (checkpointing) that is the peak
-    last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // shards
-    late = max(grads, grads - min(grads, last) + layer.bytes)
     early = kept.bytes + backward.bytes + head_grad
-    return [kept, backward, Term("head weight gradient", head_grad),
-            Term("gradients, late in the backward", max(0, late - early),
-                 "fsdp_config.param_offload=true (CUDA), or more ranks"),
+    if held:
+        gradients = Term("gradients, held from the second micro-batch", grads,
+                         f"fewer micro-batches ({micro}), or fsdp_config.param_offload=true (CUDA), or more ranks")
+    else:
+        # late in the backward the gradients are back (all but the first layer's and the embedding's, which come
+        # last) beside the first layer's backward: with small activations (checkpointing) that is the peak
+        last = (shape.layer_params + shape.vocab * shape.hidden) * precision.master // shards
+        late = max(grads, grads - min(grads, last) + layer.bytes)
+        gradients = Term("gradients, late in the backward", max(0, late - early),
+                         "fsdp_config.param_offload=true (CUDA), or more ranks")
+    return [kept, backward, Term("head weight gradient", head_grad), gradients,
             Term("gathered weights and gradients", gathered_bytes(shape, precision, backward=True))]
 
 
@@ -472,7 +483,7 @@ def hf_engine_uses_actor_weights(config, actor: RoleState, setting: Setting) -> 
     device = torch.device(setting.device)
     fsdp = arr.actor.fsdp_config
     return (arr.rollout.name == "hf" and arr.rollout.tensor_model_parallel_size == 1 and actor.shards == 1
-            and not uses_lora(arr.model) and not (fsdp.param_offload and setting.device == "cuda")
+            and not uses_lora(arr.model) and not offloads_params(fsdp, setting.device)
             and runnable_dtype(arr.rollout.dtype, "actor_rollout_ref.rollout.dtype", device)
             == torch_dtype(fsdp.model_dtype, "actor_rollout_ref.actor.fsdp_config.model_dtype"))
 
@@ -518,7 +529,7 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     on_cuda = setting.device == "cuda"
     if not role.owns_weights:  # another role's weights, counted there
         return RoleState(precision, shards, [], [])
-    state = sharded_state(shape, precision, shards, setting.world, role.trains, fsdp.param_offload and on_cuda,
+    state = sharded_state(shape, precision, shards, setting.world, role.trains, offloads_params(fsdp, setting.device),
                           role.fsdp, LABELS.get(role.name, role.name.replace("_", " ")))
     offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not fsdp.param_offload
     idle = [t for t in state if "gradients" not in t.name and not (offloaded and "moments" in t.name)]
@@ -569,7 +580,7 @@ def teacher_state(config, run, shapes: dict, setting: Setting) -> TeacherState:
         precision = fsdp_precision(fsdp, setting)
         shape = shapes[f"teacher/{name}"]
         idle += sharded_state(shape, precision, shard_group_size(fsdp.fsdp_size, setting.world), setting.world, False,
-                              fsdp.param_offload and setting.device == "cuda", "actor_rollout_ref.ref.fsdp_config",
+                              offloads_params(fsdp, setting.device), "actor_rollout_ref.ref.fsdp_config",
                               "teacher" if len(teachers) == 1 else f"teacher ({name})")
         passes.append(TeacherPass(name, shape, precision, model.inference.max_num_batched_tokens,
                                   f"distillation.teacher_models.{name}.inference.max_num_batched_tokens"))

@@ -58,6 +58,12 @@ def wraps_with_fsdp2(world: int, mixed_precision: bool, offloads: bool) -> bool:
     return world > 1 or mixed_precision or offloads
 
 
+def offloads_params(fsdp_config, device: str | torch.device) -> bool:
+    """Whether fsdp_config.param_offload takes effect: on CUDA only (FSDP2's CPUOffloadPolicy); on CPU the weights
+    are in host memory already."""
+    return bool(fsdp_config.param_offload) and torch.device(device).type == "cuda"
+
+
 def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> torch.dtype:
     """fully_shard each decoder layer, then the root (embedding, final norm, head), in place, the forward in
     compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype;
@@ -72,7 +78,7 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
     if not is_distributed():
         return master  # a plain single-process module: nothing to shard
     compute = compute_dtype(fsdp_config, device)
-    offloads = fsdp_config.param_offload and device.type == "cuda"
+    offloads = offloads_params(fsdp_config, device)
     if not wraps_with_fsdp2(dist.get_world_size(), compute != master, offloads):
         return master
     mp = MixedPrecisionPolicy()

@@ -72,8 +72,8 @@ def gradient_sync_can_wait(model: nn.Module, fsdp_config, device: torch.device) 
     reduce dtype (float32 with bf16 compute) either way (FSDP2 keeps an unsharded float32 accumulator): on one rank
     the same sum bit for bit; replicated, the mean of the ranks' sums instead of the sum of their means, equal to
     rounding."""
-    offloaded = fsdp_config.param_offload and device.type == "cuda"
-    return isinstance(model, FSDPModule) and not offloaded and fsdp.holds_whole_weights(model)
+    return (isinstance(model, FSDPModule) and not fsdp.offloads_params(fsdp_config, device)
+            and fsdp.holds_whole_weights(model))
 
 
 @contextlib.contextmanager
