@@ -134,13 +134,16 @@ class MicroBatch:
 
 def micro_batch(rows: int, micro_batch_size, use_dynamic_bsz: bool, max_token_len: int, prompt_length: int,
                 response_length: int) -> MicroBatch:
-    """The largest micro-batch of a pass over `rows` rows of one rank (batching.micro_batch_indices)."""
+    """The largest micro-batch of a pass over `rows` rows of one rank (batching.micro_batch_indices), and how many
+    the pass runs when every row is full length (a token budget then holds budget // length rows, at least one)."""
     length = prompt_length + response_length
     if use_dynamic_bsz:
         tokens = min(rows * length, max(int(max_token_len), length))
+        rows_per_micro = max(1, int(max_token_len) // length)
     else:
-        tokens = min(micro_batch_size or rows, rows) * length
-    return MicroBatch(tokens, tokens * response_length // length, max(1, math.ceil(rows * length / tokens)))
+        rows_per_micro = micro_batch_size or rows
+        tokens = min(rows_per_micro, rows) * length
+    return MicroBatch(tokens, tokens * response_length // length, max(1, math.ceil(rows / max(1, rows_per_micro))))
 
 
 @dataclass(frozen=True)
@@ -271,12 +274,14 @@ def logits_update_bytes(shape: ModelShape, scored: int, dtype_bytes: int, fused:
     logits kept for backward and their gradient, or fused one [chunk, vocab] block (each chunk's logits, turned into
     their gradient in place) and, when the head trains (not with LoRA, which never adapts it), the float32 [vocab,
     hidden] weight gradient, made at the start of the backward (a float32 head's .grad, which the later gradients
-    join; in a 16-bit dtype a buffer and its cast). grads_held: the .grad is already there (a later micro-batch
-    adds into it; counted with the gradients)."""
+    join; in a 16-bit dtype a float32 buffer and its cast, which autograd adds). grads_held: the .grad is already
+    there (a later micro-batch; counted with the gradients): a float32 head adds into it in place, a 16-bit one
+    still makes the buffer and its cast (pyrl.ops.fused_linear_logprobs.float32_grad_to_add_into)."""
     states = 2 * scored * shape.hidden * dtype_bytes
     if not fused:
         return states + 2 * scored * shape.vocab * dtype_bytes
-    weight_grad = (shape.vocab * shape.hidden * ((0 if grads_held else 4) + (dtype_bytes if dtype_bytes < 4 else 0))
+    in_place = grads_held and dtype_bytes == 4
+    weight_grad = (shape.vocab * shape.hidden * ((0 if in_place else 4) + (dtype_bytes if dtype_bytes < 4 else 0))
                    * shape.head_trains)
     return states + fused_chunk_rows(shape, scored, on_cuda) * shape.vocab * dtype_bytes + weight_grad
 
@@ -367,7 +372,8 @@ def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: 
 
 def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
                 head: str, fused: bool, checkpointing: bool, prefix: str, model_key: str, shards: int,
-                gated_mlp: bool = False, fused_norms: bool = False, attention_copy: bool = True) -> list:
+                gated_mlp: bool = False, fused_norms: bool = False, attention_copy: bool = True,
+                grads_offloaded: bool = False) -> list:
     """A micro-batch's forward and backward. Kept through the backward: every layer's saved activations (with gradient
     checkpointing only each layer's input) and the final norm's. On top, the larger of the head's backward (which
     runs first) and one layer's backward (its activations recomputed with checkpointing, and the gradients in
@@ -377,7 +383,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
     (pyrl/workers/optim.py) makes no temporaries. The gradients are not resident when the update starts (the last
     update freed them after its step); they return during the backward (the peak may come late, when they are nearly
     all back). A mini-batch's first micro-batch starts without gradients (run_update sets them to None before it);
-    with more than one micro-batch the later ones run their whole forward and backward beside all of them."""
+    with more than one micro-batch the later ones run their whole forward and backward beside all of them.
+    grads_offloaded (param_offload on CUDA): FSDP2 keeps the sharded gradients in host memory, none on the device."""
     attn = matmul_attention_len(setting, precision, length)
     per_layer = layer_saved_bytes(shape, mb.tokens, precision.compute, attn, gated_mlp, fused_norms, attention_copy)
     # the final norm's output is not kept: the head keeps its scored rows, gathered (counted in the head's term)
@@ -393,7 +400,7 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
                     f"{model_key}.enable_gradient_checkpointing=true, {micro}")
         layer = Term("layer backward (gradients)", workspace, micro)
     head_grad = 0
-    grads = math.ceil(shape.trained_params / shards) * precision.master
+    grads = 0 if grads_offloaded else math.ceil(shape.trained_params / shards) * precision.master
     held = mb.count > 1  # the second micro-batch onwards: the first one's gradients are held throughout
     if head == "logits":
         head_bytes = logits_update_bytes(shape, mb.scored, precision.compute, fused, setting.device == "cuda",
@@ -520,6 +527,7 @@ class RoleState:
     shards: int
     state: list
     idle: list
+    offloaded: bool = False  # param_offload on CUDA: weights, gradients and moments in host memory
 
 
 def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
@@ -529,11 +537,12 @@ def role_state(config, role, shape: ModelShape, setting: Setting) -> RoleState:
     on_cuda = setting.device == "cuda"
     if not role.owns_weights:  # another role's weights, counted there
         return RoleState(precision, shards, [], [])
-    state = sharded_state(shape, precision, shards, setting.world, role.trains, offloads_params(fsdp, setting.device),
+    params_offloaded = offloads_params(fsdp, setting.device)
+    state = sharded_state(shape, precision, shards, setting.world, role.trains, params_offloaded,
                           role.fsdp, LABELS.get(role.name, role.name.replace("_", " ")))
-    offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not fsdp.param_offload
-    idle = [t for t in state if "gradients" not in t.name and not (offloaded and "moments" in t.name)]
-    return RoleState(precision, shards, state, idle)
+    moments_offloaded = role.trains and fsdp.optimizer_offload and on_cuda and not params_offloaded
+    idle = [t for t in state if "gradients" not in t.name and not (moments_offloaded and "moments" in t.name)]
+    return RoleState(precision, shards, state, idle, params_offloaded)
 
 
 @dataclass(frozen=True)
@@ -687,7 +696,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         varlen = setting.device == "cuda" and state.precision.compute < 4 and role_model.use_remove_padding
         phases.append(Phase(micro.phase, during + teacher.idle + engine_resident + rm_resident, update_pass(
             shape, state.precision, setting, mb, length, head, fused, recomputes(role_model), micro.knob,
-            role.model_section, state.shards, gated, fused_norms, attention_copy=not varlen)))
+            role.model_section, state.shards, gated, fused_norms, attention_copy=not varlen,
+            grads_offloaded=state.offloaded)))
     if run.rollout_pool is not None:  # a process of its own, running beside the ranks (on CPU on the same nodes' RAM)
         phases.append(Phase("rollout worker (one-step-off)", *engine_terms(
             config, shapes["actor"], setting, capacity, run.prompts_per_rollout_process)))

@@ -439,7 +439,7 @@ def resolve_run_plan(config) -> RunPlan:
     elif rm:  # it scores every generated sample, before dynamic sampling keeps some
         roles.append(Role("reward_model", "reward.reward_model", "reward.reward_model.model_path", False,
                           "reward_model", "trainer", "sequence_classification", fsdp="reward_model.fsdp_config",
-                          micro=(micro("reward", "reward_model", "reward_model", prompts // world * n,
+                          micro=(micro("reward", "reward_model", "reward_model", prompts * n // world,
                                        "micro_batch_size_per_gpu", "use_dynamic_bsz",
                                        "forward_max_token_len_per_gpu"),)))
     source, old_why = old_log_prob_source(config)

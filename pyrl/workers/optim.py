@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim.optimizer import _device_dtype_check_for_fused  # torch's own check; it has no public one
 
 from pyrl.workers.distributed import full_tensor
+from pyrl.workers.fsdp import offloads_params
 
 OPTIMIZERS = ("adamw",)  # optim.optimizer, lower-cased
 LR_SCHEDULES = ("constant", "cosine")  # optim.lr_scheduler_type
@@ -101,7 +102,7 @@ def optimizer_state_on(optimizer, device: torch.device, fsdp_config):
     """fsdp_config.optimizer_offload: the optimizer's state (Adam's moments) waits on the CPU between
     updates and comes to the device only for them (verl's load/offload_fsdp_optimizer). With param_offload
     FSDP2 keeps the state on the CPU already; on CPU workers there is nothing to move."""
-    if not fsdp_config.optimizer_offload or fsdp_config.param_offload or device.type == "cpu":
+    if not fsdp_config.optimizer_offload or device.type == "cpu" or offloads_params(fsdp_config, device):
         yield
         return
     _move_optimizer_state(optimizer, device)
