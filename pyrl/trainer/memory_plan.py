@@ -45,6 +45,7 @@ from pyrl.models.varlen_attention import CPU_MATMUL_ATTENTION_MAX_LEN
 from pyrl.ops.fused_linear_logprobs import default_chunk_size
 from pyrl.trainer.run_plan import PASSES, ConfigValue
 from pyrl.trainer.workers import start_ray
+from pyrl.workers.batching import micro_batching
 from pyrl.workers.fsdp import compute_dtype, offloads_params, shard_group_size, wraps_with_fsdp2
 from pyrl.workers.lora import adapter_config, uses_lora
 from pyrl.workers.precision import runnable_dtype
@@ -675,8 +676,8 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         role_model = ConfigValue(role.model_section).read(config)
         # forward_kl_topk distillation: the student's update takes the logits whole (their top-k log-probs)
         fused = head == "logits" and role_model.use_fused_kernels and not (role.name == "actor" and teacher.topk)
-        mb = micro_batch(micro.rows, micro.size, micro.dynamic, micro.budget, rollout.prompt_length,
-                         rollout.response_length)
+        mb = micro_batch(micro.rows, *micro_batching(micro.size, micro.dynamic, micro.budget, setting.device == "cpu"),
+                         rollout.prompt_length, rollout.response_length)
         if not micro.trains:
             skipped = "" if run.runs(micro.step_pass) else why[micro.step_pass].removeprefix("skipped: ")
             adapted = role.name != "ref" and uses_lora(role_model)  # the reference runs with the adapters off

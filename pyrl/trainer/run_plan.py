@@ -82,9 +82,14 @@ class MicroPlan:
         """The key that sets its micro-batches' size."""
         return f"{self.section}.{self.budget_key if self.dynamic else self.size_key}"
 
-    def describe(self) -> str:
-        split = (f"a token budget of {self.budget} per micro-batch" if self.dynamic
-                 else f"{self.size} rows per micro-batch" if self.size else "in one micro-batch")
+    def describe(self, on_cpu: bool = False) -> str:
+        from pyrl.workers.batching import micro_batching  # lazy: the plan reads without torch
+
+        size, dynamic, budget = micro_batching(self.size, self.dynamic, self.budget, on_cpu)
+        split = (f"a token budget of {budget} per micro-batch" if dynamic
+                 else f"{size} rows per micro-batch" if size else "in one micro-batch")
+        if dynamic and not self.dynamic:
+            split += f" (CPU, as {self.section}.{self.size_key} and {self.budget_key} are unset)"
         return f"{self.phase} over {self.rows} rows per rank, {split}"
 
 
@@ -237,7 +242,8 @@ class RunPlan:
                 lines.append(f"  {pool.describe()}")
         lines.append(f"  rows: {self.rows_per_step} per step, {self.rows_per_rank} per trainer rank")
         for r in self.roles:
-            how = [m.describe() for m in r.micro] + ([r.detail] if r.detail else [])
+            on_cpu = self.pool(r.pool).device == "cpu"
+            how = [m.describe(on_cpu) for m in r.micro] + ([r.detail] if r.detail else [])
             lines.append(f"  role {r.name}: {r.model_key}, {'trains' if r.trains else 'frozen'}, group {r.group} "
                          f"({r.pool} pool)" + "".join(f", {h}" for h in how))
         for g in self.groups:

@@ -231,7 +231,8 @@ def test_estimates_hold_on_a_shape_the_plan_was_not_tuned_on(tmp_path_factory, c
 
 
 IMPOSSIBLE = ["data.train_batch_size=4096", "actor_rollout_ref.actor.ppo_mini_batch_size=4096",
-              "actor_rollout_ref.rollout.n=64"]
+              "actor_rollout_ref.rollout.n=64",  # all 262,144 rows in one micro-batch (unset, CPU runs a token budget)
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=262144"]
 
 
 def test_impossible_setting_stops_at_start_naming_the_knob(tmp_path):
