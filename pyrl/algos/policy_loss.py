@@ -441,6 +441,19 @@ def rollout_correction(log_ratio, response_mask, rollout_is=None, rollout_is_thr
 
 
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # algorithm.rollout_correction.loss_type
+# losses whose per-token terms use statistics of the micro-batch they run in (clip_cov's and kl_cov's covariances and
+# counts): their update depends on how the mini-batch is cut, so pyrl runs them as configured, never re-cut
+MICRO_BATCH_STATISTICS = ("clip_cov", "kl_cov")
+
+
+def uses_micro_batch_statistics(actor_config) -> bool:
+    """Whether the actor's loss reads statistics of each micro-batch (MICRO_BATCH_STATISTICS, or bypass_mode with
+    rollout_is_batch_normalize: the IS weights' mean over the micro-batch), so that a different cut changes it."""
+    mode = config_value(actor_config, "policy_loss.loss_mode", "vanilla")
+    settings = config_value(actor_config, "policy_loss.rollout_correction", {})
+    normalize = (settings.get("rollout_is_batch_normalize", False) if isinstance(settings, dict)
+                 else settings.rollout_is_batch_normalize)
+    return mode in MICRO_BATCH_STATISTICS or (mode == "bypass_mode" and bool(normalize))
 
 
 @register_policy_loss("bypass_mode")

@@ -134,13 +134,14 @@ class MicroBatch:
 
 
 def micro_batch(rows: int, micro_batch_size, use_dynamic_bsz: bool, max_token_len: int, prompt_length: int,
-                response_length: int) -> MicroBatch:
+                response_length: int, group: int = 1) -> MicroBatch:
     """The largest micro-batch of a pass over `rows` rows of one rank (batching.micro_batch_indices), and how many
     the pass runs when every row is full length (a token budget then holds budget // length rows, at least one)."""
     length = prompt_length + response_length
     if use_dynamic_bsz:
-        tokens = min(rows * length, max(int(max_token_len), length))
-        rows_per_micro = max(1, int(max_token_len) // length)
+        # at least one whole group of `group` rows (samples sharing a prompt run together; counted at full length)
+        tokens = min(rows * length, max(int(max_token_len), group * length))
+        rows_per_micro = max(group, int(max_token_len) // length)
     else:
         rows_per_micro = micro_batch_size or rows
         tokens = min(rows_per_micro, rows) * length
@@ -676,8 +677,12 @@ def plan(config, run, shapes: dict, capacity: int | None, capacity_note: str = "
         role_model = ConfigValue(role.model_section).read(config)
         # forward_kl_topk distillation: the student's update takes the logits whole (their top-k log-probs)
         fused = head == "logits" and role_model.use_fused_kernels and not (role.name == "actor" and teacher.topk)
-        mb = micro_batch(micro.rows, *micro_batching(micro.size, micro.dynamic, micro.budget, setting.device == "cpu"),
-                         rollout.prompt_length, rollout.response_length)
+        # a token budget runs a prompt's n samples together where they share it (a group over the budget alone)
+        group = rollout.n if role_model.use_remove_padding and role.name in ("actor", "ref") and \
+            arr.actor.use_prefix_grouper else 1
+        mb = micro_batch(micro.rows, *micro_batching(micro.size, micro.dynamic, micro.budget, setting.device == "cpu",
+                                                     micro.recut), rollout.prompt_length, rollout.response_length,
+                         group)
         if not micro.trains:
             skipped = "" if run.runs(micro.step_pass) else why[micro.step_pass].removeprefix("skipped: ")
             adapted = role.name != "ref" and uses_lora(role_model)  # the reference runs with the adapters off

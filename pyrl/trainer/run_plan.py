@@ -76,6 +76,7 @@ class MicroPlan:
     size_key: str
     budget_key: str
     trains: bool = False  # forward and backward (an update), or forward only
+    recut: bool = True  # batching.micro_batching's CPU default may apply (not to a loss of micro-batch statistics)
 
     @property
     def knob(self) -> str:
@@ -85,19 +86,19 @@ class MicroPlan:
     def describe(self, on_cpu: bool = False) -> str:
         from pyrl.workers.batching import micro_batching  # lazy: the plan reads without torch
 
-        size, dynamic, budget = micro_batching(self.size, self.dynamic, self.budget, on_cpu)
+        size, dynamic, budget = micro_batching(self.size, self.dynamic, self.budget, on_cpu, self.recut)
         split = (f"a token budget of {budget} per micro-batch" if dynamic
                  else f"{size} rows per micro-batch" if size else "in one micro-batch")
         if dynamic and not self.dynamic:
-            split += f" (CPU, as {self.section}.{self.size_key} and {self.budget_key} are unset)"
+            split += f" (the CPU default: {self.section}.{self.size_key} unset, use_dynamic_bsz false)"
         return f"{self.phase} over {self.rows} rows per rank, {split}"
 
 
 def micro_plan(config, step_pass: str, phase: str, section: str, rows: int, size_key: str, dynamic_key: str,
-               budget_key: str, trains: bool = False) -> MicroPlan:
+               budget_key: str, trains: bool = False, recut: bool = True) -> MicroPlan:
     values = ConfigValue(section).read(config)
     return MicroPlan(step_pass, phase, section, rows, getattr(values, size_key), bool(getattr(values, dynamic_key)),
-                     getattr(values, budget_key), size_key, budget_key, trains)
+                     getattr(values, budget_key), size_key, budget_key, trains, recut)
 
 
 @dataclass(frozen=True)
@@ -392,6 +393,8 @@ def old_log_prob_source(config) -> tuple[str, str]:
 
 def resolve_run_plan(config) -> RunPlan:
     """The plan of `config` (its settings resolved: pyrl.ppo.resolve_settings)."""
+    from pyrl.algos.policy_loss import uses_micro_batch_statistics  # lazy: the plan's module reads without torch
+
     arr = config.actor_rollout_ref
     trainer, rollout = trainer_pool(config.trainer), rollout_pool(config)
     ref, critic, rm = uses_ref(config), uses_critic(config), config.reward.reward_model.enable
@@ -413,7 +416,8 @@ def resolve_run_plan(config) -> RunPlan:
                       log_probs("old_log_prob", "old_log_prob", "actor_rollout_ref.rollout"),
                       micro("update_actor", "update_actor", "actor_rollout_ref.actor",
                             arr.actor.ppo_mini_batch_size * n // world, "ppo_micro_batch_size_per_gpu",
-                            "use_dynamic_bsz", "ppo_max_token_len_per_gpu", trains=True))),
+                            "use_dynamic_bsz", "ppo_max_token_len_per_gpu", trains=True,
+                            recut=not uses_micro_batch_statistics(arr.actor)))),
              Role("rollout", "actor_rollout_ref.rollout", "actor_rollout_ref.model", False,
                   hosted if rollout is None else "rollout", "trainer" if rollout is None else "rollout",
                   model_of="actor", detail=f"engine {arr.rollout.name}, tensor parallel "

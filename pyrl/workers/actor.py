@@ -18,6 +18,7 @@ import torch
 
 from pyrl import ops
 from pyrl.algos import distillation, get_policy_loss_fn
+from pyrl.algos.policy_loss import uses_micro_batch_statistics
 from pyrl.config import is_on_policy
 from pyrl.controller import Dispatch, Worker, register
 from pyrl.interactions.registry import initialize_interactions_from_config
@@ -364,7 +365,7 @@ class ActorRolloutRefWorker(Worker):
                           cfg.loss_scale_factor or data.batch["responses"].shape[-1],
                           hint=f" (actor.ppo_mini_batch_size={cfg.ppo_mini_batch_size} x rollout.n="
                                f"{self.config.rollout.n} / {self.world_size} ranks)",
-                          share_prompts=cfg.use_prefix_grouper)
+                          share_prompts=cfg.use_prefix_grouper, recut=not uses_micro_batch_statistics(cfg))
         batching.require_tokens("update_actor", data, ["responses", "response_mask", "advantages"]
                                 + (["ref_log_prob"] if cfg.use_kl_loss else []) + self._teacher_keys())
         # without old_log_probs the update must be on-policy (one epoch, one mini-batch: the weights that

@@ -9,6 +9,7 @@ them. Response-level fields ([B, R]: responses, masks, advantages, ...) are alwa
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,19 +65,21 @@ CPU_TOKEN_BUDGET = 4096
 
 
 def micro_batching(micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None,
-                   on_cpu: bool) -> tuple[int | None, bool, int | None]:
+                   on_cpu: bool, recut: bool = True) -> tuple[int | None, bool, int | None]:
     """(micro_batch_size, use_dynamic_bsz, max_token_len) as a pass runs them: the config's, except where it sets
-    neither a size nor a token budget (verl's defaults). On GPUs the rows then run in one micro-batch; on a CPU
+    neither a size nor use_dynamic_bsz (verl's defaults). On GPUs the rows then run in one micro-batch; on a CPU
     worker in micro-batches of CPU_TOKEN_BUDGET tokens. The same gradients to rounding (every loss is normalised by
     the mini-batch's tokens, not the micro-batch's); faster: in the trainer's worker one 8,704-token micro-batch of
-    bench_e2e's uniform update took 7.2-8.4 s against 5.9-6.6 s in budgets of 2,048-8,192 (benchmarks/RESULTS.md)."""
-    if on_cpu and not micro_batch_size and not use_dynamic_bsz:
+    bench_e2e's uniform update took 7.2-8.4 s against 5.9-6.6 s in budgets of 2,048-8,192 (benchmarks/RESULTS.md).
+    recut=False (a loss that reads statistics of its micro-batch: policy_loss.uses_micro_batch_statistics): as
+    configured."""
+    if on_cpu and recut and not micro_batch_size and not use_dynamic_bsz:
         return None, True, CPU_TOKEN_BUDGET
     return micro_batch_size, use_dynamic_bsz, max_token_len
 
 
 def micro_batch_indices(seqlens: torch.Tensor, micro_batch_size: int | None, use_dynamic_bsz: bool,
-                        max_token_len: int, device: torch.device, groups=None) -> list[list[int]]:
+                        max_token_len: int, device: torch.device, groups=None, recut: bool = True) -> list[list[int]]:
     """Row indices of each micro-batch. Fixed size, or (dynamic) the fewest token-balanced micro-batches of at
     most max_token_len real tokens each (seqlens: the rows' attended token counts). FSDP ranks must run the
     same number of forwards (every forward is a collective), so the count is the maximum over ranks and
@@ -85,22 +88,25 @@ def micro_batch_indices(seqlens: torch.Tensor, micro_batch_size: int | None, use
     rows = int(seqlens.numel())
     defaulted = not micro_batch_size and not use_dynamic_bsz
     micro_batch_size, use_dynamic_bsz, max_token_len = micro_batching(micro_batch_size, use_dynamic_bsz, max_token_len,
-                                                                      torch.device(device).type == "cpu")
-    if defaulted and use_dynamic_bsz:  # the CPU default: a row (or prompt group) longer than it runs alone, silently
-        longest = max(groups[1]) if groups and groups[1] else int(seqlens.max()) if rows else 0
-        max_token_len = max(max_token_len, longest)
+                                                                      torch.device(device).type == "cpu", recut)
+    quiet = defaulted and use_dynamic_bsz  # the CPU default: a row (or prompt group) over it runs alone, silently
     if not use_dynamic_bsz:
         size = micro_batch_size or rows
         order = [r for members in groups[0] for r in members] if groups else list(range(rows))
         return [order[s:s + size] for s in range(0, rows, size)] or [[]]
-    if groups:
-        members, tokens = groups
-        picked = token_budget_micro_batches(tokens, int(max_token_len), balanced=True)
-        batches = [sorted(r for g in batch for r in members[g]) for batch in picked]
-    else:
-        batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message="token_budget_micro_batches")
+        if groups:
+            members, tokens = groups
+            picked = token_budget_micro_batches(tokens, int(max_token_len), balanced=True)
+            batches = [sorted(r for g in batch for r in members[g]) for batch in picked]
+        else:
+            batches = token_budget_micro_batches(seqlens.tolist(), int(max_token_len), balanced=True)
     count = torch.tensor([len(batches)], dtype=torch.int64, device=device)
     count = int(all_reduce(count, dist.ReduceOp.MAX).item())
+    if not rows:  # a rank without rows runs the others' count of empty micro-batches (every forward is a collective)
+        return [[] for _ in range(count)] or [[]]
     if count > len(batches):
         batches = [sorted(b) for b in balanced_partitions(seqlens.tolist(), min(count, rows), equal_size=False)]
         batches.sort(key=lambda b: b[0])

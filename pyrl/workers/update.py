@@ -39,6 +39,7 @@ class UpdatePlan:
     loss_scale_factor: float
     hint: str = ""  # names the keys behind mini_batch_size in errors
     share_prompts: bool = False  # micro-batches keep the samples of a prompt together (actor.use_prefix_grouper)
+    recut: bool = True  # batching.micro_batching may cut an unset pass by tokens (not a loss of micro-batch statistics)
 
 
 REDUCE = {"sum": (lambda a, b: a + b, dist.ReduceOp.SUM), "min": (min, dist.ReduceOp.MIN),
@@ -114,7 +115,7 @@ def run_update(model: nn.Module, optimizer, lr_scheduler, data: DataProto, plan:
             groups = batching.prompt_groups(mini) if plan.share_prompts else None
             tokens += sum(groups[1]) if groups else int(lengths.sum())
             micro_batches = batching.micro_batch_indices(lengths, plan.micro_batch_size, plan.use_dynamic_bsz,
-                                                         plan.max_token_len, device, groups)
+                                                         plan.max_token_len, device, groups, plan.recut)
             for k, idx in enumerate(micro_batches):
                 if defer_sync:  # reduce once, after the mini-batch's last backward
                     model.set_requires_gradient_sync(k == len(micro_batches) - 1)

@@ -124,6 +124,32 @@ def test_later_micro_batches_run_beside_the_gradients_unless_offloaded(offloaded
     assert ("actor weights" in resident) is not offloaded and ("actor AdamW moments" in resident) is not offloaded
 
 
+@pytest.mark.parametrize("loss_mode", ["vanilla", "clip_cov"])
+def test_an_unset_update_on_cpu_is_planned_as_the_worker_cuts_it(loss_mode):
+    """No micro-batch size and use_dynamic_bsz false on one CPU rank: the plan counts the worker's token budget
+    (batching.micro_batching: as use_dynamic_bsz with 4096 tokens), fewer than all 512 rows in one; a loss reading
+    its micro-batch's statistics (clip_cov) is not re-cut, and is planned as one micro-batch."""
+    shape = mp.ModelShape.from_hf_config(TINY)
+
+    def update_bytes(*overrides):
+        config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=64",
+                         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+                         "trainer.n_gpus_per_node=0", "trainer.n_cpu_workers_per_node=1",
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}", *overrides)
+        phases = {p.name: p for p in mp.plan(config, resolve_run_plan(config), {"actor": shape},
+                                             capacity=10 ** 12).phases}
+        return sum(t.bytes for t in phases["update_actor"].transient)
+
+    unset, whole = update_bytes(), update_bytes("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512")
+    budget = update_bytes("actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
+    if loss_mode == "vanilla":
+        assert unset == budget < whole
+    else:
+        assert unset == whole > budget
+
+
 def test_plan_resident_state_and_phases_by_hand(monkeypatch):
     """Two CPU ranks, float32 master weights, a reference, the hf engine in float32; no critic."""
     config = compose("preset=toy", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32",

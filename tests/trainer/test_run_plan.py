@@ -177,3 +177,22 @@ def test_the_workers_are_found_by_role():
     assert workers.world_size == 1
     with pytest.raises(AttributeError, match="no attribute or role 'judge'"):
         workers.judge
+
+
+@pytest.mark.parametrize("loss_mode, recut", [("vanilla", True), ("clip_cov", False)])
+def test_an_unset_update_on_cpu_runs_a_token_budget_unless_its_loss_reads_micro_batch_statistics(loss_mode, recut):
+    """No micro-batch size and use_dynamic_bsz false (verl's defaults): a CPU worker cuts the update into budgets of
+    batching.CPU_TOKEN_BUDGET tokens (the start-up block says so), except for a loss whose terms use statistics of
+    its micro-batch (clip_cov), which runs as configured, all rows in one."""
+    import re
+
+    plan, _ = plan_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                      "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                      f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}")
+    update = {m.phase: m for r in plan.roles for m in r.micro}["update_actor"]
+    assert update.size is None and not update.dynamic and update.recut is recut
+    text = plan.describe()
+    default = ("a token budget of 4096 per micro-batch (the CPU default: actor_rollout_ref.actor."
+               "ppo_micro_batch_size_per_gpu unset, use_dynamic_bsz false)")
+    whole = re.search(r"update_actor over \d+ rows per rank, in one micro-batch", text)
+    assert (default in text and not whole) if recut else (whole and default not in text)

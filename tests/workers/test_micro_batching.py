@@ -5,6 +5,7 @@ import pytest
 import torch
 from worker_helpers import make_config, random_batch
 
+from pyrl.algos.policy_loss import uses_micro_batch_statistics
 from pyrl.protocol import token_budget_micro_batches
 from pyrl.workers import batching
 from pyrl.workers.actor import ActorRolloutRefWorker
@@ -18,6 +19,15 @@ def test_only_an_unset_pass_on_cpu_takes_the_default_budget():
     assert batching.micro_batching(None, False, 16384, on_cpu=False) == (None, False, 16384)  # GPUs: all in one
     assert batching.micro_batching(32, False, 16384, on_cpu=True) == (32, False, 16384)  # a size set is kept
     assert batching.micro_batching(None, True, 300, on_cpu=True) == (None, True, 300)  # a budget set is kept
+    # a loss reading statistics of its micro-batch runs as configured
+    assert batching.micro_batching(None, False, 16384, on_cpu=True, recut=False) == (None, False, 16384)
+    cfg = make_config("actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov").actor_rollout_ref.actor
+    assert uses_micro_batch_statistics(cfg)
+    assert not uses_micro_batch_statistics(make_config().actor_rollout_ref.actor)
+    assert uses_micro_batch_statistics(make_config(
+        "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+        "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize=true",
+    ).actor_rollout_ref.actor)
 
 
 def test_cpu_default_cuts_like_a_set_budget_and_runs_a_longer_row_alone_without_a_warning(recwarn):
@@ -34,6 +44,8 @@ def test_cpu_default_cuts_like_a_set_budget_and_runs_a_longer_row_alone_without_
     long = torch.tensor([budget + 100, 10, 20])
     assert sorted(map(sorted, batching.micro_batch_indices(long, None, False, 16384, CPU))) == [[0], [1, 2]]
     assert not [w for w in recwarn if "longer than max_tokens" in str(w.message)]
+    # a rank without rows runs the same count of (empty) micro-batches as the others: one here, with no group
+    assert batching.micro_batch_indices(torch.zeros(0, dtype=torch.int64), None, False, 16384, CPU) == [[]]
 
 
 def test_the_default_budget_updates_as_one_micro_batch_does(monkeypatch):
