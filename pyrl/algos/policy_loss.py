@@ -446,14 +446,19 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # algorithm.rollout_correction.lo
 MICRO_BATCH_STATISTICS = ("clip_cov", "kl_cov")
 
 
+def bypass_settings(config) -> RolloutCorrectionConfig:
+    """bypass_mode's settings (actor.policy_loss.rollout_correction); a plain dict (tests, other trainers): the keys
+    it lacks take verl's defaults."""
+    settings = config_value(config, "policy_loss.rollout_correction", {})
+    return RolloutCorrectionConfig(**settings) if isinstance(settings, dict) else settings
+
+
 def uses_micro_batch_statistics(actor_config) -> bool:
     """Whether the actor's loss reads statistics of each micro-batch (MICRO_BATCH_STATISTICS, or bypass_mode with
     rollout_is_batch_normalize: the IS weights' mean over the micro-batch), so that a different cut changes it."""
     mode = config_value(actor_config, "policy_loss.loss_mode", "vanilla")
-    settings = config_value(actor_config, "policy_loss.rollout_correction", {})
-    normalize = (settings.get("rollout_is_batch_normalize", False) if isinstance(settings, dict)
-                 else settings.rollout_is_batch_normalize)
-    return mode in MICRO_BATCH_STATISTICS or (mode == "bypass_mode" and bool(normalize))
+    return mode in MICRO_BATCH_STATISTICS or (
+        mode == "bypass_mode" and bool(bypass_settings(actor_config).rollout_is_batch_normalize))
 
 
 @register_policy_loss("bypass_mode")
@@ -464,9 +469,7 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
     loss_type: "ppo_clip" (default) vanilla PPO on the unrejected tokens, without w (r already is the IS ratio);
     "reinforce" -sg(w) A log pi (w = 1 without rollout_is) on them, its one metric (as verl) ppo_kl =
     mean(log pi_rollout - log pi). Plus the rollout_corr/<name> metrics. rollout_is_weights is ignored (as verl)."""
-    settings = config_value(config, "policy_loss.rollout_correction", {})
-    if isinstance(settings, dict):  # a plain dict (tests, other trainers): the keys it lacks take verl's defaults
-        settings = RolloutCorrectionConfig(**settings)
+    settings = bypass_settings(config)
     if settings.loss_type not in BYPASS_LOSS_TYPES:
         raise ValueError(f"algorithm.rollout_correction.loss_type: expected one of {BYPASS_LOSS_TYPES}, "
                          f"got {settings.loss_type!r}")
