@@ -299,11 +299,17 @@ def kv_cache_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
 @dataclass(frozen=True)
 class Precision:
     """Bytes per element: master weights (and gradients, AdamW's moments), forward/backward compute; fsdp2: whether
-    FSDP2 wraps the model (fsdp.wraps_with_fsdp2), else it is a plain module that gathers nothing."""
+    FSDP2 wraps the model (fsdp.wraps_with_fsdp2), else it is a plain module, which gathers nothing; casts: a plain
+    module computing in another dtype than its masters', by casting its weights for each forward
+    (fsdp.cast_per_forward)."""
 
     master: int
     compute: int
     fsdp2: bool = False
+
+    @property
+    def casts(self) -> bool:
+        return not self.fsdp2 and self.compute != self.master
 
 
 def fsdp_precision(fsdp_config, setting: Setting) -> Precision:
@@ -313,7 +319,7 @@ def fsdp_precision(fsdp_config, setting: Setting) -> Precision:
     compute = compute_dtype(fsdp_config, torch.device(setting.device))
     offloads = offloads_params(fsdp_config, setting.device)
     return Precision(element_bytes(master), element_bytes(compute),
-                     wraps_with_fsdp2(setting.world, compute != master, offloads))
+                     wraps_with_fsdp2(setting.world, compute != master, offloads, setting.device))
 
 
 @dataclass(frozen=True)
@@ -343,15 +349,23 @@ def sharded_state(shape: ModelShape, precision: Precision, shards: int, world: i
     return terms
 
 
-def gathered_bytes(shape: ModelShape, precision: Precision, backward: bool) -> int:
+def gathered_bytes(shape: ModelShape, precision: Precision, backward: bool, checkpointing: bool = True) -> int:
     """FSDP2's unsharded parameters in compute dtype: the root (embedding, final norm, head: kept gathered
     through the forward and backward) and two decoder layers (the one running and the one prefetched); in
-    backward also their unsharded gradients. A plain module (precision.fsdp2 false: a single process without a
-    process group, or one rank in its master dtype) gathers nothing."""
-    if not precision.fsdp2:
+    backward also their unsharded gradients. A plain module casting its weights per forward (precision.casts: one
+    rank with mixed precision on a CPU) holds the root's copies and the running layer's, and in backward their
+    gradients in compute dtype; in an update without gradient checkpointing autograd keeps every layer's copy for
+    its backward. A plain module in its master dtype (a single process without a process group, or one rank
+    without mixed precision) gathers nothing."""
+    if precision.fsdp2:
+        params = shape.root_params + 2 * shape.layer_params
+        return params * precision.compute * (2 if backward else 1)
+    if not precision.casts:
         return 0
-    params = shape.root_params + 2 * shape.layer_params
-    return params * precision.compute * (2 if backward else 1)
+    running = shape.root_params + shape.layer_params
+    if not backward:
+        return running * precision.compute
+    return ((running if checkpointing else shape.params) + running) * precision.compute
 
 
 def forward_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: MicroBatch, length: int,
@@ -427,7 +441,8 @@ def update_pass(shape: ModelShape, precision: Precision, setting: Setting, mb: M
         gradients = Term("gradients, late in the backward", max(0, late - early),
                          "fsdp_config.param_offload=true (CUDA), or more ranks")
     return [kept, backward, Term("head weight gradient", head_grad), gradients,
-            Term("gathered weights and gradients", gathered_bytes(shape, precision, backward=True))]
+            Term("gathered weights and gradients", gathered_bytes(shape, precision, backward=True,
+                                                                  checkpointing=checkpointing))]
 
 
 def matmul_attention_len(setting: Setting, precision: Precision, length: int) -> int:

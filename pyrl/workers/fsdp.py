@@ -49,13 +49,17 @@ def fsdp_mesh(fsdp_config, device: torch.device):
     return _MESHES[device.type, shards]
 
 
-def wraps_with_fsdp2(world: int, mixed_precision: bool, offloads: bool) -> bool:
+def wraps_with_fsdp2(world: int, mixed_precision: bool, offloads: bool, device: torch.device) -> bool:
     """Whether fsdp_wrap hands a model to FSDP2: over more than one rank, and on one rank only for what a plain
-    module does not do (mixed precision: compute dtype != master dtype; param_offload on CUDA). On one rank
-    FSDP2 computes the same numbers as the plain module with copies it does not need: every pass all-gathers each
-    weight into an unsharded copy, and each reduction copies every gradient into the sharded one (on bench_memory's
-    float32 GRPO step, ~0.3 GiB of the worker's peak; benchmarks/RESULTS.md)."""
-    return world > 1 or mixed_precision or offloads
+    module does not do: param_offload on CUDA, and mixed precision (compute dtype != master dtype) on CUDA. On one
+    rank FSDP2 computes the same numbers as the plain module with copies it does not need: every pass all-gathers
+    each weight into an unsharded copy, and each reduction copies every gradient into the sharded one (on
+    bench_memory's float32 GRPO step, ~0.3 GiB of the worker's peak; on a CPU's bf16 update ~0.6 s of 3.3:
+    benchmarks/RESULTS.md). A CPU rank with mixed precision casts its weights per forward instead
+    (cast_per_forward: the same numbers bit for bit). A CUDA rank keeps FSDP2, whose resharding after each
+    layer's forward frees that layer's bf16 copy (a plain module's autograd keeps every copy until the backward)
+    and whose gathers cost little at device bandwidth."""
+    return world > 1 or offloads or (mixed_precision and torch.device(device).type == "cuda")
 
 
 def offloads_params(fsdp_config, device: str | torch.device) -> bool:
@@ -68,8 +72,9 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
     """fully_shard each decoder layer, then the root (embedding, final norm, head), in place, the forward in
     compute_dtype() with master weights, gradient reduction and the optimizer in fsdp_config.model_dtype;
     over every rank, or with fsdp_config.fsdp_size hybrid-sharded (fsdp_mesh). Returns the compute dtype. A
-    single process without a process group, or one rank that needs nothing of FSDP2 (wraps_with_fsdp2), is a plain
-    module computing in the master dtype."""
+    single process without a process group is a plain module computing in the master dtype; so is one rank that
+    needs nothing of FSDP2 (wraps_with_fsdp2), which with mixed precision casts its weights for each forward
+    (cast_per_forward)."""
     # lazy: torch.distributed.fsdp loads only to wrap a model (pyrl.trainer.memory_plan imports this module)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -79,8 +84,10 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
         return master  # a plain single-process module: nothing to shard
     compute = compute_dtype(fsdp_config, device)
     offloads = offloads_params(fsdp_config, device)
-    if not wraps_with_fsdp2(dist.get_world_size(), compute != master, offloads):
-        return master
+    if not wraps_with_fsdp2(dist.get_world_size(), compute != master, offloads, device):
+        if compute != master:
+            cast_per_forward(model, layers, compute)
+        return compute
     mp = MixedPrecisionPolicy()
     if compute != master:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
@@ -91,6 +98,69 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
         fully_shard(layer, **options)
     fully_shard(model, **options)
     return compute
+
+
+class _CastForCompute(torch.autograd.Function):
+    """master.to(dtype), whose gradient the backward adds into master.grad, in master's dtype, in place: no float32
+    copy of it first, and the micro-batches' gradients accumulate in float32, as FSDP2's reduce_dtype float32 does.
+    For losses reduced with .backward(), as the workers' updates: torch.autograd.grad(..., master) would find its
+    result in master.grad instead."""
+
+    @staticmethod
+    def forward(ctx, master: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.master = master
+        return master.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        master = ctx.master
+        if master.grad is None:
+            master.grad = grad.to(master.dtype)
+        else:
+            master.grad.add_(grad)
+        return None, None
+
+
+def _cast_floats(value, dtype: torch.dtype):
+    """Floating tensors in value (nested in tuples, lists and dicts) cast to dtype: FSDP2's cast_forward_inputs."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def cast_per_forward(model: nn.Module, layers, dtype: torch.dtype) -> None:
+    """FSDP2's mixed precision without FSDP2, for one rank: each decoder layer, and the root (the rest: embedding,
+    final norm, head), swaps its parameters for copies in `dtype` for the length of its own forward (its floating
+    inputs cast too), and puts the float32 masters back after it, even if it raises. The masters stay the module's
+    parameters everywhere else: the optimizer, gradient clipping, checkpoints, exports and the rollout engine read
+    them as they read a float32 one-rank module. A weight used twice (a tied embedding and head) is cast once per
+    forward, its two gradients summed in `dtype`, as FSDP2's one unsharded copy. With gradient checkpointing the
+    recomputed layer casts again, as FSDP2 gathers again."""
+    inner = {id(m) for layer in layers for m in layer.modules()}
+    units = [(layer, list(layer.modules())) for layer in layers]
+    units.append((model, [m for m in model.modules() if id(m) not in inner]))
+    for unit, owners in units:
+        slots = [(owner, name, p) for owner in owners for name, p in owner._parameters.items()
+                 if p is not None and p.is_floating_point()]
+
+        def swap_in(module, args, kwargs, slots=slots):
+            casts = {}
+            for owner, name, master in slots:
+                if id(master) not in casts:
+                    casts[id(master)] = _CastForCompute.apply(master, dtype)
+                owner._parameters[name] = casts[id(master)]  # not setattr: a cast is no nn.Parameter
+            return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+        def swap_out(module, args, output, slots=slots):
+            for owner, name, master in slots:
+                owner._parameters[name] = master
+
+        unit.register_forward_pre_hook(swap_in, with_kwargs=True)
+        unit.register_forward_hook(swap_out, always_call=True)
 
 
 def local_state_items(model: nn.Module, strip_prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

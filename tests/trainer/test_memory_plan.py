@@ -198,6 +198,32 @@ def test_plan_resident_state_and_phases_by_hand(monkeypatch):
     assert terms["rollout engine weights"] == shape.params * 2
 
 
+def test_weights_held_beside_the_masters_by_wrapping(monkeypatch):
+    """What a rank holds beside its master weights: FSDP2 the root and two layers gathered (in backward their
+    gradients too); one CPU rank with mixed precision (fsdp.cast_per_forward) the root's and the running layer's
+    bf16 copies, through an update without gradient checkpointing every layer's (autograd keeps them for the
+    backward), and in backward the running ones' gradients; a plain module in its master dtype nothing."""
+    from pyrl.workers import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    fsdp_config = compose("preset=toy", "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16"
+                          ).actor_rollout_ref.actor.fsdp_config
+    casts = mp.fsdp_precision(fsdp_config, mp.Setting("cpu", 1))
+    assert casts == mp.Precision(4, 2, fsdp2=False) and casts.casts
+    for setting in (mp.Setting("cuda", 1), mp.Setting("cpu", 2)):
+        assert mp.fsdp_precision(fsdp_config, setting) == mp.Precision(4, 2, fsdp2=True)
+    assert mp.fsdp_precision(fsdp_config, mp.Setting("cpu", 1, distributed=False)) == mp.Precision(4, 4)
+    shape = mp.ModelShape.from_hf_config(TINY)
+    running = shape.root_params + shape.layer_params
+    assert mp.gathered_bytes(shape, casts, backward=False) == running * 2
+    assert mp.gathered_bytes(shape, casts, backward=True, checkpointing=True) == 2 * running * 2
+    assert mp.gathered_bytes(shape, casts, backward=True, checkpointing=False) == (shape.params + running) * 2
+    fsdp2 = mp.Precision(4, 2, fsdp2=True)
+    assert not fsdp2.casts and mp.gathered_bytes(shape, fsdp2, backward=False) == (running + shape.layer_params) * 2
+    assert mp.gathered_bytes(shape, fsdp2, backward=True) == (running + shape.layer_params) * 2 * 2
+    assert mp.gathered_bytes(shape, mp.Precision(4, 4), backward=True, checkpointing=False) == 0
+
+
 def test_lora_plan_counts_the_adapters_and_no_reference_copy():
     """LoRA rank 4 on all-linear: r x (in + out) per adapted layer; gradients and AdamW moments for those only, and
     the reference is the actor with its adapters off (no weights of its own)."""

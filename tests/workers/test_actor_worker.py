@@ -120,9 +120,9 @@ def test_generate_fields_are_consistent(group):
 
 
 def force_fsdp2(monkeypatch):
-    """FSDP2 on one rank in the master dtype too (pyrl runs a plain module there: fsdp.wraps_with_fsdp2), for the
-    FSDP2 path one rank takes with mixed precision, on a CPU without bf16."""
-    monkeypatch.setattr(fsdp, "wraps_with_fsdp2", lambda world, mixed_precision, offloads: True)
+    """FSDP2 on one rank, which pyrl wraps only on CUDA and only with mixed precision (fsdp.wraps_with_fsdp2): the
+    path of one CUDA rank, and the reference a plain module is held to."""
+    monkeypatch.setattr(fsdp, "wraps_with_fsdp2", lambda world, mixed_precision, offloads, device: True)
 
 
 @pytest.mark.parametrize("fsdp2", [False, True], ids=["plain_module", "fsdp2_on_one_rank"])
@@ -159,6 +159,18 @@ def test_the_hf_engine_generates_with_the_actors_own_weights(tmp_path, fsdp2, mo
     assert got == hf_greedy(str(tmp_path / "hf"), prompts, max_new_tokens=out.batch["responses"].shape[1])
 
 
+def one_rank_actor(cfg, fsdp2: bool, monkeypatch) -> ActorRolloutRefWorker:
+    """An "actor" worker on this process's one-rank group: its policy a plain module, or with fsdp2 FSDP2's."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if fsdp2:
+        force_fsdp2(monkeypatch)
+    worker = ActorRolloutRefWorker(cfg, "actor")
+    worker.init_model()
+    assert isinstance(worker.policy, FSDPModule) == fsdp2
+    return worker
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
     """FSDP2 on one rank (each rank's weights whole) leaves the gradients unreduced until a mini-batch's last
@@ -173,8 +185,7 @@ def test_one_rank_reduces_its_gradients_once_per_mini_batch(monkeypatch, dtype):
 
     if dtype == "bfloat16" and not cpu_has_bf16():
         pytest.skip("this CPU has no native bf16 (fsdp_config.dtype=bfloat16 computes in fp32)")
-    if dtype == "float32":  # FSDP2 wraps one rank with mixed precision only: here forced
-        force_fsdp2(monkeypatch)
+    force_fsdp2(monkeypatch)  # FSDP2 wraps one rank on CUDA with mixed precision only
     calls, can_wait = [], update.gradient_sync_can_wait
     sync = FSDPModule.set_requires_gradient_sync
     monkeypatch.setattr(FSDPModule, "set_requires_gradient_sync",
@@ -210,13 +221,13 @@ def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monke
     all-gather buffer, and where the CPU's matmul kernels round differently for them (5.3e-7 at most on an AMD
     EPYC, the code before pyrl.models.embedding too; under 1e-7 on the Intel Xeon box) AdamW's first step, which
     divides each gradient by its own size, carries a near-cancelled element's rounding into the weight: within a
-    thousandth of a step (lr 1e-3 here). With mixed precision FSDP2 wraps it. Its checkpoint loads into two ranks
-    sharding the model (a run resumed with more workers)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    assert not fsdp.wraps_with_fsdp2(1, False, False)
-    assert fsdp.wraps_with_fsdp2(2, False, False) and fsdp.wraps_with_fsdp2(1, True, False)
-    assert fsdp.wraps_with_fsdp2(1, False, True)  # param_offload on CUDA: FSDP2's CPUOffloadPolicy
+    thousandth of a step (lr 1e-3 here). With mixed precision on CUDA FSDP2 wraps it (on a CPU it casts per forward,
+    the next test). Its checkpoint loads into two ranks sharding the model (a run resumed with more workers)."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not fsdp.wraps_with_fsdp2(1, False, False, cpu) and not fsdp.wraps_with_fsdp2(1, False, False, cuda)
+    assert fsdp.wraps_with_fsdp2(2, False, False, cpu) and fsdp.wraps_with_fsdp2(1, True, False, cuda)
+    assert not fsdp.wraps_with_fsdp2(1, True, False, cpu)  # mixed precision on a CPU: fsdp.cast_per_forward
+    assert fsdp.wraps_with_fsdp2(1, False, True, cuda)  # param_offload on CUDA: FSDP2's CPUOffloadPolicy
     cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
                       "actor_rollout_ref.actor.fsdp_config.dtype=float32", "actor_rollout_ref.actor.grad_clip=0.5"
                       ).actor_rollout_ref
@@ -227,11 +238,7 @@ def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monke
     weights, metrics = {}, {}
     with one_rank_process_group():
         for wrapped in (False, True):
-            if wrapped:
-                force_fsdp2(monkeypatch)
-            worker = ActorRolloutRefWorker(cfg, "actor")
-            worker.init_model()
-            assert isinstance(worker.policy, FSDPModule) == wrapped
+            worker = one_rank_actor(cfg, wrapped, monkeypatch)
             metrics[wrapped] = worker.update_actor(batch).meta_info["metrics"]
             weights[wrapped] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
             if not wrapped:
@@ -255,6 +262,53 @@ def test_one_rank_in_the_master_dtype_trains_a_plain_module_as_fsdp2_would(monke
         assert digest["optimizer"].keys() == plain["optimizer"].keys() and plain["optimizer"]
         for name, value in plain["optimizer"].items():
             assert torch.equal(torch.as_tensor(digest["optimizer"][name]), torch.as_tensor(value)), name
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded_recomputed"])
+def test_one_cpu_rank_with_mixed_precision_casts_per_forward_as_fsdp2_would(monkeypatch, packed):
+    """One CPU rank with bf16 compute over float32 masters holds a plain module whose decoder layers and root cast
+    their weights to bf16 for each forward (fsdp.cast_per_forward), no FSDP2: the log-probs, the update's
+    metrics and the weights after it (micro-batches, gradient clipping, float32 gradient accumulation; padded with
+    gradient checkpointing, whose recomputed layers cast again) equal FSDP2's on that rank bit for bit; the
+    weights stay float32 parameters outside the forward (what checkpoints, the rollout engine and exports read);
+    inside it the layers compute in bf16. bf16 runs here even on a CPU that only emulates it (slowly, to the same
+    numbers both ways)."""
+    from pyrl.workers import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    cfg = make_config(*TRAIN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+                      "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16", "actor_rollout_ref.actor.grad_clip=0.5",
+                      f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
+                      f"actor_rollout_ref.model.enable_gradient_checkpointing={str(not packed).lower()}"
+                      ).actor_rollout_ref
+    weights, metrics, log_probs, seen = {}, {}, {}, {}
+    with one_rank_process_group():
+        for wrapped in (False, True):
+            worker = one_rank_actor(cfg, wrapped, monkeypatch)
+            assert worker.compute_dtype == torch.bfloat16
+            layer = worker.lm.model.layers[0].mlp.down_proj
+            handle = layer.register_forward_hook(
+                lambda module, args, out, w=wrapped: seen.__setitem__(w, (module.weight.dtype, out.dtype)))
+            batch = random_batch(ROWS, seed=17)
+            log_probs[wrapped] = worker.compute_log_prob(batch).batch["old_log_probs"]
+            handle.remove()
+            batch.batch["old_log_probs"] = log_probs[False]
+            batch.batch["ref_log_prob"] = torch.zeros(ROWS, 6)
+            batch.batch["advantages"] = torch.randn(ROWS, 6, generator=torch.Generator().manual_seed(18))
+            metrics[wrapped] = worker.update_actor(batch).meta_info["metrics"]
+            weights[wrapped] = {k: v.clone() for k, v in fsdp.local_state_items(worker.policy)}
+            if not wrapped:
+                assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32
+                           for p in worker.policy.parameters())
+    assert seen[False] == seen[True] == (torch.bfloat16, torch.bfloat16)
+    torch.testing.assert_close(log_probs[False], log_probs[True], atol=0, rtol=0)
+    for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy_loss", "actor/kl_loss", "actor/ppo_kl"):
+        assert metrics[False][name] == metrics[True][name], name
+    assert weights[True].keys() == weights[False].keys()
+    for name, value in weights[True].items():
+        assert weights[False][name].dtype == torch.float32
+        assert torch.equal(weights[False][name], value), name
 
 
 def test_checkpoint_round_trip_and_hf_export(group, train_batch, tmp_path):
