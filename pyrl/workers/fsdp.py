@@ -114,22 +114,11 @@ class _CastForCompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         master = ctx.master
-        if master.grad is None:
-            master.grad = grad.to(master.dtype)
+        if master.grad is None:  # in the master's layout, as autograd makes a .grad (fused AdamW reads it so)
+            master.grad = torch.empty_like(master).copy_(grad)
         else:
             master.grad.add_(grad)
         return None, None
-
-
-def _cast_floats(value, dtype: torch.dtype):
-    """Floating tensors in value (nested in tuples, lists and dicts) cast to dtype: FSDP2's cast_forward_inputs."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
-    return value
 
 
 def cast_per_forward(model: nn.Module, layers, dtype: torch.dtype) -> None:
@@ -139,7 +128,14 @@ def cast_per_forward(model: nn.Module, layers, dtype: torch.dtype) -> None:
     parameters everywhere else: the optimizer, gradient clipping, checkpoints, exports and the rollout engine read
     them as they read a float32 one-rank module. A weight used twice (a tied embedding and head) is cast once per
     forward, its two gradients summed in `dtype`, as FSDP2's one unsharded copy. With gradient checkpointing the
-    recomputed layer casts again, as FSDP2 gathers again."""
+    recomputed layer casts again, as FSDP2 gathers again. Not for a unit whose forward calls itself (its inner call
+    would put the masters back early), nor for parameters replaced after wrapping (their hooks hold the originals).
+    """
+    from torch.distributed.utils import _apply_to_tensors  # FSDP2's own walk of the forward inputs
+
+    def cast_floats(x: torch.Tensor) -> torch.Tensor:
+        return x.to(dtype) if x.is_floating_point() else x
+
     inner = {id(m) for layer in layers for m in layer.modules()}
     units = [(layer, list(layer.modules())) for layer in layers]
     units.append((model, [m for m in model.modules() if id(m) not in inner]))
@@ -153,7 +149,7 @@ def cast_per_forward(model: nn.Module, layers, dtype: torch.dtype) -> None:
                 if id(master) not in casts:
                     casts[id(master)] = _CastForCompute.apply(master, dtype)
                 owner._parameters[name] = casts[id(master)]  # not setattr: a cast is no nn.Parameter
-            return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+            return _apply_to_tensors(cast_floats, args), _apply_to_tensors(cast_floats, kwargs)
 
         def swap_out(module, args, output, slots=slots):
             for owner, name, master in slots:

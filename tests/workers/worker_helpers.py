@@ -115,7 +115,7 @@ def hf_greedy(model_dir, prompts, max_new_tokens):
 @contextlib.contextmanager
 def one_rank_process_group():
     """A gloo process group of this process alone, set up as a one-rank trainer's worker sets up its own (FSDP2
-    wraps its models only with mixed precision or CUDA offload: pyrl.workers.fsdp.wraps_with_fsdp2); destroyed
+    wraps its models only on CUDA, with mixed precision or offload: pyrl.workers.fsdp.wraps_with_fsdp2); destroyed
     after, and the rendezvous variables it set removed."""
     from pyrl.controller.worker import Worker
 
