@@ -101,10 +101,10 @@ def fsdp_wrap(model: nn.Module, layers, fsdp_config, device: torch.device) -> to
 
 
 class _CastForCompute(torch.autograd.Function):
-    """master.to(dtype), whose gradient the backward adds into master.grad, in master's dtype, in place: no float32
-    copy of it first, and the micro-batches' gradients accumulate in float32, as FSDP2's reduce_dtype float32 does.
-    For losses reduced with .backward(), as the workers' updates: torch.autograd.grad(..., master) would find its
-    result in master.grad instead."""
+    """master.to(dtype), whose gradient the backward adds into a float32 master's .grad in place, as the fused
+    log-prob head does (float32_grad_to_add_into): no float32 copy of it first, and the micro-batches' gradients
+    accumulate in float32, as FSDP2's reduce_dtype float32 does. For losses reduced with .backward(), as the
+    workers' updates: torch.autograd.grad(..., master) would find its result in master.grad instead."""
 
     @staticmethod
     def forward(ctx, master: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -113,11 +113,12 @@ class _CastForCompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        master = ctx.master
-        if master.grad is None:  # in the master's layout, as autograd makes a .grad (fused AdamW reads it so)
-            master.grad = torch.empty_like(master).copy_(grad)
-        else:
-            master.grad.add_(grad)
+        from pyrl.ops.fused_linear_logprobs import float32_grad_to_add_into  # lazy: the memory plan imports this
+
+        into = float32_grad_to_add_into(ctx.master)  # contiguous, as fused AdamW reads it
+        if into is None:  # not a float32 leaf's plain .grad: autograd accumulates it
+            return grad.to(ctx.master.dtype), None
+        into.add_(grad)
         return None, None
 
 
