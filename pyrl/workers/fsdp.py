@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.utils import _apply_to_tensors  # FSDP2's own walk of the forward inputs
 
 from pyrl.config import torch_dtype
 from pyrl.workers.distributed import full_tensor, is_distributed, local_tensor
@@ -132,8 +133,6 @@ def cast_per_forward(model: nn.Module, layers, dtype: torch.dtype) -> None:
     recomputed layer casts again, as FSDP2 gathers again. Not for a unit whose forward calls itself (its inner call
     would put the masters back early), nor for parameters replaced after wrapping (their hooks hold the originals).
     """
-    from torch.distributed.utils import _apply_to_tensors  # FSDP2's own walk of the forward inputs
-
     def cast_floats(x: torch.Tensor) -> torch.Tensor:
         return x.to(dtype) if x.is_floating_point() else x
 
