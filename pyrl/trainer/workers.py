@@ -118,20 +118,6 @@ def own_cpu_pools(plan) -> list:
 
 
 # the key that asks for each servers' pool (RunPlan.own_pools), for placement errors
-# glibc gives each freed block above its mmap threshold (dynamic, at most 32 MiB) back to the kernel, so a CPU
-# update's large activations come back as fresh pages to fault in and zero on every micro-batch, several seconds of
-# system time a step. CPU workers keep their freed memory for reuse instead, as CUDA's caching allocator does: their
-# resident memory stays at its high-water mark, a few percent above glibc's default (RESULTS.md "Session 46": the
-# update 10% faster, the 32-row memory peak 5% higher). A value set in the driver's environment wins (it reaches the
-# workers through Ray).
-CPU_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 62)}
-
-
-def cpu_malloc_env() -> dict:
-    """CPU_MALLOC_ENV less the keys the driver's environment sets itself."""
-    return {key: value for key, value in CPU_MALLOC_ENV.items() if key not in os.environ}
-
-
 OWN_POOL_KEYS = {"reward_model": "reward.reward_model.enable_resource_pool", "teacher": "distillation.nnodes"}
 
 
@@ -192,8 +178,7 @@ def build_workers(config, plan) -> Workers:
             for dtype in (torch.float32, torch.bfloat16):
                 peak_flops(torch.device("cpu"), dtype)
         # vLLM logs every in-place weight reload at INFO; keep the console to the training table unless asked
-        env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-               **(cpu_malloc_env() if on_cpu else {})}
+        env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
         threads = {"trainer": threads_per_process(pools["trainer"], colocated) if on_cpu else None,
                    **{name: pools[name].cpus_per_process if on_cpu and name in pools else None
                       for name in ("rollout", "reward_model", "teacher")}}

